@@ -1,0 +1,5 @@
+"""ffnlab: a glass-box transformer lab in NumPy, centred on the MLP (FFN)."""
+from .config import ConfigError, ModelConfig
+from .model import Model
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The `ffnlab` command line: one module per subcommand (see main.py)."""

@@ -1,0 +1,126 @@
+"""ModelConfig: one dataclass that describes GPT-2, Llama-family, Qwen2 and Gemma 3 blocks.
+
+Formats (GGUF, HF, presets) produce a ModelConfig; the model, the tracer, the sizing tools and
+the trainer only ever read one. Field names follow the seeds' vocabulary (d_model, d_ff, ...);
+the GGUF metadata key each field comes from is given in formats/gguf_config.py.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+from .errors import FfnlabError
+
+FFN_KINDS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
+GATED_FFN_KINDS = ("swiglu", "geglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_KINDS = ("learned", "rope")
+ROPE_PAIRINGS = ("normal", "neox")
+
+
+class ConfigError(FfnlabError, ValueError):
+    """A config that cannot describe a model (bad field, inconsistent shapes)."""
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "llama"              # GGUF architecture name: gpt2 | llama | qwen2 | gemma3 (decides tensor/node names)
+    n_layer: int = 2                 # number of transformer blocks
+    d_model: int = 64                # residual stream width (hidden_size, n_embd)
+    n_head: int = 4                  # query heads
+    n_kv_head: int = 0               # key/value heads; 0 means n_head (multi-head); < n_head is grouped-query attention
+    head_dim: int = 0                # width of one head; 0 means d_model // n_head (Gemma 3 sets it explicitly)
+    d_ff: int = 256                  # MLP hidden width (intermediate_size, n_ff)
+    ffn: str = "swiglu"              # gelu (exact erf) | gelu_tanh | relu | swiglu (SiLU-gated) | geglu (GELU-tanh-gated)
+    ffn_bias: bool = False           # biases on up/gate/down (GPT-2: yes, Llama: no)
+    attn_bias: bool = False          # biases on q/k/v projections (GPT-2, Qwen2)
+    attn_out_bias: bool = False      # bias on the attention output projection (GPT-2)
+    fused_qkv: bool = False          # one [3*d_model, d_model] attn_qkv matrix, as GPT-2 GGUF files store it
+    norm: str = "rmsnorm"            # layernorm (mean/var, weight + bias) | rmsnorm (scale only)
+    norm_eps: float = 1e-5           # epsilon inside the norm's square root
+    post_attn_norm: bool = False     # Gemma 3: norm the attention output before adding it to the residual
+    post_ffn_norm: bool = False      # Gemma 3: norm the FFN output before adding it to the residual
+    qk_norm: bool = False            # Gemma 3: RMS-norm each query/key head before RoPE
+    positions: str = "rope"          # learned (GPT-2 position table) | rope (rotary, applied to q and k)
+    rope_pairing: str = "normal"     # normal: rotate adjacent pairs (x0,x1) as llama.cpp's LLAMA rope
+                                     # neox: rotate (x_i, x_{i+d/2}) as HF rotate_half / llama.cpp NEOX
+    rope_theta: float = 10000.0      # RoPE base frequency
+    rope_theta_local: float = 0.0    # Gemma 3: RoPE base for sliding-window layers; 0 means rope_theta
+    rope_scale: float = 1.0          # linear RoPE scaling factor: positions are divided by it (global layers)
+    sliding_window: int = 0          # Gemma 3: window of the sliding-window layers; 0 means none
+    sliding_window_pattern: int = 0  # Gemma 3: every Nth layer is global, the others slide; 0 means all global
+    attn_scale: float = 0.0          # multiplier of q.k; 0 means 1/sqrt(head_dim)
+    embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
+    final_logit_softcap: float = 0.0 # Gemma 2 style tanh softcap on logits; 0 means none
+    vocab_size: int = 256            # rows of the token embedding table
+    n_ctx: int = 256                 # context length the model was trained for (learned positions: table rows)
+    tie_embeddings: bool = True      # LM head reuses the token embedding matrix (no separate output.weight)
+    name: str = ""                   # human-readable model name, for reports only
+
+    def __post_init__(self):
+        if self.n_kv_head == 0:
+            self.n_kv_head = self.n_head
+        if self.head_dim == 0:
+            if self.n_head <= 0 or self.d_model % self.n_head:
+                raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; set head_dim")
+            self.head_dim = self.d_model // self.n_head
+        self.validate()
+
+    def validate(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ConfigError(msg)
+        for f in ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size", "n_ctx"):
+            need(isinstance(getattr(self, f), int) and getattr(self, f) > 0, f"{f} must be a positive integer, got {getattr(self, f)!r}")
+        need(self.ffn in FFN_KINDS, f"ffn must be one of {', '.join(FFN_KINDS)}, got {self.ffn!r}")
+        need(self.norm in NORM_KINDS, f"norm must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}")
+        need(self.positions in POSITION_KINDS, f"positions must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
+        need(self.rope_pairing in ROPE_PAIRINGS, f"rope_pairing must be one of {', '.join(ROPE_PAIRINGS)}, got {self.rope_pairing!r}")
+        need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+        need(self.positions != "rope" or self.head_dim % 2 == 0, f"RoPE needs an even head_dim, got {self.head_dim}")
+        need(not self.fused_qkv or self.n_kv_head == self.n_head, "fused_qkv needs n_kv_head == n_head")
+        need(self.norm_eps > 0, f"norm_eps must be > 0, got {self.norm_eps}")
+
+    # --- derived quantities -------------------------------------------------------------
+    @property
+    def gated(self) -> bool:
+        """True for SwiGLU/GeGLU: the FFN has a gate matrix next to up."""
+        return self.ffn in GATED_FFN_KINDS
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+    @property
+    def scale(self) -> float:
+        """The factor q.k is multiplied by before the softmax."""
+        return self.attn_scale if self.attn_scale else 1.0 / math.sqrt(self.head_dim)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Gemma 3: layers slide except every sliding_window_pattern-th one (llama.cpp: il % n_pattern < n_pattern - 1)."""
+        if not self.sliding_window or not self.sliding_window_pattern:
+            return False
+        return layer % self.sliding_window_pattern < self.sliding_window_pattern - 1
+
+    def layer_rope_theta(self, layer: int) -> float:
+        if self.is_sliding(layer) and self.rope_theta_local:
+            return self.rope_theta_local
+        return self.rope_theta
+
+    def layer_rope_scale(self, layer: int) -> float:
+        return 1.0 if self.is_sliding(layer) else self.rope_scale
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
+        return cls(**d)

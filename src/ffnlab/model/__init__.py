@@ -1,0 +1,31 @@
+"""The model: a config, a dict of GGUF-named arrays, and (for real models) a tokenizer."""
+import numpy as np
+
+from .attention import KVCache
+from .params import count_params, init_params, param_shapes
+from .transformer import backward, forward
+
+
+class Model:
+    def __init__(self, config, params, tokenizer=None, source=None):
+        self.config = config          # ModelConfig
+        self.params = params          # {GGUF tensor name: np.ndarray [out, in]}
+        self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)
+        self.source = source          # the file or directory it came from, for messages
+        self.tracer = None            # set by ffnlab.trace(model)
+
+    @classmethod
+    def random(cls, config, seed=0, dtype=np.float32):
+        return cls(config, init_params(config, seed, dtype))
+
+    def forward(self, ids, kv=None):
+        """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer)
+        return logits[0]
+
+    def new_cache(self, n_ctx=None, batch=1):
+        return KVCache(self.config, batch=batch, n_ctx=n_ctx, dtype=self.params["token_embd.weight"].dtype)
+
+    @property
+    def n_params(self):
+        return count_params(self.params)

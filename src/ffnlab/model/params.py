@@ -1,0 +1,90 @@
+"""Parameter names, shapes and random init for a ModelConfig.
+
+Names are GGUF tensor names (token_embd.weight, blk.0.ffn_up.weight, ...); arrays are stored
+[out, in] like nn.Linear -- the numpy view of a GGUF tensor whose ggml ne order is {in, out}.
+param_shapes() is the one place that says which tensors a config has: the loaders check files
+against it, the sizing tools count it, the trainer initialises from it.
+"""
+import math
+
+import numpy as np
+
+
+def param_shapes(cfg) -> dict:
+    """-> {tensor name: numpy shape}, in GGUF file order"""
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    s = {"token_embd.weight": (V, D)}
+    if cfg.positions == "learned":
+        s["position_embd.weight"] = (cfg.n_ctx, D)
+    ln = cfg.norm == "layernorm"  # LayerNorm has a bias next to its weight
+    for il in range(cfg.n_layer):
+        b = f"blk.{il}."
+        s[b + "attn_norm.weight"] = (D,)
+        if ln:
+            s[b + "attn_norm.bias"] = (D,)
+        if cfg.fused_qkv:
+            s[b + "attn_qkv.weight"] = (cfg.q_dim + 2 * cfg.kv_dim, D)
+            if cfg.attn_bias:
+                s[b + "attn_qkv.bias"] = (cfg.q_dim + 2 * cfg.kv_dim,)
+        else:
+            for which, out in (("q", cfg.q_dim), ("k", cfg.kv_dim), ("v", cfg.kv_dim)):
+                s[b + f"attn_{which}.weight"] = (out, D)
+                if cfg.attn_bias:
+                    s[b + f"attn_{which}.bias"] = (out,)
+        if cfg.qk_norm:
+            s[b + "attn_q_norm.weight"] = (cfg.head_dim,)
+            s[b + "attn_k_norm.weight"] = (cfg.head_dim,)
+        s[b + "attn_output.weight"] = (D, cfg.q_dim)
+        if cfg.attn_out_bias:
+            s[b + "attn_output.bias"] = (D,)
+        if cfg.post_attn_norm:
+            s[b + "post_attention_norm.weight"] = (D,)
+        s[b + "ffn_norm.weight"] = (D,)
+        if ln:
+            s[b + "ffn_norm.bias"] = (D,)
+        if cfg.gated:
+            s[b + "ffn_gate.weight"] = (F, D)
+            if cfg.ffn_bias:
+                s[b + "ffn_gate.bias"] = (F,)
+        s[b + "ffn_up.weight"] = (F, D)
+        if cfg.ffn_bias:
+            s[b + "ffn_up.bias"] = (F,)
+        s[b + "ffn_down.weight"] = (D, F)
+        if cfg.ffn_bias:
+            s[b + "ffn_down.bias"] = (D,)
+        if cfg.post_ffn_norm:
+            s[b + "post_ffw_norm.weight"] = (D,)
+    s["output_norm.weight"] = (D,)
+    if ln:
+        s["output_norm.bias"] = (D,)
+    if not cfg.tie_embeddings:
+        s["output.weight"] = (V, D)
+    return s
+
+
+def is_norm_or_bias(name: str) -> bool:
+    """Norm scales and biases: 1-D tensors (AdamW leaves them without weight decay)."""
+    return name.endswith(".bias") or "norm" in name
+
+
+def init_params(cfg, seed=0, dtype=np.float32) -> dict:
+    """GPT-2 style init: N(0, 0.02) for matrices, the residual projections scaled by
+    1/sqrt(2*n_layer) (they add into the residual stream once per sub-layer), norms 1, biases 0."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        if name.endswith(".bias"):
+            a = np.zeros(shape)
+        elif "norm" in name:
+            a = np.ones(shape)
+        else:
+            std = 0.02
+            if name.endswith(("attn_output.weight", "ffn_down.weight")):
+                std /= math.sqrt(2 * cfg.n_layer)
+            a = rng.normal(0.0, std, size=shape)
+        out[name] = a.astype(dtype)
+    return out
+
+
+def count_params(params: dict) -> int:
+    return int(sum(a.size for a in params.values()))

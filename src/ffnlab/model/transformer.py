@@ -1,0 +1,96 @@
+"""The whole model, forward and backward: embeddings -> blocks -> final norm -> LM head.
+
+Functional core in llm.c style: forward(params, cfg, ids, ...) returns logits and the
+activations the backward needs; backward(dlogits, params, cfg, cache) returns a gradient for
+every parameter. Model (model/__init__.py) wraps it with a tokenizer and generation.
+"""
+import math
+
+import numpy as np
+
+from ..ops.attention import causal_mask
+from ..ops.embedding import embedding_backward
+from ..ops.linear import linear_backward, linear_forward
+from .block import block_backward, block_forward, norm_backward, norm_forward
+
+
+def lm_head_name(cfg):
+    return "token_embd.weight" if cfg.tie_embeddings else "output.weight"
+
+
+def forward(p, cfg, ids, kv=None, tracer=None, train=False):
+    """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), cache or None
+
+    kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
+    tracer: observes every named node (see trace/); None costs one `if` per node.
+    train: keep the activations for backward().
+    """
+    ids = np.atleast_2d(np.asarray(ids))
+    B, T = ids.shape
+    pos0 = kv.n if kv is not None else 0
+    if pos0 + T > (kv.n_ctx if kv is not None else cfg.n_ctx):
+        raise ValueError(f"{pos0 + T} positions exceed the context length {kv.n_ctx if kv is not None else cfg.n_ctx}")
+    pos = np.arange(pos0, pos0 + T)
+    emit = tracer.emitter(-1) if tracer is not None else None
+    x = p["token_embd.weight"][ids]                                        # [B, T] -> [B, T, d_model]
+    if emit: emit("inp_embd", "GET_ROWS", x, ("token_embd.weight", "inp_tokens"))
+    if cfg.embed_scale:
+        x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)          # Gemma: scale by sqrt(d_model)
+        if emit: emit("inp_scaled", "SCALE", x, ("inp_embd",))
+    if cfg.positions == "learned":
+        x = x + p["position_embd.weight"][pos]                            # [B, T, d_model]
+        if emit: emit("inpL", "ADD", x, ("inp_embd", "pos_embd"))
+    k_pos = np.arange(0, pos0 + T)
+    masks = {0: causal_mask(pos, k_pos)}                                   # [T, S] global layers
+    if cfg.sliding_window:
+        masks[cfg.sliding_window] = causal_mask(pos, k_pos, cfg.sliding_window)
+    block_caches = []
+    for il in range(cfg.n_layer):
+        allowed = masks[cfg.sliding_window if cfg.is_sliding(il) else 0]
+        lemit = tracer.emitter(il) if tracer is not None else None
+        x, c = block_forward(x, p, cfg, il, pos, allowed, kv, lemit)
+        if train:
+            block_caches.append(c)
+    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", emit)
+    head = lm_head_name(cfg)
+    logits = linear_forward(y, p[head])                                   # [B, T, d_model] -> [B, T, vocab]
+    softcap = None
+    if cfg.final_logit_softcap:
+        c = cfg.final_logit_softcap
+        softcap = np.tanh(logits / c)                                     # Gemma 2 style: logits = c*tanh(z/c)
+        logits = softcap * c
+    if emit: emit("result_output", "MUL_MAT", logits, (head, "result_norm"))
+    if kv is not None:
+        kv.n += T
+    cache = (ids, pos, block_caches, fn_cache, y, softcap) if train else None
+    return logits, cache
+
+
+def backward(dlogits, p, cfg, cache):
+    """dlogits: [B, T, vocab] -> {tensor name: gradient}, same keys as p"""
+    ids, pos, block_caches, fn_cache, y, softcap = cache
+    if softcap is not None:
+        dlogits = dlogits * (1.0 - softcap * softcap)                     # d(c*tanh(z/c))/dz
+    head = lm_head_name(cfg)
+    g = {}
+    dy, dhead, _ = linear_backward(dlogits, y, p[head], has_bias=False)
+    dx, gn = norm_backward(dy, p, cfg, "output_norm", fn_cache)
+    g.update(gn)
+    for il in reversed(range(cfg.n_layer)):
+        dx, gb = block_backward(dx, p, cfg, il, block_caches[il])
+        g.update(gb)
+    if cfg.embed_scale:
+        dx = dx * math.sqrt(cfg.d_model)
+    B, T = ids.shape
+    dflat = dx.reshape(B * T, -1)
+    learned = cfg.positions == "learned"
+    dwte, dwpe = embedding_backward(dflat, ids.reshape(-1), cfg.vocab_size,
+                                    np.tile(pos, B) if learned else None, cfg.n_ctx)
+    if learned:
+        g["position_embd.weight"] = dwpe
+    if cfg.tie_embeddings:
+        dwte += dhead                                                     # the head and the table are one matrix
+    else:
+        g["output.weight"] = dhead
+    g["token_embd.weight"] = dwte
+    return g

@@ -1,0 +1,72 @@
+"""Causal scaled-dot-product attention with multiple heads and grouped-query KV heads.
+
+Layouts follow llama.cpp's tensors with the axis order reversed (numpy is row-major, ggml's
+ne[0] is the fastest axis):
+  q   [B, T, H, hd]      (ggml Qcur {hd, H, T})
+  k,v [B, S, Hkv, hd]    (S = keys in the cache, S >= T)
+  kq  [B, H, T, S]       (ggml kq {S, T, H}): raw scores q.k, not yet scaled or masked
+  out [B, H, T, hd]      (ggml kqv {hd, T, H})
+Query head h reads KV head h // (H / Hkv), as ggml's broadcasting mul_mat does.
+"""
+import numpy as np
+
+from .softmax import softmax_backward, softmax_forward
+
+
+def causal_mask(q_pos, k_pos, window=0):
+    """q_pos: [T], k_pos: [S] -> bool [T, S], True where query t may attend key s.
+
+    Causal: a key at a later position is invisible. Sliding window (Gemma 3 local layers):
+    a key more than window-1 positions back is invisible too.
+    """
+    q_pos = np.asarray(q_pos)[:, None]
+    k_pos = np.asarray(k_pos)[None, :]
+    allowed = k_pos <= q_pos
+    if window:
+        allowed &= (q_pos - k_pos) < window
+    return allowed
+
+
+def _group(x, n_kv):
+    """[B, T, H, hd] -> [B, Hkv, G, T, hd] with G = H / Hkv query heads per KV head"""
+    B, T, H, hd = x.shape
+    return x.reshape(B, T, n_kv, H // n_kv, hd).transpose(0, 2, 3, 1, 4)
+
+
+def attention_forward(q, k, v, scale, allowed):
+    """-> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])
+
+    Masked scores are set to -inf, not 0, before the softmax: exp(-inf) = 0 gives a future
+    key exactly zero weight, while a 0 score would still give it weight exp(0)/Z.
+    """
+    B, T, H, hd = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = H // Hkv
+    qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)             # [B, Hkv, G*T, hd]
+    kt = k.transpose(0, 2, 3, 1)                               # [B, Hkv, hd, S]
+    kq = (qg @ kt).reshape(B, H, T, S)                         # [B, H, T, S] raw scores
+    scores = kq * np.asarray(scale, dtype=q.dtype)             # scaled copy; kq itself stays raw for tracing
+    scores[:, :, ~allowed] = -np.inf
+    probs = softmax_forward(scores)                            # [B, H, T, S]
+    vt = v.transpose(0, 2, 1, 3)                               # [B, Hkv, S, hd]
+    out = (probs.reshape(B, Hkv, G * T, S) @ vt).reshape(B, H, T, hd)
+    return out, (kq, probs)
+
+
+def attention_backward(dout, q, k, v, probs, scale):
+    """dout: [B, H, T, hd] -> dq [B, T, H, hd], dk, dv [B, S, Hkv, hd]"""
+    B, T, H, hd = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    G = H // Hkv
+    pg = probs.reshape(B, Hkv, G * T, S)
+    dg = dout.reshape(B, Hkv, G * T, hd)
+    vt = v.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
+    dv = (pg.transpose(0, 1, 3, 2) @ dg).transpose(0, 2, 1, 3)  # [B, Hkv, S, hd] -> [B, S, Hkv, hd]
+    dprobs = dg @ vt.transpose(0, 1, 3, 2)                      # [B, Hkv, G*T, S]
+    dscores = softmax_backward(dprobs, pg) * scale              # masked entries have prob 0 -> grad 0
+    qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)
+    kk = k.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
+    dqg = dscores @ kk                                          # [B, Hkv, G*T, hd]
+    dk = (dscores.transpose(0, 1, 3, 2) @ qg).transpose(0, 2, 1, 3)   # [B, S, Hkv, hd]
+    dq = dqg.reshape(B, Hkv, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
+    return dq, dk, dv

@@ -1,0 +1,56 @@
+"""LayerNorm and RMSNorm over the feature (last) axis.
+
+Both return the normalized-but-unscaled x_hat too: llama.cpp names it `norm-L` before the
+weight multiply (`attn_norm-L`, `ffn_norm-L`), and the backward needs it.
+"""
+import numpy as np
+
+
+def layernorm_forward(x, w, b, eps):
+    """x: [..., D], w/b: [D] -> y: [..., D], cache (x_hat, rstd)
+
+    Two-pass variance (mean first, then mean of squared deviations): E[x^2] - E[x]^2
+    cancels catastrophically in float32 when |mean| >> std.
+    """
+    mean = x.mean(axis=-1, keepdims=True)                 # [..., 1]
+    xc = x - mean                                         # [..., D]
+    var = (xc * xc).mean(axis=-1, keepdims=True)          # [..., 1]
+    rstd = 1.0 / np.sqrt(var + eps)                       # [..., 1]
+    x_hat = xc * rstd                                     # [..., D]
+    y = x_hat * w
+    if b is not None:
+        y = y + b
+    return y, (x_hat, rstd)
+
+
+def layernorm_backward(dy, w, cache, has_bias=True):
+    """dy: [..., D] -> dx: [..., D], dw: [D], db: [D]"""
+    x_hat, rstd = cache
+    D = x_hat.shape[-1]
+    lead = tuple(range(dy.ndim - 1))
+    dw = (dy * x_hat).sum(axis=lead)                      # [D]
+    db = dy.sum(axis=lead) if has_bias else None          # [D]
+    g = dy * w                                            # dL/dx_hat
+    # dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).sum(axis=-1, keepdims=True) / D)
+    return dx, dw, db
+
+
+def rmsnorm_forward(x, w, eps):
+    """x: [..., D], w: [D] or None -> y: [..., D], cache (x_hat, rstd)"""
+    ms = (x * x).mean(axis=-1, keepdims=True)             # [..., 1] mean square
+    rstd = 1.0 / np.sqrt(ms + eps)                        # [..., 1]
+    x_hat = x * rstd                                      # [..., D]
+    y = x_hat * w if w is not None else x_hat
+    return y, (x_hat, rstd)
+
+
+def rmsnorm_backward(dy, w, cache):
+    """dy: [..., D] -> dx: [..., D], dw: [D]"""
+    x_hat, rstd = cache
+    D = x_hat.shape[-1]
+    lead = tuple(range(dy.ndim - 1))
+    dw = (dy * x_hat).sum(axis=lead) if w is not None else None
+    g = dy * w if w is not None else dy
+    dx = rstd * (g - x_hat * (g * x_hat).sum(axis=-1, keepdims=True) / D)
+    return dx, dw

@@ -1,0 +1,46 @@
+"""Rotary position embedding (RoPE), in both pairings.
+
+Dimension pair i (i < head_dim/2) of a head is rotated by angle pos * theta^(-2i/head_dim).
+  normal: pairs are adjacent, (x[2i], x[2i+1])        -- llama.cpp LLAMA rope; llama-arch GGUF
+          files have their Q/K rows permuted by the converter so that this pairing is right.
+  neox:   pairs are half a head apart, (x[i], x[i+d/2]) -- HF rotate_half, llama.cpp NEOX rope.
+The same rotation with the angle negated is the exact inverse, which is the backward.
+"""
+import numpy as np
+
+
+def rope_angles(pos, head_dim, theta, scale=1.0):
+    """pos: [T] -> cos, sin: [T, head_dim/2] (float64, cast by the caller)"""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    ang = (np.asarray(pos, dtype=np.float64) / scale)[:, None] * inv_freq[None, :]   # [T, hd/2]
+    return np.cos(ang), np.sin(ang)
+
+
+def _split(x, pairing):
+    if pairing == "normal":
+        return x[..., 0::2], x[..., 1::2]
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _merge(a, b, pairing):
+    out = np.empty(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+    if pairing == "normal":
+        out[..., 0::2], out[..., 1::2] = a, b
+    else:
+        half = a.shape[-1]
+        out[..., :half], out[..., half:] = a, b
+    return out
+
+
+def rope_forward(x, cos, sin, pairing="normal"):
+    """x: [..., T, H, hd], cos/sin: [T, hd/2] -> [..., T, H, hd]"""
+    c = cos[:, None, :].astype(x.dtype)                     # [T, 1, hd/2] broadcast over heads
+    s = sin[:, None, :].astype(x.dtype)
+    x0, x1 = _split(x, pairing)
+    return _merge(x0 * c - x1 * s, x0 * s + x1 * c, pairing)
+
+
+def rope_backward(dy, cos, sin, pairing="normal"):
+    """The transpose of a rotation is the rotation by -angle."""
+    return rope_forward(dy, cos, -sin, pairing)

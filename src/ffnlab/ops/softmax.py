@@ -1,0 +1,17 @@
+"""Softmax over the last axis, numerically stable."""
+import numpy as np
+
+
+def softmax_forward(x):
+    """[..., N] -> [..., N]. Subtracting the row max keeps exp() <= 1: without it, logits
+    around 90 overflow float32 to inf and the row becomes nan. Rows that are all -inf
+    (fully masked) would give nan either way; callers never produce them (causal rows always
+    see their own position)."""
+    m = x.max(axis=-1, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def softmax_backward(dy, y):
+    """dy, y: [..., N] -> dx: [..., N];  dx = y * (dy - sum(dy * y))"""
+    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))

@@ -1,0 +1,1 @@
+from .tracer import Node, Tracer, ggml_shape
