@@ -1,0 +1,33 @@
+"""Tokenizer: a `tokenizers.Tokenizer` plus the special-token facts llama.cpp keeps in metadata.
+
+Built from GGUF metadata (gguf_tokenizer.py), from an HF tokenizer.json, or byte-level for
+models trained here. ids equal llama.cpp's for the same text: BOS is added per
+tokenizer.ggml.add_bos_token and special tokens in the text are parsed.
+"""
+from __future__ import annotations
+
+
+class Tokenizer:
+    def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=()):
+        self.tk = tk                            # tokenizers.Tokenizer (no post-processor: BOS is ours)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.add_bos = add_bos                  # prepend BOS when encoding a prompt
+        self.chat_template = chat_template      # jinja2 source from tokenizer.chat_template
+        self.eot_ids = set(eot_ids) | ({eos_id} if eos_id is not None else set())   # ids that end generation
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tk.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special=False) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_text(self, i: int) -> str:
+        return self.tk.id_to_token(i) or ""
