@@ -206,3 +206,25 @@ def loss_and_grads(params, cfg, ids, targets, dtype=torch.float64):
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.as_tensor(np.asarray(targets)).reshape(-1))
     loss.backward()
     return loss.item(), {k: (v.grad if v.grad is not None else torch.zeros_like(v)).numpy() for k, v in tp.items()}
+
+
+# --- comparing ffnlab with the reference ------------------------------------------------------
+def to_numpy(t):
+    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+
+
+def rel_err(got, want):
+    """max |got - want| / max |want|: the error relative to the tensor's scale, so entries near
+    zero are neither ignored nor held to an impossible relative standard."""
+    got, want = np.asarray(to_numpy(got), dtype=np.float64), np.asarray(to_numpy(want), dtype=np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
+
+
+def assert_close(got, want, tol, what="tensor"):
+    """The one comparison every reference test uses: same shape, all finite, rel_err <= tol."""
+    got, want = to_numpy(got), to_numpy(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape}, reference {want.shape}"
+    assert np.isfinite(got).all(), f"{what}: {np.size(got) - np.isfinite(got).sum()} non-finite values"
+    err = rel_err(got, want)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
+    return err
