@@ -1,0 +1,60 @@
+"""Parameter counts by component, from a ModelConfig alone (no weights).
+
+Counted from the architecture with one formula per tensor, independently of
+model/params.py's tensor list, so the tests can hold the two against each other.
+
+  embedding   token table V*D                       position   learned table n_ctx*D (GPT-2, BERT)
+  attention   q D*q_dim, k/v D*kv_dim, o q_dim*D, and their biases
+  mlp         gate D*F (gated kinds only), up D*F, down F*D, and their biases
+  norm        every norm weight (and LayerNorm bias), incl. Gemma's q/k and post norms
+  lm_head     V*D when untied, 0 when it reuses the token table
+  extra       parameters ModelConfig does not model (BERT: token-type table, pooler)
+"""
+
+
+def layer_params(cfg) -> dict:
+    """One block's parameter count per tensor kind -> {name: count}"""
+    D, F, q, kv = cfg.d_model, cfg.d_ff, cfg.q_dim, cfg.kv_dim
+    ln = cfg.norm == "layernorm"                     # LayerNorm: weight + bias; RMSNorm: weight only
+    n_block_norms = 2 + cfg.post_attn_norm + cfg.post_ffn_norm
+    p = {
+        "attn_q": D * q,
+        "attn_k": D * kv,
+        "attn_v": D * kv,
+        "attn_output": q * D,
+        "attn_bias": (q + 2 * kv) * cfg.attn_bias + D * cfg.attn_out_bias,
+        "ffn_gate": D * F if cfg.gated else 0,
+        "ffn_up": D * F,
+        "ffn_down": F * D,
+        "ffn_bias": (F * (1 + cfg.gated) + D) * cfg.ffn_bias,
+        "norm": n_block_norms * D * (2 if ln else 1) + (2 * cfg.head_dim if cfg.qk_norm else 0),
+    }
+    return p
+
+
+def param_counts(cfg, extra: dict | None = None) -> dict:
+    """-> {"per_layer": {...}, "embedding", "position", "attention", "mlp", "norm", "lm_head",
+           "extra", "total", "non_embedding", "mlp_share", "mlp_share_non_embedding"}
+
+    non_embedding excludes the token table, the position table and an untied LM head (the
+    convention of Kaplan et al. 2020: only the blocks and the final norm)."""
+    L, D, V = cfg.n_layer, cfg.d_model, cfg.vocab_size
+    per = layer_params(cfg)
+    attention = L * (per["attn_q"] + per["attn_k"] + per["attn_v"] + per["attn_output"] + per["attn_bias"])
+    mlp = L * (per["ffn_gate"] + per["ffn_up"] + per["ffn_down"] + per["ffn_bias"])
+    norm = L * per["norm"] + D * (2 if cfg.norm == "layernorm" else 1)      # + output_norm
+    embedding = V * D
+    position = cfg.n_ctx * D if cfg.positions == "learned" else 0
+    lm_head = 0 if cfg.tie_embeddings else V * D
+    extra = dict(extra or {})
+    total = embedding + position + attention + mlp + norm + lm_head + sum(extra.values())
+    non_embedding = total - embedding - position - lm_head - sum(extra.values())
+    return {
+        "per_layer": {**per, "total": sum(per.values()),
+                      "mlp": per["ffn_gate"] + per["ffn_up"] + per["ffn_down"] + per["ffn_bias"]},
+        "embedding": embedding, "position": position, "attention": attention, "mlp": mlp,
+        "norm": norm, "lm_head": lm_head, "lm_head_tied": bool(cfg.tie_embeddings), "extra": extra,
+        "total": total, "non_embedding": non_embedding,
+        "mlp_share": mlp / total,
+        "mlp_share_non_embedding": mlp / non_embedding,
+    }
