@@ -1,0 +1,267 @@
+"""FFN ablations: train every (FFN kind, width multiplier, seed) on the same data with the same
+token budget, then tabulate and plot final losses against parameters and FLOPs.
+
+  OUT/ablation.json              the base settings (a rerun with other settings is refused)
+  OUT/runs/<variant>-s<seed>/    one ordinary training checkpoint per run (+ train.log)
+  OUT/results.csv, results.json  one row per variant: mean +- std over seeds
+  OUT/*.png                      plots (training/plots.py)
+
+Each run is a separate `python -m ffnlab.training.ablate SPEC` process (--jobs at a time), so
+runs are isolated, use their own BLAS threads, and a finished run is never retrained: a
+rerun of the same command skips done runs and resumes interrupted ones from their checkpoint.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from ..config import FFN_KINDS, ModelConfig
+from ..errors import FfnlabError, UsageError
+from ..model.params import param_shapes
+from .checkpoint import atomic_write, atomic_write_json, check_writable, read_trainer
+from .presets import default_d_ff
+from .trainer import TrainSettings
+
+DIVERGED_FILE = "diverged.json"
+
+
+# --- sizes ----------------------------------------------------------------------------------
+def n_params(cfg: ModelConfig, embeddings=True) -> int:
+    shapes = param_shapes(cfg)
+    skip = () if embeddings else ("token_embd.weight", "position_embd.weight", "output.weight")
+    return int(sum(math.prod(s) for n, s in shapes.items() if n not in skip))
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token = 3 x forward (backward costs twice the forward):
+    forward = 2 x (weights used in matmuls, LM head included; lookups, norms, biases excluded)
+            + 2 x n_layer x seq_len x q_dim (q.k scores and the weighted sum of v, averaged over
+              causal positions: T/2 keys x 2 matmuls x 2 FLOPs per multiply-add)."""
+    shapes = param_shapes(cfg)
+    matmul = sum(math.prod(s) for n, s in shapes.items()
+                 if len(s) == 2 and n not in ("token_embd.weight", "position_embd.weight"))
+    matmul += cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0     # the head reuses token_embd
+    return int(3 * (2 * matmul + 2 * cfg.n_layer * seq_len * cfg.q_dim))
+
+
+def variant_d_ff(d_model: int, ffn: str, mult: float, match_params: bool) -> int:
+    """mult x d_model; with match_params a gated FFN (three matrices) gets 2/3 of that so its
+    parameters equal the dense FFN's at the same mult (mult 4 -> 8/3 d_model)."""
+    if match_params:
+        return default_d_ff(d_model, ffn, mult, multiple_of=1)
+    return int(round(mult * d_model))
+
+
+def variant_name(ffn, mult):
+    return f"{ffn}-x{mult:g}"
+
+
+# --- planning -------------------------------------------------------------------------------
+def plan(base: dict, ffns, mults, seeds, match_params) -> list[dict]:
+    """-> one spec per run: {variant, ffn, mult, seed, config, settings}"""
+    runs = []
+    for ffn in ffns:
+        if ffn not in FFN_KINDS:
+            raise UsageError(f"--ffn: unknown FFN kind {ffn!r}; choose from {', '.join(FFN_KINDS)}")
+        for mult in mults:
+            if mult <= 0:
+                raise UsageError(f"--mult values must be positive, got {mult:g}")
+            d_ff = variant_d_ff(base["model"]["d_model"], ffn, mult, match_params)
+            cfg = ModelConfig(**{**base["model"], "ffn": ffn, "d_ff": max(1, d_ff)})
+            for seed in range(seeds):
+                settings = {**base["settings"], "seed": seed}
+                runs.append({"variant": variant_name(ffn, mult), "ffn": ffn, "mult": mult, "seed": seed,
+                             "config": cfg.to_dict(), "settings": settings})
+    return runs
+
+
+def run_dir(out, spec):
+    return os.path.join(out, "runs", f"{spec['variant']}-s{spec['seed']}")
+
+
+def run_state(out, spec) -> str:
+    """'done' | 'diverged' | 'partial' (a checkpoint to resume) | 'new'"""
+    d = run_dir(out, spec)
+    if os.path.isfile(os.path.join(d, DIVERGED_FILE)):
+        return "diverged"
+    rec = read_trainer(d) if os.path.isdir(d) else None
+    if rec is None:
+        return "new"
+    return "done" if rec.get("done") else "partial"
+
+
+# --- one run (in its own process) -------------------------------------------------------------
+def run_one(spec_path):
+    """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure."""
+    from .data import TokenData, data_info, make_tokenizer, read_text
+    from .trainer import DivergedError, train
+
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    out = os.path.dirname(spec_path)
+    text = read_text(spec["data"])
+    tok, tok_meta = make_tokenizer("byte", text)
+    cfg = ModelConfig.from_dict(spec["config"])
+    settings = TrainSettings.from_dict(spec["settings"])
+    ids = tok.encode(text, add_bos=False)
+    data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=spec["data"])
+    try:
+        train(cfg, settings, data, tok, tok_meta, out, resume=True, data_info=data_info(spec["data"], text, len(ids)),
+              progress=True)
+    except DivergedError as e:
+        atomic_write_json(os.path.join(out, DIVERGED_FILE), {"step": e.step, "message": str(e)})
+        print(f"diverged: {e}", file=sys.stderr)
+
+
+# --- the driver -------------------------------------------------------------------------------
+def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print) -> list[dict]:
+    """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows."""
+    check_writable(out)
+    if not os.path.isfile(data):
+        raise UsageError(f"--data {data}: no such file")
+    data = os.path.abspath(data)
+    info_path = os.path.join(out, "ablation.json")
+    setup = {"data": data, "base": base, "match_params": match_params}
+    if os.path.isfile(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            old = json.load(f)
+        for k in setup:
+            if old.get(k) != setup[k]:
+                raise UsageError(f"--out {out} holds an ablation with different settings ({k} differs); "
+                                 f"rerun with the same settings or choose another --out")
+    else:
+        atomic_write_json(info_path, setup)
+    runs = plan(base, ffns, mults, seeds, match_params)
+    todo = []
+    for spec in runs:
+        state = run_state(out, spec)
+        if state in ("done", "diverged"):
+            continue
+        d = run_dir(out, spec)
+        os.makedirs(d, exist_ok=True)
+        atomic_write_json(os.path.join(d, "spec.json"), {**spec, "data": data})
+        todo.append(spec)
+    log(f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train, {jobs} at a time")
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+           "MKL_NUM_THREADS": str(threads)}
+    running, failed, t0 = [], [], time.monotonic()
+    queue = list(todo)
+    while queue or running:
+        while queue and len(running) < jobs:
+            spec = queue.pop(0)
+            d = run_dir(out, spec)
+            logf = open(os.path.join(d, "train.log"), "ab")
+            p = subprocess.Popen([sys.executable, "-m", "ffnlab.training.ablate", os.path.join(d, "spec.json")],
+                                 stdout=logf, stderr=subprocess.STDOUT, env=env)
+            running.append((p, spec, logf))
+        time.sleep(0.2)
+        for item in list(running):
+            p, spec, logf = item
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            logf.close()
+            name = f"{spec['variant']} seed {spec['seed']}"
+            state = run_state(out, spec)
+            if p.returncode != 0 or state not in ("done", "diverged"):
+                failed.append(name)
+                log(f"  FAILED {name} (exit {p.returncode}); see {os.path.join(run_dir(out, spec), 'train.log')}")
+            else:
+                log(f"  {state} {name}  [{len(todo) - len(queue) - len(running)}/{len(todo)}, "
+                    f"{time.monotonic() - t0:.0f}s]")
+    if failed:
+        raise FfnlabError(f"{len(failed)} run(s) failed: {', '.join(failed)}; see their train.log under {out}/runs")
+    rows = collect(out, runs, base["settings"]["seq_len"])
+    write_results(out, rows)
+    return rows
+
+
+# --- results ----------------------------------------------------------------------------------
+def run_result(out, spec) -> dict:
+    d = run_dir(out, spec)
+    cfg = ModelConfig.from_dict(spec["config"])
+    res = {"seed": spec["seed"], "diverged_at": None, "train_loss": float("nan"), "val_loss": float("nan"),
+           "tokens_per_s": float("nan"), "curve": [], "eval": []}
+    if os.path.isfile(os.path.join(d, DIVERGED_FILE)):
+        with open(os.path.join(d, DIVERGED_FILE), encoding="utf-8") as f:
+            res["diverged_at"] = json.load(f)["step"]
+    rec = read_trainer(d)
+    if rec is not None:
+        res["curve"], res["eval"] = rec["history"]["train"], rec["history"]["eval"]
+        if rec.get("done") and rec.get("final"):
+            res.update(train_loss=rec["final"]["train_loss"], val_loss=rec["final"]["val_loss"],
+                       tokens_per_s=rec["tokens_per_s"])
+    res["config"] = cfg
+    return res
+
+
+def _mean_std(xs):
+    xs = [x for x in xs if math.isfinite(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
+
+
+def collect(out, runs, seq_len) -> list[dict]:
+    """Group runs by variant -> rows with mean and std (sample std, ddof=1) over seeds."""
+    by_variant = {}
+    for spec in runs:
+        by_variant.setdefault(spec["variant"], []).append(spec)
+    rows = []
+    for variant, specs in by_variant.items():
+        results = [run_result(out, s) for s in specs]
+        cfg = results[0]["config"]
+        tr, trs = _mean_std([r["train_loss"] for r in results])
+        va, vas = _mean_std([r["val_loss"] for r in results])
+        tps, _ = _mean_std([r["tokens_per_s"] for r in results])
+        rows.append({
+            "variant": variant, "ffn": specs[0]["ffn"], "mult": specs[0]["mult"], "d_model": cfg.d_model,
+            "d_ff": cfg.d_ff, "params": n_params(cfg), "params_nonembed": n_params(cfg, embeddings=False),
+            "flops_per_token": flops_per_token(cfg, seq_len), "seeds": len(results),
+            "train_loss_mean": tr, "train_loss_std": trs, "val_loss_mean": va, "val_loss_std": vas,
+            "tokens_per_s": tps, "diverged": sum(r["diverged_at"] is not None for r in results),
+            "per_seed": [{k: r[k] for k in ("seed", "train_loss", "val_loss", "tokens_per_s", "diverged_at")}
+                         for r in results],
+            "curves": [{"seed": r["seed"], "train": r["curve"], "eval": r["eval"]} for r in results],
+        })
+    return rows
+
+
+CSV_COLUMNS = ["variant", "ffn", "mult", "d_model", "d_ff", "params", "params_nonembed", "flops_per_token", "seeds",
+               "train_loss_mean", "train_loss_std", "val_loss_mean", "val_loss_std", "tokens_per_s", "diverged"]
+
+
+def write_results(out, rows):
+    import io
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in rows:
+        w.writerow([f"{r[c]:.4f}" if isinstance(r[c], float) and c != "mult" else r[c] for c in CSV_COLUMNS])
+    atomic_write(os.path.join(out, "results.csv"), buf.getvalue().encode("utf-8"))
+    atomic_write_json(os.path.join(out, "results.json"), {"rows": [{k: v for k, v in r.items() if k != "curves"}
+                                                                   for r in rows]})
+    atomic_write_json(os.path.join(out, "curves.json"), {r["variant"]: r["curves"] for r in rows})
+
+
+def markdown_table(rows) -> str:
+    """The results as a Markdown table (docs, `ffnlab ablate` output)."""
+    lines = ["| variant | d_ff | params (non-emb) | train FLOPs/token | train loss | val loss | tokens/s | diverged |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r['flops_per_token'] / 1e6:.2f}M | "
+                     f"{r['train_loss_mean']:.4f} ± {r['train_loss_std']:.4f} | "
+                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | {r['tokens_per_s']:,.0f} | "
+                     f"{r['diverged']}/{r['seeds']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    run_one(sys.argv[1])

@@ -1,0 +1,143 @@
+"""Writing checkpoints so that a crash at any instant leaves a usable one.
+
+Every file is written atomically: bytes go to a temp file in the same directory, which is
+fsync'ed, renamed over the target with os.replace (atomic on POSIX), and the directory is
+fsync'ed so the rename itself survives a power cut. A reader sees the old file or the new one,
+never half of one.
+
+A set of files is not atomic, though, so the resume state has one commit record:
+  state-NNNNNN.safetensors   weights + AdamW moments at step N   (written first)
+  model.safetensors          the same weights, for `ffnlab run` / export
+  trainer.json               step N, RNG state, optimizer scalars, loss history and the name
+                             of its state file  (written last: the commit)
+Resuming reads trainer.json and then only the state file it names, so a crash between any
+two writes resumes from the previous commit. Old state files are deleted after the commit.
+
+The file layout for inference (ffnlab.json, model.safetensors, tokenizer.json) is read by
+formats/checkpoint.py.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob
+import json
+import os
+import signal
+
+import numpy as np
+
+from ..errors import UsageError
+from ..formats.checkpoint import FORMAT, META_FILE, TOKENIZER_FILE, VERSION, WEIGHTS_FILE
+
+TRAINER_FILE = "trainer.json"
+
+# Test hook: "PATTERN:K" kills this process with SIGKILL on the K-th write of a file whose name
+# matches PATTERN (fnmatch), after its temp file is complete and before the rename -- the worst
+# moment for a crash. Tests use it; nothing else sets it.
+KILL_HOOK_ENV = "FFNLAB_TEST_KILL_BEFORE_RENAME"
+_writes: dict = {}
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data: bytes):
+    """Write bytes to path so that path is always either the old or the new content."""
+    d = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        _maybe_die(os.path.basename(path))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(d)
+
+
+def _maybe_die(name):
+    hook = os.environ.get(KILL_HOOK_ENV)
+    if not hook:
+        return
+    pattern, k = hook.rsplit(":", 1)
+    if fnmatch.fnmatch(name, pattern):
+        _writes[pattern] = _writes.get(pattern, 0) + 1
+        if _writes[pattern] == int(k):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def atomic_write_json(path, obj):
+    atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
+
+
+def safetensors_bytes(arrays: dict, meta: dict | None = None) -> bytes:
+    from safetensors.numpy import save
+    return save({n: np.ascontiguousarray(a) for n, a in arrays.items()}, metadata=meta)
+
+
+def check_writable(out):
+    """Create OUT (and parents) or fail with one line naming it."""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot create the directory ({e.strerror})") from None
+    if not os.path.isdir(out):
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    probe = os.path.join(out, f".write-test-{os.getpid()}")
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"--out {out}: directory is not writable ({e.strerror})") from None
+
+
+def write_model_files(out, cfg, tok, tok_meta, extra: dict | None = None):
+    """ffnlab.json and tokenizer.json: written once, when training starts."""
+    meta = {"format": FORMAT, "version": VERSION, "config": cfg.to_dict(), "tokenizer": tok_meta, **(extra or {})}
+    atomic_write(os.path.join(out, TOKENIZER_FILE), tok.tk.to_str().encode("utf-8"))
+    atomic_write_json(os.path.join(out, META_FILE), meta)
+
+
+def save_state(out, step, params, opt, rng, trainer: dict):
+    """Commit the resume state of `step` (see the module docstring for the write order)."""
+    state_name = f"state-{step:06d}.safetensors"
+    atomic_write(os.path.join(out, state_name),
+                 safetensors_bytes({**params, **opt.state_arrays()}, {"step": str(step)}))
+    atomic_write(os.path.join(out, WEIGHTS_FILE), safetensors_bytes(params, {"step": str(step)}))
+    record = {"step": step, "state_file": state_name, "rng": rng.bit_generator.state,
+              "optimizer": opt.state_scalars(), **trainer}
+    atomic_write_json(os.path.join(out, TRAINER_FILE), record)
+    for old in glob.glob(os.path.join(out, "state-*.safetensors")):
+        if os.path.basename(old) != state_name:
+            os.unlink(old)
+    for tmp in glob.glob(os.path.join(out, ".*.tmp-*")):   # left by a writer that was killed
+        os.unlink(tmp)
+
+
+def read_trainer(out) -> dict | None:
+    """The last committed trainer record, or None when OUT has none."""
+    f = os.path.join(out, TRAINER_FILE)
+    if not os.path.isfile(f):
+        return None
+    with open(f, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def load_state(out, record, params, opt, rng):
+    """Restore weights, AdamW moments and the batch RNG from a committed record (in place)."""
+    from safetensors.numpy import load_file
+    arrays = load_file(os.path.join(out, record["state_file"]))
+    for n in params:
+        params[n] = np.array(arrays[n], dtype=params[n].dtype)
+    opt.load_state(arrays, record["optimizer"])
+    rng.bit_generator.state = record["rng"]

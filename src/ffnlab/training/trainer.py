@@ -1,0 +1,240 @@
+"""The training loop: batches -> forward -> cross-entropy -> backward -> clip -> AdamW.
+
+    for step in 1..steps:
+        x, y = random windows of the train split          # [batch, seq_len] each
+        logits = forward(params, x)                        # [batch, seq_len, vocab]
+        loss = cross_entropy(logits, y)
+        grads = backward(dloss/dlogits)
+        clip the global gradient norm; AdamW update with lr(step)
+        every eval_every steps: loss on fixed train and val windows
+        every ckpt_every steps: commit a checkpoint (training/checkpoint.py)
+
+Everything random comes from one seeded NumPy Generator whose state is checkpointed, and
+numpy's kernels are deterministic for fixed shapes and threads, so an interrupted run resumed
+from its last checkpoint reproduces the uninterrupted run's losses bit for bit.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from ..errors import FfnlabError, UsageError
+from ..formats.checkpoint import read_meta
+from ..model.params import init_params
+from ..model.transformer import backward, forward
+from ..ops.loss import cross_entropy_backward, cross_entropy_forward
+from . import checkpoint as ckpt
+from .data import TokenData, eval_batches, sample_batch
+from .optim import AdamW, clip_grad_norm, lr_at
+
+
+class DivergedError(FfnlabError):
+    """The loss or the gradients became NaN/Inf at `step`."""
+
+    def __init__(self, message, step):
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 1000           # optimizer updates
+    batch: int = 16             # sequences per step
+    seq_len: int = 128          # tokens per sequence (context seen in training)
+    lr: float = 1e-3            # peak learning rate
+    warmup: int = 100           # linear warmup steps, then cosine decay
+    min_lr_frac: float = 0.1    # the cosine ends at min_lr_frac * lr
+    weight_decay: float = 0.1   # AdamW decoupled decay on matrices (see optim.decays)
+    decay_embeddings: bool = False
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0      # max global gradient norm; 0 disables clipping
+    seed: int = 0               # init and batch order
+    eval_every: int = 100       # evaluate train/val loss every N steps (and at the end)
+    eval_batches: int = 4       # fixed windows per evaluation: eval_batches * batch sequences
+    ckpt_every: int = 100       # commit a checkpoint every N steps (and at the end); 0: only at the end
+    val_frac: float = 0.1       # held-out tail of the data
+
+    def validate(self):
+        for f in ("steps", "batch", "seq_len", "eval_every", "eval_batches"):
+            if getattr(self, f) <= 0:
+                raise UsageError(f"--{f.replace('_', '-')} must be a positive integer, got {getattr(self, f)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise UsageError(f"--lr must be a positive number, got {self.lr}")
+        if self.warmup < 0 or self.ckpt_every < 0:
+            raise UsageError("--warmup and --ckpt-every must be >= 0")
+
+    @classmethod
+    def from_dict(cls, d):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+# --- the step -----------------------------------------------------------------------------
+def loss_and_grads(params, cfg, x, y):
+    """x, y: [B, T] -> loss (float32 scalar), {name: grad}"""
+    B, T = x.shape
+    logits, cache = forward(params, cfg, x, train=True)                 # [B, T, V]
+    loss, probs = cross_entropy_forward(logits.reshape(B * T, -1), y.reshape(-1))
+    if not np.isfinite(loss):
+        return loss, None
+    dlogits = cross_entropy_backward(probs, y.reshape(-1)).reshape(logits.shape)
+    return loss, backward(dlogits, params, cfg, cache)
+
+
+def mean_loss(params, cfg, batches) -> float:
+    losses = []
+    for x, y in batches:
+        logits, _ = forward(params, cfg, x)
+        losses.append(cross_entropy_forward(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))[0])
+    return float(np.mean(losses))
+
+
+class _Found(Exception):
+    def __init__(self, node):
+        self.node = node
+
+
+def first_nonfinite_node(params, cfg, x):
+    """Re-run the forward with a tracer and stop at the first node holding NaN/Inf.
+    -> 'name (OP)' or None when every node is finite."""
+    from ..trace.tracer import Tracer
+
+    def check(node):
+        if not np.all(np.isfinite(node.array)):
+            raise _Found(node)
+
+    bad = [n for n, p in params.items() if not np.all(np.isfinite(p))]
+    try:
+        forward(params, cfg, x, tracer=Tracer(params=params, on_node=check))
+    except _Found as f:
+        where = f"{f.node.name} ({f.node.op})"
+        return where + (f"; non-finite weights: {', '.join(bad[:3])}" if bad else "")
+    return None
+
+
+def diverged(step, what, params, cfg, x):
+    node = first_nonfinite_node(params, cfg, x)
+    where = (f"first non-finite node: {node}" if node
+             else "every forward node is finite (the loss or backward overflowed)")
+    return DivergedError(f"step {step}: {what} is not finite; {where}. Lower --lr or raise --warmup", step)
+
+
+# --- progress -----------------------------------------------------------------------------
+class Progress:
+    """One status line on stderr: rewritten in place on a terminal, a line per eval otherwise."""
+
+    def __init__(self, total, enabled=True, stream=None):
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = enabled and self.stream.isatty()
+        self.last = 0.0
+
+    def step(self, step, loss, lr, tok_s):
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if now - self.last < 0.1 and step < self.total:
+            return
+        self.last = now
+        bar = "#" * int(20 * step / self.total)
+        self.stream.write(f"\r[{bar:<20}] step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {tok_s / 1e3:.1f}k tok/s ")
+        self.stream.flush()
+
+    def line(self, text):
+        if not self.enabled:
+            return
+        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.stream.flush()
+
+
+# --- the loop -----------------------------------------------------------------------------
+def _check_same(kind, saved: dict, now: dict, out):
+    for k, v in now.items():
+        if k in saved and saved[k] != v:
+            raise UsageError(f"--resume: {kind} {k} is {v!r} but the checkpoint in {out} has {saved[k]!r}; "
+                             f"resume with the same settings or choose another --out")
+
+
+def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, resume=False,
+          data_info=None, progress=True, init_hook=None) -> dict:
+    """Train (or resume) into checkpoint directory `out`; returns the final trainer record.
+
+    data_info: {"path", "sha256", ...} recorded in ffnlab.json and checked on resume.
+    init_hook(params): called once on freshly initialised weights (tests inject faults here).
+    """
+    settings.validate()
+    if settings.seq_len > cfg.n_ctx:
+        raise UsageError(f"--seq-len {settings.seq_len} exceeds the model context n_ctx={cfg.n_ctx}")
+    ckpt.check_writable(out)
+    params = init_params(cfg, seed=settings.seed)
+    if init_hook is not None:
+        init_hook(params)
+    opt = AdamW(params, settings.weight_decay, (settings.beta1, settings.beta2), decay_embeddings=settings.decay_embeddings)
+    rng = np.random.default_rng([settings.seed, 1])                    # batch order (init used seed alone)
+    history = {"train": [], "grad_norm": [], "eval": []}                # train[i]: loss of step i+1
+    seconds, start = 0.0, 0
+    record = ckpt.read_trainer(out)
+    if record is not None and not resume:
+        raise UsageError(f"--out {out} already holds a checkpoint at step {record['step']}; "
+                         f"add --resume to continue it or choose another --out")
+    if record is not None:
+        meta = read_meta(out)
+        _check_same("model", meta["config"], cfg.to_dict(), out)
+        _check_same("setting", meta["train"]["settings"], asdict(settings), out)
+        _check_same("data", meta["train"].get("data", {}), {"sha256": (data_info or {}).get("sha256")}, out)
+        ckpt.load_state(out, record, params, opt, rng)
+        history, seconds, start = record["history"], record["train_seconds"], record["step"]
+    else:
+        ckpt.write_model_files(out, cfg, tok, tok_meta,
+                               {"train": {"settings": asdict(settings), "data": data_info or {}}})
+
+    val_windows = eval_batches(data.val, settings.batch, settings.seq_len, settings.eval_batches)
+    train_windows = eval_batches(data.train, settings.batch, settings.seq_len, settings.eval_batches)
+    tokens_per_step = settings.batch * settings.seq_len
+    bar = Progress(settings.steps, enabled=progress)
+    if start:
+        bar.line(f"resuming {out} at step {start}/{settings.steps}")
+
+    def commit(step):
+        done = step == settings.steps
+        final = history["eval"][-1] if history["eval"] and history["eval"][-1][0] == step else None
+        rec = {"history": history, "train_seconds": seconds, "done": done,
+               "tokens_per_s": step * tokens_per_step / seconds if seconds else 0.0,
+               "final": {"train_loss": final[1], "val_loss": final[2]} if (done and final) else None}
+        ckpt.save_state(out, step, params, opt, rng, rec)
+        return {"step": step, **rec}
+
+    rec = None
+    for s in range(start, settings.steps):
+        step = s + 1
+        t0 = time.perf_counter()
+        lr = lr_at(s, settings.lr, settings.steps, settings.warmup, settings.min_lr_frac)
+        x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
+        loss, grads = loss_and_grads(params, cfg, x, y)
+        if grads is None:
+            raise diverged(step, f"the loss ({float(loss)})", params, cfg, x)
+        norm = clip_grad_norm(grads, settings.grad_clip)
+        if not math.isfinite(norm):
+            raise diverged(step, f"the gradient norm ({norm})", params, cfg, x)
+        opt.step(params, grads, lr)
+        seconds += time.perf_counter() - t0
+        history["train"].append(float(loss))
+        history["grad_norm"].append(norm)
+        bar.step(step, float(loss), lr, step * tokens_per_step / seconds)
+        if step % settings.eval_every == 0 or step == settings.steps:
+            tl, vl = mean_loss(params, cfg, train_windows), mean_loss(params, cfg, val_windows)
+            history["eval"].append([step, tl, vl])
+            bar.line(f"step {step}/{settings.steps}: train loss {tl:.4f}  val loss {vl:.4f}  "
+                     f"lr {lr:.2e}  {step * tokens_per_step / seconds / 1e3:.1f}k tok/s")
+        if step == settings.steps or (settings.ckpt_every and step % settings.ckpt_every == 0):
+            rec = commit(step)
+    if rec is None:                        # resumed a finished run: nothing to do
+        rec = {"step": start, **{k: v for k, v in record.items() if k not in ("step",)}}
+    return rec
