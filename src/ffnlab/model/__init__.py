@@ -23,6 +23,18 @@ class Model:
         logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer)
         return logits[0]
 
+    def forward_last(self, ids, kv):
+        """ids: [T] appended after the cache -> logits [vocab] of the last position."""
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer, last_only=True)
+        return logits[0, -1]
+
+    def generate(self, prompt, n_predict=64, params=None, on_token=None, **sampling):
+        """prompt: text or a list of ids -> Generation (ids, text, stop_reason, timings).
+        sampling: SamplingParams fields (temp, top_k, top_p, min_p, repeat_penalty, seed)."""
+        from ..generation import SamplingParams, generate
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return generate(self, ids, n_predict, params or SamplingParams(**sampling), on_token)
+
     def new_cache(self, n_ctx=None, batch=1):
         return KVCache(self.config, batch=batch, n_ctx=n_ctx, dtype=self.params["token_embd.weight"].dtype)
 

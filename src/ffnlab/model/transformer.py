@@ -18,12 +18,14 @@ def lm_head_name(cfg):
     return "token_embd.weight" if cfg.tie_embeddings else "output.weight"
 
 
-def forward(p, cfg, ids, kv=None, tracer=None, train=False):
+def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False):
     """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), cache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
     tracer: observes every named node (see trace/); None costs one `if` per node.
     train: keep the activations for backward().
+    last_only: compute logits for the last position only (generation: the LM head is the
+               largest matmul, and only the last row is sampled) -> [B, 1, vocab].
     """
     ids = np.atleast_2d(np.asarray(ids))
     B, T = ids.shape
@@ -51,6 +53,8 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False):
         x, c = block_forward(x, p, cfg, il, pos, allowed, kv, lemit)
         if train:
             block_caches.append(c)
+    if last_only:
+        x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
     y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", emit)
     head = lm_head_name(cfg)
     logits = linear_forward(y, p[head])                                   # [B, T, d_model] -> [B, T, vocab]

@@ -1,0 +1,114 @@
+"""Build a Tokenizer from GGUF metadata (tokenizer.ggml.*) with the `tokenizers` library.
+
+  tokenizer.ggml.model = "gpt2":  byte-level BPE from tokens + merges; the pre-tokenizer
+                                   regexes are llama.cpp's for tokenizer.ggml.pre (llama-vocab.cpp)
+  tokenizer.ggml.model = "llama": SentencePiece-style: spaces become U+2581, the adjacent pair
+                                   whose merged piece has the highest score merges first, unknown
+                                   characters fall back to <0xXX> byte tokens (Gemma 3)
+Control and user-defined tokens (token_type 3 and 4) are added as special tokens, so
+"<|im_start|>" in a prompt is one id, as llama.cpp parses it.
+"""
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from ..errors import ModelFileError
+from .tokenizer import Tokenizer
+
+# llama.cpp token types (llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+# tokenizer.ggml.pre -> the regexes llama.cpp applies one after the other (llama-vocab.cpp)
+PRE_TOKENIZER_REGEXES = {
+    "gpt2": [_GPT2],
+    "default": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "starcoder": [r"\p{N}", _GPT2],
+    "refact": [r"\p{N}", _GPT2],
+    "llama-bpe": [_LLAMA3],
+    "llama3": [_LLAMA3],
+    "smaug-bpe": [_LLAMA3],
+    "qwen2": [_QWEN2],
+    "deepseek-r1-qwen": [_QWEN2],
+}
+
+
+def _field(meta, key, default=None):
+    v = meta.get(key)
+    return default if v is None else v
+
+
+def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
+    """meta: GGUF key -> python value (lists as lists). -> Tokenizer"""
+    kind = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if kind is None or tokens is None:
+        raise ModelFileError(f"{path}: no tokenizer in the GGUF metadata (tokenizer.ggml.model / tokenizer.ggml.tokens missing)")
+    types = _field(meta, "tokenizer.ggml.token_type", [NORMAL] * len(tokens))
+    if kind == "gpt2":
+        tk = _byte_level_bpe(meta, tokens, path)
+    elif kind == "llama":
+        tk = _sentencepiece_bpe(meta, tokens, types)
+    else:
+        raise ModelFileError(f"{path}: tokenizer.ggml.model = {kind!r} is not supported (expected 'gpt2' or 'llama')")
+    specials = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
+    tk.add_special_tokens(specials)
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    eos = meta.get("tokenizer.ggml.eos_token_id")
+    add_bos = bool(_field(meta, "tokenizer.ggml.add_bos_token", kind == "llama"))
+    eot = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
+    # chat models end a turn with their own token (<|im_end|>, <end_of_turn>): stop there too
+    for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
+        i = tk.token_to_id(name)
+        if i is not None:
+            eot.append(i)
+    return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos,
+                     chat_template=meta.get("tokenizer.chat_template"), eot_ids=eot)
+
+
+def _byte_level_bpe(meta, tokens, path):
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZER_REGEXES:
+        raise ModelFileError(f"{path}: tokenizer.ggml.pre = {pre!r} is not supported "
+                             f"(known: {', '.join(sorted(PRE_TOKENIZER_REGEXES))})")
+    merges = [tuple(m.split(" ", 1)) for m in _field(meta, "tokenizer.ggml.merges", [])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # Llama 3's tokenizer takes a whole pre-token from the vocab before merging (ignore_merges)
+    bpe = models.BPE(vocab, merges, ignore_merges=pre in ("llama-bpe", "llama3", "smaug-bpe"))
+    tk = HFTokenizer(bpe)
+    splits = [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZER_REGEXES[pre]]
+    tk.pre_tokenizer = pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _sentencepiece_bpe(meta, tokens, types):
+    """SentencePiece-BPE as llama.cpp's llm_tokenizer_spm runs it: merges ranked by the score
+    of the merged piece (highest first), expressed as BPE merges so `tokenizers` can run it."""
+    scores = _field(meta, "tokenizer.ggml.scores", [0.0] * len(tokens))
+    vocab = {t: i for i, t in enumerate(tokens)}
+    mergeable = {t for t, ty in zip(tokens, types) if ty in (NORMAL, USER_DEFINED)}
+    merges = []
+    for t, ty, s in zip(tokens, types, scores):
+        if ty != NORMAL or len(t) < 2:
+            continue
+        for i in range(1, len(t)):
+            a, b = t[:i], t[i:]
+            if a in mergeable and b in mergeable:
+                merges.append((-s, vocab[t], a, b))
+    merges.sort()
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    bpe = models.BPE(vocab, [(a, b) for _, _, a, b in merges], byte_fallback=True,
+                     unk_token=tokens[unk] if unk is not None else None, fuse_unk=True)
+    tk = HFTokenizer(bpe)
+    norms = [normalizers.Replace(" ", "\u2581")]
+    if meta.get("tokenizer.ggml.add_space_prefix", False):
+        norms.insert(0, normalizers.Prepend("\u2581"))
+    tk.normalizer = normalizers.Sequence(norms)
+    tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return tk

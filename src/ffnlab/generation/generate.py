@@ -1,0 +1,77 @@
+"""Generation with a KV cache: prefill the prompt in one forward, then one token per step."""
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UsageError
+from .sampling import SamplingParams, sample
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+    eval_tokens: int = 0
+    eval_ms: float = 0.0
+
+    @property
+    def prompt_tps(self):
+        return 1000.0 * self.prompt_tokens / self.prompt_ms if self.prompt_ms else 0.0
+
+    @property
+    def eval_tps(self):
+        return 1000.0 * self.eval_tokens / self.eval_ms if self.eval_ms else 0.0
+
+
+@dataclass
+class Generation:
+    prompt_ids: list
+    ids: list = field(default_factory=list)     # generated ids (without the prompt)
+    text: str = ""
+    stop_reason: str = ""                       # "eos" | "length"
+    timings: Timings = field(default_factory=Timings)
+
+
+def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None):
+    """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them."""
+    params = params or SamplingParams()
+    cfg = model.config
+    prompt_ids = list(prompt_ids)
+    if not prompt_ids:
+        raise UsageError("the prompt is empty (no tokens to start from)")
+    if len(prompt_ids) >= cfg.n_ctx:
+        raise UsageError(f"the prompt has {len(prompt_ids)} tokens, more than the model's context length {cfg.n_ctx}")
+    n_predict = min(n_predict, cfg.n_ctx - len(prompt_ids))
+    rng = np.random.default_rng(None if params.seed < 0 else params.seed)
+    kv = model.new_cache(n_ctx=len(prompt_ids) + n_predict)
+    out = Generation(prompt_ids=prompt_ids)
+    tok = model.tokenizer
+    t0 = time.perf_counter()
+    logits = model.forward_last(prompt_ids, kv)                        # prefill: [vocab] for the last position
+    out.timings.prompt_tokens, out.timings.prompt_ms = len(prompt_ids), 1000 * (time.perf_counter() - t0)
+    history = list(prompt_ids)
+    t1 = time.perf_counter()
+    text_so_far = ""
+    for step in range(n_predict):
+        nxt = sample(logits, params, rng, history)
+        if tok is not None and nxt in tok.eot_ids:
+            out.stop_reason = "eos"
+            break
+        out.ids.append(nxt)
+        history.append(nxt)
+        if on_token is not None:
+            # decode the whole continuation so multi-token characters come out whole
+            text = tok.decode(out.ids) if tok is not None else ""
+            on_token(nxt, text[len(text_so_far):] if text.startswith(text_so_far) else text)
+            text_so_far = text
+        if step + 1 < n_predict:
+            logits = model.forward_last([nxt], kv)                     # one token against the cache
+    else:
+        out.stop_reason = "length"
+    t2 = time.perf_counter()
+    # the eval count, like llama.cpp's, is the number of single-token forward passes
+    out.timings.eval_tokens = max(len(out.ids) - 1, 0) if out.stop_reason == "length" else len(out.ids)
+    out.timings.eval_ms = 1000 * (t2 - t1)
+    out.text = tok.decode(out.ids) if tok is not None else ""
+    return out
