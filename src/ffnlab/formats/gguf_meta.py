@@ -15,7 +15,8 @@ Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3}:
   {arch}.attention.layer_norm_epsilon (gpt2) or .layer_norm_rms_epsilon (others) -> norm_eps
   {arch}.rope.freq_base -> rope_theta (default 10000, llama.cpp's default)
   {arch}.rope.scaling.type / .factor (linear) -> rope_scale
-  {arch}.attention.sliding_window -> sliding_window (gemma2, gemma3)
+  {arch}.attention.sliding_window (+ .sliding_window_pattern) -> sliding window (gemma2, gemma3)
+  {arch}.rope.freq_base_swa -> rope_theta_local (gemma3, default 10000)
   tokenizer.ggml.tokens (its length) or {arch}.vocab_size -> vocab_size (else token_embd's rows)
 What the keys do not say is read from the tensor names: biases, the gate (gated FFN), q/k
 norms, post norms, a fused qkv, and tied embeddings (no output.weight).
@@ -172,21 +173,40 @@ def config_from_gguf(reader, path) -> ModelConfig:
 
 
 def _gemma(reader, arch, path, kw) -> dict:
-    """llama.cpp's Gemma rules (llama-model.cpp, load_hparams): embeddings scaled by sqrt(d_model);
-    q scaled by 1/sqrt(head_dim), except the 27B models (Gemma 2: 46 layers, Gemma 3: 62 layers)
-    which use 1/sqrt(d_model / n_head); sliding-window layers: every 2nd (Gemma 2) or every 6th
-    (Gemma 3) layer is global, Gemma 3's local layers use RoPE base 10000 without scaling."""
+    """llama.cpp's Gemma rules (llama-model.cpp load_hparams, models/gemma3.cpp):
+    - token embeddings scaled by sqrt(d_model);
+    - q scaled by 1/sqrt(head_dim), except the 27B models (Gemma 2: 46 layers, Gemma 3: 62 layers),
+      which use 1/sqrt(d_model / n_head); llama.cpp reads no query_pre_attn_scalar key;
+    - sliding-window layers: il % n < n - 1 slides, n = 2 (Gemma 2) or
+      {arch}.attention.sliding_window_pattern, default 6 (Gemma 3);
+    - Gemma 3's sliding layers use RoPE base {arch}.rope.freq_base_swa, default 10000, unscaled;
+    - a final logit softcap only when {arch}.final_logit_softcapping is present."""
     big = kw["n_layer"] == (46 if arch == "gemma2" else 62)
     out = {"embed_scale": True,
            "attn_scale": 1.0 / math.sqrt(kw["d_model"] / kw["n_head"] if big else kw["head_dim"]),
            # Gemma 3 files must carry the window; llama.cpp defaults Gemma 2's to 4096
            "sliding_window": int(get_key(reader, f"{arch}.attention.sliding_window", path,
                                          4096 if arch == "gemma2" else ...)),
-           "sliding_window_pattern": 2 if arch == "gemma2" else 6,
+           "sliding_window_pattern": 2,
            "final_logit_softcap": float(get_key(reader, f"{arch}.final_logit_softcapping", path, 0.0))}
     if arch == "gemma3":
-        out["rope_theta_local"] = 10000.0
+        out["sliding_window_pattern"] = _swa_pattern(get_key(reader, f"{arch}.attention.sliding_window_pattern",
+                                                             path, 6), kw["n_layer"], path)
+        out["rope_theta_local"] = float(get_key(reader, f"{arch}.rope.freq_base_swa", path, 10000.0))
     return out
+
+
+def _swa_pattern(value, n_layer, path) -> int:
+    """A scalar pattern n, or a per-layer list of 'is sliding' flags that must repeat with one period
+    (ModelConfig describes the layers by that period)."""
+    if not isinstance(value, (list, tuple)):
+        return int(value)
+    flags = [bool(v) for v in value]
+    for n in range(1, len(flags) + 1):
+        if all(f == (il % n < n - 1) for il, f in enumerate(flags)):
+            return n
+    raise ModelFileError(f"{path}: attention.sliding_window_pattern {flags} is not periodic "
+                         f"(ffnlab needs 'every Nth layer is global')")
 
 
 def _vocab_size(reader, arch, shapes, path) -> int:

@@ -1,0 +1,106 @@
+"""Memory: KV cache, MLP activations, and the activation working set of a forward.
+
+KV cache: every layer stores a key and a value vector of kv_dim = n_kv_head*head_dim per
+position, so bytes = 2 * n_layer * batch * context * kv_dim * bytes(kv dtype). With a sliding
+window (Gemma), llama.cpp's SWA cache keeps only `window` positions in the sliding layers;
+that figure is given next to the full one.
+
+MLP activations of one layer: the gate and the up projection each produce B*T*d_ff numbers
+(a dense FFN has only up); stated in the chosen dtype, e.g. Llama 3 8B, B=1, T=2048, fp16:
+2048*14336*2 bytes = 58.7 MB each.
+
+Activation working set ("peak activation of one layer's forward"): what an eager, unfused
+forward holds at its worst moment inside one block when it keeps every intermediate the
+backward needs, as ffnlab (model/block.py) and PyTorch autograd do. It is the sum of
+  kept:       the arrays the block keeps for its backward, listed in layer_kept() below;
+  transient:  the larger of the attention's score buffers (raw q.k, scaled and exponentiated
+              copies next to the kept probabilities, plus the grouped query copy) and the MLP's
+              activation-function temporaries (element-wise intermediates of SiLU/GELU on
+              [B, T, d_ff]), plus the block's residual-stream locals.
+A training forward keeps every layer's `kept` set at once (model_forward_bytes, train=True).
+Sizes are in the compute dtype; fp32 for ffnlab.
+"""
+
+_ACT_TEMPS = {"gelu": 2, "gelu_tanh": 3, "relu": 0, "swiglu": 2, "geglu": 2}   # [B,T,d_ff] temporaries
+
+
+def kv_cache_bytes(cfg, batch, context, kv_bytes_per_elem) -> dict:
+    """-> {"full": bytes with every layer holding `context` positions, "swa": with sliding layers
+    holding min(context, window) (equal to full when the model has no sliding window)}"""
+    per_pos = 2 * cfg.kv_dim * kv_bytes_per_elem * batch              # k and v
+    full = cfg.n_layer * context * per_pos
+    n_slide = sum(cfg.is_sliding(il) for il in range(cfg.n_layer))
+    swa = (cfg.n_layer - n_slide) * context * per_pos + n_slide * min(context, cfg.sliding_window or context) * per_pos
+    return {"full": int(full), "swa": int(swa)}
+
+
+def mlp_activation_bytes(cfg, batch, seq_len, bytes_per_elem) -> dict:
+    """The FFN's widest intermediates in one layer: gate and up outputs, B*T*d_ff elements each."""
+    each = batch * seq_len * cfg.d_ff * bytes_per_elem
+    return {"gate": each if cfg.gated else 0, "up": each, "together": each * (2 if cfg.gated else 1),
+            "elements_each": batch * seq_len * cfg.d_ff}
+
+
+def layer_kept(cfg, B, T, S) -> dict:
+    """Elements one block keeps for its backward -> {what: elements}. T queries, S keys."""
+    D, F, q, kv = cfg.d_model, cfg.d_ff, cfg.q_dim, cfg.kv_dim
+    BT = B * T
+    kept = {
+        "attn_norm (x_hat, output)": 2 * BT * D,
+        "q, k, v projections": BT * (q + 2 * kv),
+        "attention probabilities [B,H,T,S]": B * cfg.n_head * T * S,
+        "attention output (merged heads)": BT * q,
+        "ffn_norm (x_hat, output)": 2 * BT * D,
+        "ffn gate, up, act, act*up" if cfg.gated else "ffn up, act": (4 if cfg.gated else 2) * BT * F,
+    }
+    if cfg.qk_norm:
+        kept["q/k norm x_hat"] = BT * (q + kv)
+    if cfg.positions == "rope":
+        kept["q, k after RoPE"] = BT * (q + kv)
+    if cfg.post_attn_norm:
+        kept["post-attention norm x_hat"] = BT * D
+    if cfg.post_ffn_norm:
+        kept["post-FFN norm x_hat"] = BT * D
+    return kept
+
+
+def layer_transient(cfg, B, T, S) -> dict:
+    """Elements alive only for a moment inside the block -> {"attention": ..., "mlp": ...}"""
+    BT = B * T
+    scores = B * cfg.n_head * T * S
+    locals_ = 2 * BT * cfg.d_model                                     # the attention output and h = x + attn
+    return {"attention": 3 * scores + BT * cfg.q_dim,
+            "mlp": _ACT_TEMPS[cfg.ffn] * BT * cfg.d_ff + locals_}
+
+
+def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
+    """-> {"kept", "transient", "peak"} in bytes for one block's forward (input not included)"""
+    kept = sum(layer_kept(cfg, B, T, S).values())
+    tr = layer_transient(cfg, B, T, S)
+    # the attention transient happens before the MLP's arrays exist; the MLP's after everything else
+    attn_phase = _kept_before_mlp(cfg, B, T, S) + tr["attention"]
+    mlp_phase = kept + tr["mlp"]
+    peak = max(attn_phase, mlp_phase) + B * T * cfg.d_model         # + the block's output
+    return {"kept": kept * bytes_per_elem, "transient": (peak - kept) * bytes_per_elem,
+            "peak": peak * bytes_per_elem}
+
+
+def _kept_before_mlp(cfg, B, T, S):
+    k = layer_kept(cfg, B, T, S)
+    return sum(v for name, v in k.items() if not name.startswith(("ffn", "post-FFN")))
+
+
+def model_forward_bytes(cfg, B, T, bytes_per_elem, train=True) -> dict:
+    """Activation bytes of a whole forward over B x T tokens (no KV cache, S = T).
+
+    train=True: every block's kept set stays alive for the backward, so the peak is
+    n_layer * kept + the last block's transient + the embeddings and the logits [B,T,V]."""
+    S = T
+    layer = layer_peak_bytes(cfg, B, T, S, bytes_per_elem)
+    BTD = B * T * cfg.d_model * bytes_per_elem
+    logits = B * T * cfg.vocab_size * bytes_per_elem
+    masks = T * S * (2 if cfg.sliding_window else 1)                  # boolean masks, one byte each
+    held = (cfg.n_layer if train else 1) * layer["kept"]
+    blocks_peak = held - layer["kept"] + layer["peak"] + BTD            # + the block's input
+    head_peak = held + 3 * BTD + logits                                 # final norm x_hat, output, logits
+    return {"kept_all_layers": held, "logits": logits, "peak": max(blocks_peak, head_peak) + masks}
