@@ -212,29 +212,32 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
         return {"step": step, **rec}
 
     rec = None
-    for s in range(start, settings.steps):
-        step = s + 1
-        t0 = time.perf_counter()
-        lr = lr_at(s, settings.lr, settings.steps, settings.warmup, settings.min_lr_frac)
-        x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
-        loss, grads = loss_and_grads(params, cfg, x, y)
-        if grads is None:
-            raise diverged(step, f"the loss ({float(loss)})", params, cfg, x)
-        norm = clip_grad_norm(grads, settings.grad_clip)
-        if not math.isfinite(norm):
-            raise diverged(step, f"the gradient norm ({norm})", params, cfg, x)
-        opt.step(params, grads, lr)
-        seconds += time.perf_counter() - t0
-        history["train"].append(float(loss))
-        history["grad_norm"].append(norm)
-        bar.step(step, float(loss), lr, step * tokens_per_step / seconds)
-        if step % settings.eval_every == 0 or step == settings.steps:
-            tl, vl = mean_loss(params, cfg, train_windows), mean_loss(params, cfg, val_windows)
-            history["eval"].append([step, tl, vl])
-            bar.line(f"step {step}/{settings.steps}: train loss {tl:.4f}  val loss {vl:.4f}  "
-                     f"lr {lr:.2e}  {step * tokens_per_step / seconds / 1e3:.1f}k tok/s")
-        if step == settings.steps or (settings.ckpt_every and step % settings.ckpt_every == 0):
-            rec = commit(step)
+    # overflow surfaces as a non-finite loss or gradient norm, reported below with the step and
+    # the node; numpy's RuntimeWarnings on the way there would only add noise
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for s in range(start, settings.steps):
+            step = s + 1
+            t0 = time.perf_counter()
+            lr = lr_at(s, settings.lr, settings.steps, settings.warmup, settings.min_lr_frac)
+            x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
+            loss, grads = loss_and_grads(params, cfg, x, y)
+            if grads is None:
+                raise diverged(step, f"the loss ({float(loss)})", params, cfg, x)
+            norm = clip_grad_norm(grads, settings.grad_clip)
+            if not math.isfinite(norm):
+                raise diverged(step, f"the gradient norm ({norm})", params, cfg, x)
+            opt.step(params, grads, lr)
+            seconds += time.perf_counter() - t0
+            history["train"].append(float(loss))
+            history["grad_norm"].append(norm)
+            bar.step(step, float(loss), lr, step * tokens_per_step / seconds)
+            if step % settings.eval_every == 0 or step == settings.steps:
+                tl, vl = mean_loss(params, cfg, train_windows), mean_loss(params, cfg, val_windows)
+                history["eval"].append([step, tl, vl])
+                bar.line(f"step {step}/{settings.steps}: train loss {tl:.4f}  val loss {vl:.4f}  "
+                         f"lr {lr:.2e}  {step * tokens_per_step / seconds / 1e3:.1f}k tok/s")
+            if step == settings.steps or (settings.ckpt_every and step % settings.ckpt_every == 0):
+                rec = commit(step)
     if rec is None:                        # resumed a finished run: nothing to do
         rec = {"step": start, **{k: v for k, v in record.items() if k not in ("step",)}}
     return rec
