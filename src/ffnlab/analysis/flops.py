@@ -48,6 +48,5 @@ def flops_per_token(cfg, seq_len: int) -> dict:
         "attention_projections": attention, "attention_scores": scores, "mlp": mlp, "lm_head": lm_head,
         "forward": forward, "training": 3 * forward,
         "mlp_share": mlp / forward,
-        "mlp_formula": "6*d_model*d_ff per layer (gate, up, down)" if cfg.gated
-                       else "4*d_model*d_ff per layer (up, down)",
+        "mlp_formula": "6*d_model*d_ff (gate, up, down)" if cfg.gated else "4*d_model*d_ff (up, down)",
     }
