@@ -4,6 +4,8 @@ Written from the math and PyTorch's own ops (F.linear, F.layer_norm, F.rms_norm,
 torch.softmax, torch.view_as_complex, ...), never by calling ffnlab code. It reads the same
 ModelConfig fields and the same dict of GGUF-named parameters ([out, in], nn.Linear layout),
 so a test can feed both implementations one parameter dict and compare logits and gradients.
+Norm weights are taken as stored in GGUF files: Gemma's RMSNorm scale (1 + w in HF) is the stored
+weight itself, as llama.cpp's converter folds the 1 in.
 
   params_to_torch(params, dtype)        numpy dict -> torch dict (leaf tensors that require grad)
   forward(tp, cfg, ids)                 ids [B, T] -> logits [B, T, vocab]
