@@ -76,7 +76,7 @@ def ffn_shape_table(cfg, T=None):
     x = np.zeros((0, T or 1, cfg.d_model), np.float32)                # zero sequences of T tokens
 
     nodes = []                                                        # (name, op, shape, srcs)
-    y, (_, up, gate, act, h) = ffn_forward(
+    y, (_, _, _, act, _) = ffn_forward(
         x, ffn_weights(params, 0), cfg.ffn, lambda name, op, a, srcs=(): nodes.append((name, op, a.shape, srcs)),
         names)
     act_name, gated, act_node, _ = FFN_ACT[cfg.ffn]
