@@ -1,0 +1,78 @@
+"""`ffnlab inspect MODEL`: architecture, FFN kind and the tensor table, from metadata only."""
+COMMAND = "inspect"
+HELP = "show a model's architecture, MLP shape and tensor table (reads metadata only, no weights)"
+
+
+def add_arguments(p):
+    p.add_argument("model", metavar="MODEL", help="a .gguf file, an HF model directory or config.json, or a preset "
+                   "name (alias or HF repo id)")
+    p.add_argument("--all-blocks", action="store_true", help="list the tensors of every block (default: block 0 "
+                   "and the tensors outside the blocks)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON, with block 0's FFN view "
+                   "(ffn_view: hidden_size, intermediate_size, ffn_up_weight_shape, ... in ggml order)")
+
+
+def run(args):
+    import json
+
+    from ..analysis.report import inspect_report
+    from ..analysis.source import load_source
+
+    r = inspect_report(load_source(args.model), all_blocks=args.all_blocks)
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print(render(r))
+    return 0
+
+
+def _ffn_detection(m) -> str:
+    if m["gated"]:
+        act = "SiLU" if m["ffn"] == "swiglu" else "tanh GELU"
+        return f"{m['ffn_label']}: act(gate(x)) * up(x) -> down; ffn_gate present, {m['arch']} activation {act}"
+    return f"{m['ffn_label']}: act(up(x)) -> down; no ffn_gate"
+
+
+def render(r) -> str:
+    from ..analysis.text import count, nbytes, table, yes_no
+
+    m = r["model"]
+    where = m["path"] or m["source"]
+    biases = [n for n, b in (("q/k/v", m["attn_bias"]), ("attn output", m["attn_out_bias"]), ("FFN", m["ffn_bias"])) if b]
+    norm = m["norm"] + (", q/k norm" if m["qk_norm"] else "") + (", post-attention norm" if m["post_attn_norm"] else "") \
+        + (", post-FFN norm" if m["post_ffn_norm"] else "")
+    sw = f", sliding window {m['sliding_window']} (every {m['sliding_window_pattern']}th layer global)" \
+        if m["sliding_window"] else ""
+    rows = [
+        ["model", m["name"] + (f"  [{m['file_type']}]" if m["file_type"] else "")],
+        ["from", f"{m['kind']}: {where}"],
+        ["architecture", m["arch"]],
+        ["d_model (hidden_size)", m["d_model"]],
+        ["d_ff (intermediate_size)", f"{m['d_ff']}  (ratio {m['ratio']:.3f})"],
+        ["FFN", _ffn_detection(m)],
+        ["biases", ", ".join(biases) or "none"],
+        ["norm", f"{norm} (eps {m['norm_eps']:g})"],
+        ["heads / KV heads / head_dim", f"{m['n_head']} / {m['n_kv_head']} / {m['head_dim']}"],
+        ["layers", m["n_layer"]],
+        ["vocab", m["vocab_size"]],
+        ["context", f"{m['n_ctx']} ({m['positions']} positions"
+                    + (f", RoPE base {m['rope_theta']:g}" if m["positions"] == "rope" else "") + sw + ")"],
+        ["tied embeddings", yes_no(m["tie_embeddings"])],
+    ]
+    out = ["\n".join(f"{k:28s} {v}" for k, v in rows), ""]
+    if m["kind"] != "gguf":
+        out.append("(no file: tensors as convert_hf_to_gguf.py --outtype f16 would write them)")
+    trows = [[t["name"], "{" + ", ".join(map(str, t["ggml_shape"])) + "}", "[" + ", ".join(map(str, t["shape"])) + "]",
+              t["type"], f"{t['bytes']:,d}", f"{t['bits_per_weight']:.2f}"] for t in r["tensors"]]
+    title = "Tensors" + ("" if r["all_blocks"] else " (block 0 and non-block tensors; --all-blocks for all)")
+    out += [title, table(trows, ["name", "ggml shape", "logical shape", "type", "bytes", "bits/weight"], "lllrrr"), ""]
+    tot = r["totals_by_type"]
+    rows = [[t, s["tensors"], f"{s['elements']:,d}", f"{s['bytes']:,d}", nbytes(s["bytes"]),
+             f"{8 * s['bytes'] / s['elements']:.2f}"] for t, s in sorted(tot.items(), key=lambda kv: -kv[1]["bytes"])]
+    all_b = sum(s["bytes"] for s in tot.values())
+    rows.append(["all", sum(s["tensors"] for s in tot.values()), f"{r['params_in_file']:,d}", f"{all_b:,d}",
+                 nbytes(all_b), f"{8 * all_b / r['params_in_file']:.2f}"])
+    out += ["Totals by tensor type", table(rows, ["type", "tensors", "elements", "bytes", "size", "bits/weight"]), ""]
+    label = "in the file" if m["kind"] == "gguf" else "in the tensor list"
+    out.append(f"Parameters {label}: {count(r['params_in_file'])}; from the config: {count(r['params_from_config'])}")
+    return "\n".join(out)
