@@ -26,6 +26,7 @@ _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L
 # tokenizer.ggml.pre -> the regexes llama.cpp applies one after the other (llama-vocab.cpp)
 PRE_TOKENIZER_REGEXES = {
     "gpt2": [_GPT2],
+    "gpt-2": [_GPT2],          # the name llama.cpp's converter writes for GPT-2's regex
     "default": [_GPT2],
     "smollm": [r"\p{N}", _GPT2],
     "starcoder": [r"\p{N}", _GPT2],
