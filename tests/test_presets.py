@@ -1,0 +1,87 @@
+"""Presets: published config.json values, counted exactly, addressable by alias and repo id.
+
+Reference: Hugging Face transformers builds each model from the same config.json on the meta
+device (no memory) and counts its parameters; and, for the best-known models, the exact totals
+published for them.
+"""
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from ffnlab.analysis.params import param_counts
+from ffnlab.analysis.presets import PRESETS, find_preset, get_preset, preset_config
+from ffnlab.errors import UsageError
+from ffnlab.formats.hf_config import hf_extra_params
+
+# exact totals as published (HF model pages' safetensors parameter count; BERT: BertModel, with pooler)
+PUBLISHED = {
+    "gpt2": 124_439_808,
+    "bert-base": 109_482_240,
+    "llama2-7b": 6_738_415_616,
+    "llama3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096,
+}
+
+EXPECTED_ALIASES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "llama2-7b", "llama2-13b",
+                    "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mistral-7b", "qwen2.5-0.5b",
+                    "qwen2.5-7b", "gemma2-2b", "gemma3-270m", "smollm2-135m", "smollm2-360m", "smollm2-1.7b",
+                    "tinyllama-1.1b", "phi3-mini-4k"}
+
+
+def _total(alias):
+    cfg, p = preset_config(alias)
+    return param_counts(cfg, hf_extra_params(p.hf))["total"]
+
+
+def test_every_requested_preset_exists_with_a_source():
+    assert {p.alias for p in PRESETS} == EXPECTED_ALIASES
+    for p in PRESETS:
+        assert p.source == f"https://huggingface.co/{p.repo}/blob/main/config.json"
+
+
+@pytest.mark.parametrize("alias", sorted(PUBLISHED))
+def test_total_equals_published_count(alias):
+    assert _total(alias) == PUBLISHED[alias]
+
+
+def test_every_preset_total_equals_transformers_model():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    warnings.filterwarnings("ignore")
+    for p in PRESETS:
+        hf_cfg = transformers.AutoConfig.for_model(**p.hf)
+        with torch.device("meta"):
+            model = (transformers.BertModel(hf_cfg) if p.hf["model_type"] == "bert"
+                     else transformers.AutoModelForCausalLM.from_config(hf_cfg))
+        n = sum(t.numel() for t in model.parameters())
+        assert _total(p.alias) == n, p.alias
+
+
+def test_alias_and_repo_id_name_the_same_preset():
+    assert find_preset("llama3-8b") is find_preset("meta-llama/Meta-Llama-3-8B")
+    assert find_preset("GPT2") is find_preset("openai-community/gpt2")
+    a, _ = preset_config("llama3-8b")
+    b, _ = preset_config("meta-llama/Meta-Llama-3-8B")
+    assert a == b
+
+
+def test_published_widths_of_llama3_8b_and_gpt2():
+    cfg, _ = preset_config("llama3-8b")
+    assert (cfg.d_model, cfg.d_ff, cfg.n_head, cfg.n_kv_head, cfg.n_layer) == (4096, 14336, 32, 8, 32)
+    gpt2, _ = preset_config("gpt2")
+    assert (gpt2.d_model, gpt2.d_ff, gpt2.ffn) == (768, 3072, "gelu_tanh")    # n_inner None -> 4*n_embd
+
+
+def test_unknown_preset_suggests_the_closest_names():
+    with pytest.raises(UsageError) as e:
+        get_preset("llama3-8bb")
+    assert "did you mean llama3-8b" in str(e.value)
+
+
+def test_unknown_preset_on_the_command_line_is_one_line_and_exit_1():
+    r = subprocess.run([sys.executable, "-m", "ffnlab.cli.main", "compare", "gemma3-27m"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "gemma3-270m" in r.stderr and "Traceback" not in r.stderr
