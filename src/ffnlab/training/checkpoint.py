@@ -141,3 +141,11 @@ def load_state(out, record, params, opt, rng):
         params[n] = np.array(arrays[n], dtype=params[n].dtype)
     opt.load_state(arrays, record["optimizer"])
     rng.bit_generator.state = record["rng"]
+
+
+def save_model(out, cfg, params, tok, tok_meta):
+    """A checkpoint without trainer state (for `ffnlab run` and export): ffnlab.json,
+    tokenizer.json and model.safetensors."""
+    check_writable(out)
+    write_model_files(out, cfg, tok, tok_meta)
+    atomic_write(os.path.join(out, WEIGHTS_FILE), safetensors_bytes(params))

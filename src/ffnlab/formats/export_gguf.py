@@ -1,0 +1,208 @@
+"""Export an ffnlab checkpoint to a GGUF file that llama.cpp loads.
+
+Two llama.cpp architectures can hold what ffnlab trains, with exactly their MLP:
+  llama  RMSNorm, RoPE, SwiGLU MLP (gate/up/down), no biases         (preset tiny-llama)
+  gpt2   LayerNorm, learned positions, fused qkv, biases, GELU-tanh MLP (preset tiny-gpt2)
+llama.cpp hard-codes each architecture's activation, so a ReLU, exact-GELU or GeGLU MLP has no
+GGUF home here; export those to HF (export_hf.py) instead.
+
+Tensors keep ffnlab's names (they are GGUF names already); numpy [out, in] is ggml {in, out}.
+Q/K rows: llama.cpp's LLAMA rope rotates adjacent pairs (x0, x1) -- ffnlab's "normal" pairing --
+so a checkpoint trained with that pairing is already in GGUF order. A "neox" checkpoint (pairs
+half a head apart, HF's rotate_half) gets the row permutation convert_hf_to_gguf.py applies.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import UsageError
+
+Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
+
+
+def gguf_arch(cfg) -> str:
+    """The llama.cpp architecture that runs this config exactly, or UsageError saying why none does."""
+    why = []
+    if cfg.positions == "learned":
+        want = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True)
+        arch = "gpt2"
+    else:
+        want = dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_bias=False, attn_out_bias=False,
+                    fused_qkv=False)
+        arch = "llama"
+    for k, v in want.items():
+        if getattr(cfg, k) != v:
+            why.append(f"{k}={getattr(cfg, k)!r} (needs {v!r})")
+    for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
+              "attn_scale"):
+        if getattr(cfg, k):
+            why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
+    if cfg.rope_scale != 1.0:
+        why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    if arch == "gpt2" and cfg.n_kv_head != cfg.n_head:
+        why.append("grouped-query attention (gpt2 needs n_kv_head == n_head)")
+    if cfg.q_dim != cfg.d_model:
+        why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
+    if why:
+        hint = (f" llama.cpp's {arch} architecture has a {'GELU-tanh' if arch == 'gpt2' else 'SwiGLU'} MLP; "
+                f"a {cfg.ffn} MLP cannot be represented in GGUF -- use --to hf" if cfg.ffn != want["ffn"] else "")
+        raise UsageError(f"cannot export to GGUF {arch}: {'; '.join(why)}.{hint}")
+    return arch
+
+
+def neox_to_normal_rows(w, n_head):
+    """Q/K rows of each head from (x_i, x_{i+hd/2}) pairing to adjacent pairs (x_2i, x_2i+1):
+    convert_hf_to_gguf.py's permute(). w: [n_head*hd, ...]"""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(cfg, params, arch) -> dict:
+    """-> {GGUF name: float32 array [out, in]} in llama.cpp's row order and layout."""
+    params = dict(params)
+    if arch == "gpt2" and not cfg.fused_qkv:           # llama.cpp's gpt2 graph reads one fused attn_qkv
+        for il in range(cfg.n_layer):
+            for kind in ("weight", "bias"):
+                parts = [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"]
+                params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(parts)      # [q_dim + 2*kv_dim, ...]
+    out = {}
+    for name, a in params.items():
+        a = np.asarray(a, dtype=np.float32)
+        if cfg.positions == "rope" and cfg.rope_pairing == "neox":
+            if name.endswith("attn_q.weight"):
+                a = neox_to_normal_rows(a, cfg.n_head)
+            elif name.endswith("attn_k.weight"):
+                a = neox_to_normal_rows(a, cfg.n_kv_head)
+        out[name] = np.ascontiguousarray(a)
+    return out
+
+
+def quantizable(name, a) -> bool:
+    """q8_0 for the matrices (rows a multiple of 32), as llama.cpp's converter does; norms,
+    biases and the learned position table stay f32."""
+    return a.ndim == 2 and a.shape[-1] % Q8_0_BLOCK == 0 and name != "position_embd.weight"
+
+
+# --- tokenizer ------------------------------------------------------------------------------
+def tokenizer_fields(tok, tok_meta) -> list:
+    """-> [(key, value, GGUFValueType, sub_type)] for tokenizer.ggml.*"""
+    from gguf import GGUFValueType as T
+
+    src = (tok_meta or {}).get("source", "")
+    if (tok_meta or {}).get("kind") == "model" and src.endswith(".gguf") and os.path.isfile(src):
+        return _copied_tokenizer_fields(src)
+    model = json.loads(tok.tk.to_str())["model"]
+    pre = json.loads(tok.tk.to_str()).get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
+        raise UsageError("cannot export this tokenizer to GGUF: only byte-level BPE tokenizers (ffnlab's byte and "
+                         "bpe, or a GGUF model's own) are supported; use --to hf")
+    vocab = tok.tk.get_vocab(with_added_tokens=True)
+    tokens = [None] * len(vocab)
+    for t, i in vocab.items():
+        tokens[i] = t
+    if None in tokens:
+        raise UsageError("cannot export the tokenizer: its ids are not contiguous")
+    special = {t.content for t in tok.tk.get_added_tokens_decoder().values() if t.special}
+    types = [3 if t in special else 1 for t in tokens]          # 3 = CONTROL, 1 = NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    fields = [("tokenizer.ggml.model", "gpt2", T.STRING, None),
+              # GPT-2's pre-tokenizer regex (the one tokenizers' ByteLevel uses); with no merges
+              # (byte vocab) the split cannot change the ids
+              ("tokenizer.ggml.pre", "gpt-2", T.STRING, None),
+              ("tokenizer.ggml.tokens", tokens, T.ARRAY, T.STRING),
+              ("tokenizer.ggml.token_type", types, T.ARRAY, T.INT32),
+              ("tokenizer.ggml.merges", merges, T.ARRAY, T.STRING),
+              ("tokenizer.ggml.add_bos_token", bool(tok.add_bos), T.BOOL, None)]
+    # llama.cpp's gpt2 vocab defaults BOS/EOS to id 11; the byte vocab has no special tokens,
+    # so there is nothing truer to write there
+    for key, val in (("bos_token_id", tok.bos_id), ("eos_token_id", tok.eos_id)):
+        if val is not None:
+            fields.append((f"tokenizer.ggml.{key}", int(val), T.UINT32, None))
+    if tok.chat_template:
+        fields.append(("tokenizer.chat_template", tok.chat_template, T.STRING, None))
+    return fields
+
+
+def _copied_tokenizer_fields(src) -> list:
+    """A model's own tokenizer: its tokenizer.* keys, copied from the GGUF it came from."""
+    from gguf import GGUFReader
+    from gguf import GGUFValueType as T
+
+    r = GGUFReader(src)
+    out = []
+    for key, f in r.fields.items():
+        if key.startswith("tokenizer."):
+            sub = f.types[1] if f.types[0] == T.ARRAY else None
+            out.append((key, f.contents(), f.types[0], sub))
+    return out
+
+
+# --- writing --------------------------------------------------------------------------------
+def _writer_class():
+    import gguf
+
+    class Writer(gguf.GGUFWriter):
+        """GGUFWriter refuses empty arrays, but the format has them (a count of 0) and llama.cpp
+        reads them; the byte tokenizer's merge list is one, and llama.cpp requires the key."""
+
+        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0 and sub_type is not None:
+                head = self._pack("I", vtype) if add_vtype else b""
+                return bytes(head + self._pack("I", sub_type) + self._pack("Q", 0))
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+    return Writer
+
+
+def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
+    """Write cfg + params + tokenizer as a GGUF file llama.cpp loads. qtype: f32 | q8_0"""
+    import gguf
+    from gguf import GGUFValueType as T
+
+    if qtype not in ("f32", "q8_0"):
+        raise UsageError(f"--type must be f32 or q8_0, got {qtype!r}")
+    arch = gguf_arch(cfg)
+    file_type = gguf.LlamaFileType.ALL_F32 if qtype == "f32" else gguf.LlamaFileType.MOSTLY_Q8_0
+    d = os.path.dirname(os.path.abspath(out_path))
+    if not os.path.isdir(d):
+        raise UsageError(f"{out_path}: the directory {d} does not exist")
+    tmp = out_path + f".tmp-{os.getpid()}"
+    w = _writer_class()(tmp, arch)
+    w.add_name(cfg.name or "ffnlab-trained")
+    w.add_file_type(int(file_type))
+    w.add_context_length(cfg.n_ctx)
+    w.add_embedding_length(cfg.d_model)
+    w.add_feed_forward_length(cfg.d_ff)
+    w.add_block_count(cfg.n_layer)
+    w.add_head_count(cfg.n_head)
+    w.add_vocab_size(cfg.vocab_size)
+    if arch == "gpt2":
+        w.add_layer_norm_eps(cfg.norm_eps)
+    else:
+        w.add_head_count_kv(cfg.n_kv_head)
+        w.add_layer_norm_rms_eps(cfg.norm_eps)
+        w.add_rope_freq_base(cfg.rope_theta)
+        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    for key, val, vtype, sub in tokenizer_fields(tok, tok_meta):
+        w.add_key_value(key, val, vtype, sub_type=sub)
+    for name, a in gguf_tensors(cfg, params, arch).items():
+        if qtype == "q8_0" and quantizable(name, a):
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return out_path

@@ -1,0 +1,148 @@
+"""Export an ffnlab checkpoint to a Hugging Face directory that transformers'
+AutoModelForCausalLM loads: config.json + model.safetensors + tokenizer.json/tokenizer_config.json.
+
+Two transformers classes cover what ffnlab trains:
+  GPT2LMHeadModel   LayerNorm, learned positions, fused qkv, biases; dense MLP with
+                    activation_function gelu_new (= gelu_tanh), gelu (erf) or relu
+  LlamaForCausalLM  RMSNorm, RoPE, no biases; gated MLP with hidden_act silu (= swiglu) or
+                    gelu_pytorch_tanh (= geglu)
+So a dense MLP needs the GPT-2 block and a gated one the Llama block; other mixes (e.g. the
+ablation's RMSNorm + RoPE + ReLU) have no transformers class and are refused with the reason.
+
+Layouts: GPT-2's Conv1D stores weights [in, out], the transpose of ffnlab's [out, in].
+Llama's q/k rows are in rotate_half order (pairs half a head apart, ffnlab's "neox"); a
+checkpoint trained with the "normal" (adjacent pairs) pairing gets the inverse of
+convert_hf_to_gguf.py's permutation.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ..errors import UsageError
+
+HF_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+HF_LLAMA_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
+
+
+def hf_family(cfg) -> str:
+    """'gpt2' | 'llama' -- the transformers class that runs this config exactly -- or UsageError."""
+    why = []
+    if cfg.positions == "learned":
+        family = "gpt2"
+        if cfg.ffn not in HF_GPT2_ACT:
+            why.append(f"ffn={cfg.ffn!r}: GPT-2's MLP is dense ({', '.join(HF_GPT2_ACT)}); a gated MLP needs RoPE (Llama)")
+        want = dict(norm="layernorm", ffn_bias=True, attn_bias=True, attn_out_bias=True, tie_embeddings=True)
+        if cfg.n_kv_head != cfg.n_head:
+            why.append("grouped-query attention (GPT-2 needs n_kv_head == n_head)")
+    else:
+        family = "llama"
+        if cfg.ffn not in HF_LLAMA_ACT:
+            why.append(f"ffn={cfg.ffn!r}: Llama's MLP is gated ({', '.join(HF_LLAMA_ACT)}); a dense MLP needs learned "
+                       f"positions, LayerNorm and biases (GPT-2)")
+        want = dict(norm="rmsnorm", ffn_bias=False, attn_bias=False, attn_out_bias=False, fused_qkv=False)
+    for k, v in want.items():
+        if getattr(cfg, k) != v:
+            why.append(f"{k}={getattr(cfg, k)!r} (needs {v!r})")
+    for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
+              "attn_scale"):
+        if getattr(cfg, k):
+            why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
+    if cfg.rope_scale != 1.0:
+        why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    if family == "gpt2" and cfg.q_dim != cfg.d_model:
+        why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
+    if why:
+        raise UsageError(f"cannot export to HF ({'GPT2LMHeadModel' if family == 'gpt2' else 'LlamaForCausalLM'}): "
+                         + "; ".join(why))
+    return family
+
+
+def normal_to_neox_rows(w, n_head):
+    """Q/K rows of each head from adjacent pairs (x_2i, x_2i+1) to (x_i, x_{i+hd/2}):
+    the inverse of convert_hf_to_gguf.py's permute(). w: [n_head*hd, ...]"""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_config(cfg, family, tok) -> dict:
+    common = {"vocab_size": cfg.vocab_size, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+              "tie_word_embeddings": cfg.tie_embeddings, "torch_dtype": "float32"}
+    if family == "gpt2":
+        return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": cfg.d_model,
+                "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.d_ff, "n_positions": cfg.n_ctx,
+                "n_ctx": cfg.n_ctx, "activation_function": HF_GPT2_ACT[cfg.ffn], "layer_norm_epsilon": cfg.norm_eps,
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True, **common}
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg.d_model,
+            "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim, "hidden_act": HF_LLAMA_ACT[cfg.ffn],
+            "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, **common}
+
+
+def hf_tensors(cfg, params, family) -> dict:
+    """GGUF-named [out, in] arrays -> HF-named arrays in HF layout."""
+    out = {}
+    if family == "gpt2":
+        out["transformer.wte.weight"] = params["token_embd.weight"]
+        out["transformer.wpe.weight"] = params["position_embd.weight"]
+        out["transformer.ln_f.weight"] = params["output_norm.weight"]
+        out["transformer.ln_f.bias"] = params["output_norm.bias"]
+        blocks = {"attn_norm": "ln_1", "attn_output": "attn.c_proj", "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc",
+                  "ffn_down": "mlp.c_proj", "attn_qkv": "attn.c_attn"}
+        for il in range(cfg.n_layer):
+            p = {n.removeprefix(f"blk.{il}."): a for n, a in params.items() if n.startswith(f"blk.{il}.")}
+            if not cfg.fused_qkv:                               # GPT-2 keeps q, k, v as one matrix
+                p["attn_qkv.weight"] = np.concatenate([p.pop(f"attn_{x}.weight") for x in "qkv"])
+                p["attn_qkv.bias"] = np.concatenate([p.pop(f"attn_{x}.bias") for x in "qkv"])
+            for name, a in p.items():
+                base, kind = name.rsplit(".", 1)
+                hf = f"transformer.h.{il}.{blocks[base]}.{kind}"
+                # Conv1D weights are [in, out]; norm weights and biases are vectors
+                out[hf] = a.T if (kind == "weight" and a.ndim == 2) else a
+        return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+    out["model.embed_tokens.weight"] = params["token_embd.weight"]
+    out["model.norm.weight"] = params["output_norm.weight"]
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = params["output.weight"]
+    names = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    for il in range(cfg.n_layer):
+        for short, hf in names.items():
+            a = params[f"blk.{il}.{short}.weight"]
+            if cfg.rope_pairing == "normal" and short in ("attn_q", "attn_k"):
+                a = normal_to_neox_rows(a, cfg.n_head if short == "attn_q" else cfg.n_kv_head)
+            out[f"model.layers.{il}.{hf}.weight"] = a
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
+
+
+def tokenizer_config(tok, n_ctx) -> dict:
+    def text(i):
+        return tok.tk.id_to_token(i) if i is not None else None
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": n_ctx,
+           "bos_token": text(tok.bos_id), "eos_token": text(tok.eos_id), "add_bos_token": bool(tok.add_bos),
+           "clean_up_tokenization_spaces": False}
+    if tok.chat_template:
+        cfg["chat_template"] = tok.chat_template
+    return cfg
+
+
+def export_hf(cfg, params, tok, out_dir):
+    """Write an HF model directory (created if needed) for cfg + params + tokenizer."""
+    from safetensors.numpy import save_file
+
+    family = hf_family(cfg)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{out_dir}: cannot create the output directory ({e.strerror})") from None
+    with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config(cfg, family, tok), f, indent=2)
+    save_file(hf_tensors(cfg, params, family), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    tok.tk.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config(tok, cfg.n_ctx), f, indent=2)
+    return out_dir
