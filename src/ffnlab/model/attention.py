@@ -29,8 +29,10 @@ class KVCache:
         self.n = 0
 
 
-def _lin(x, p, wname, bname):
-    return linear_forward(x, p[wname], p.get(bname))
+def qkv_order(cfg):
+    """The order llama.cpp evaluates the three projections in (eval-callback order): build_attn
+    expands q, v, k for the plain KV cache, but q, k, v for Gemma 3's sliding-window cache."""
+    return ("q", "k", "v") if cfg.sliding_window else ("q", "v", "k")
 
 
 def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
@@ -42,43 +44,43 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     blk = f"blk.{il}."
-    if cfg.fused_qkv:
-        qkv = _lin(x, p, blk + "attn_qkv.weight", blk + "attn_qkv.bias")        # [B, T, 3*d_model]
-        if emit:
-            emit("wqkv", "MUL_MAT", linear_forward(x, p[blk + "attn_qkv.weight"]), (blk + "attn_qkv.weight", "attn_norm"))
-            if blk + "attn_qkv.bias" in p:
-                emit("bqkv", "ADD", qkv, ("wqkv", blk + "attn_qkv.bias"))
-        q, k, v = np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)
-        src = "bqkv" if blk + "attn_qkv.bias" in p else "wqkv"
-        q, k, v = q.reshape(B, T, H, hd), k.reshape(B, T, Hkv, hd), v.reshape(B, T, Hkv, hd)
-        if emit:
-            emit("Qcur", "VIEW", q, (src,))
-            emit("Kcur", "VIEW", k, (src,))
-            emit("Vcur", "VIEW", v, (src,))
-    else:
-        q = _proj(x, p, blk, "q", "Qcur", emit).reshape(B, T, H, hd)            # [B, T, H, hd]
-        k = _proj(x, p, blk, "k", "Kcur", emit).reshape(B, T, Hkv, hd)          # [B, T, Hkv, hd]
-        v = _proj(x, p, blk, "v", "Vcur", emit).reshape(B, T, Hkv, hd)          # [B, T, Hkv, hd]
-        if emit:
-            emit("Qcur", "RESHAPE", q, ("Qcur",))
-            emit("Kcur", "RESHAPE", k, ("Kcur",))
-            emit("Vcur", "RESHAPE", v, ("Vcur",))
-    q_pre, k_pre = q, k
-    qn_cache = kn_cache = None
-    if cfg.qk_norm:
-        # Gemma 3: RMS-norm each head's query and key vector (over hd) before RoPE
-        q, qn_cache = rmsnorm_forward(q, p[blk + "attn_q_norm.weight"], cfg.norm_eps)
-        if emit: emit("Qcur_normed", "MUL", q, ("norm", blk + "attn_q_norm.weight"))
-        k, kn_cache = rmsnorm_forward(k, p[blk + "attn_k_norm.weight"], cfg.norm_eps)
-        if emit: emit("Kcur_normed", "MUL", k, ("norm", blk + "attn_k_norm.weight"))
-    cos = sin = None
+    heads = {"q": H, "k": Hkv, "v": Hkv}
+    node = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
     if cfg.positions == "rope":
         cos, sin = rope_angles(pos, hd, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
-        q = rope_forward(q, cos, sin, cfg.rope_pairing)
-        k = rope_forward(k, cos, sin, cfg.rope_pairing)
-        if emit:
-            emit("Qcur", "ROPE", q, ("Qcur_normed" if cfg.qk_norm else "Qcur", "inp_pos"))
-            emit("Kcur", "ROPE", k, ("Kcur_normed" if cfg.qk_norm else "Kcur", "inp_pos"))
+    else:
+        cos = sin = None
+    if cfg.fused_qkv:
+        qkv = _fused_qkv(x, p, blk, emit)                                          # [B, T, q_dim + 2*kv_dim]
+        parts = dict(zip("qkv", np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)))
+    t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, post-rope [B,T,h,hd])
+    for which in qkv_order(cfg):
+        name = node[which]
+        if cfg.fused_qkv:
+            a = parts[which].reshape(B, T, heads[which], hd)
+            if emit: emit(name, "VIEW", a, ("wqkv_b" if blk + "attn_qkv.bias" in p else "wqkv",))
+        else:
+            a = _proj(x, p, blk, which, name, emit).reshape(B, T, heads[which], hd)  # [B, T, h, hd]
+            if emit: emit(name, "RESHAPE", a, (name,))
+        pre, ncache = a, None
+        if cfg.qk_norm and which != "v":
+            # Gemma 3: RMS-norm each head's vector (over hd) before RoPE
+            w = blk + f"attn_{which}_norm.weight"
+            a, ncache = rmsnorm_forward(a, p[w], cfg.norm_eps)
+            if emit:
+                emit("norm", "RMS_NORM", ncache[0], (name,))
+                emit(name + "_normed", "MUL", a, ("norm", w))
+        if cos is not None and which != "v":
+            a = rope_forward(a, cos, sin, cfg.rope_pairing)
+            if emit: emit(name, "ROPE", a, (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
+        if which == "q" and cfg.arch == "gemma3":
+            # llama.cpp's Gemma 3 graph scales q right after RoPE and runs the softmax with
+            # scale 1, so its kq holds scaled scores: do the same so kq compares node for node
+            a = a * np.asarray(cfg.scale, dtype=a.dtype)
+            if emit: emit("Qcur_scaled", "SCALE", a, ("Qcur",))
+        t[which] = (pre, ncache, a)
+    q, k, v = t["q"][2], t["k"][2], t["v"][2]
+    scale = 1.0 if cfg.arch == "gemma3" else cfg.scale       # Gemma 3: q was scaled already
     k_all, v_all = k, v
     if kv is not None:
         n0 = kv.n
@@ -86,23 +88,36 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
         kv.v[il][:B, n0:n0 + T] = v
         k_all = kv.k[il][:B, :n0 + T]                                            # [B, S, Hkv, hd]
         v_all = kv.v[il][:B, :n0 + T]
-    out, (kq, probs) = attention_forward(q, k_all, v_all, cfg.scale, allowed)   # out [B, H, T, hd]
+    out, (kq, probs) = attention_forward(q, k_all, v_all, scale, allowed)       # out [B, H, T, hd]
     if emit:
-        emit("kq", "MUL_MAT", kq, ("k", "q"))
-        emit("kq_soft_max", "SOFT_MAX", probs, ("kq", "kq_mask"))
-        emit("kqv", "MUL_MAT", out, ("v", "kq_soft_max"))
+        emit("kq", "MUL_MAT", kq, ("cache_k", "Qcur"))
+        emit("kq_soft_max", "SOFT_MAX", probs, ("kq", "attn_inp_kq_mask"))
+        emit("kqv", "MUL_MAT", out, ("cache_v", "kq_soft_max"))
     merged = out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)                     # [B, H, T, hd] -> [B, T, H*hd]
-    if emit: emit("kqv_out", "CONT", merged, ("kqv_merged",))
+    if emit: emit("kqv_out", "CONT", merged, ("kqv",))
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
     y = linear_forward(merged, p[wo])                                             # [B, T, H*hd] -> [B, T, d_model]
+    # llama.cpp names the output projection attn_out only in its llama graph (other graphs
+    # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
     if bo in p:
-        if emit: emit("kqv_wo", "MUL_MAT", y, (wo, "kqv_out"))
+        if emit: emit("attn_out_w", "MUL_MAT", y, (wo, "kqv_out"))
         y += p[bo]
-        if emit: emit("attn_out", "ADD", y, ("kqv_wo", bo))
+        if emit: emit("attn_out", "ADD", y, ("attn_out_w", bo))
     elif emit:
         emit("attn_out", "MUL_MAT", y, (wo, "kqv_out"))
-    cache = (x, q_pre, k_pre, qn_cache, kn_cache, q, k, v, cos, sin, probs, merged)
+    cache = (x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale)
     return y, cache
+
+
+def _fused_qkv(x, p, blk, emit):
+    """GPT-2: one matmul for q, k and v (llama.cpp: wqkv, then wqkv_b after the bias)."""
+    w, b = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
+    qkv = linear_forward(x, p[w])                                                 # [B, T, d_model] -> [B, T, 3*d_model]
+    if emit: emit("wqkv", "MUL_MAT", qkv, (w, "attn_norm"))
+    if b in p:
+        qkv += p[b]
+        if emit: emit("wqkv_b", "ADD", qkv, ("wqkv", b))
+    return qkv
 
 
 def _proj(x, p, blk, which, node, emit):
@@ -117,7 +132,7 @@ def _proj(x, p, blk, which, node, emit):
 
 def attention_backward_layer(dy, p, cfg, il, cache):
     """dy: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
-    x, q_pre, k_pre, qn_cache, kn_cache, q, k, v, cos, sin, probs, merged = cache
+    x, q_pre, k_pre, qn_cache, kn_cache, q, k, v, cos, sin, probs, merged, scale = cache
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     blk = f"blk.{il}."
@@ -127,7 +142,9 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     if db is not None:
         g[bo] = db
     dout = dmerged.reshape(B, T, H, hd).transpose(0, 2, 1, 3)                  # [B, H, T, hd]
-    dq, dk, dv = attention_backward(dout, q, k, v, probs, cfg.scale)
+    dq, dk, dv = attention_backward(dout, q, k, v, probs, scale)
+    if scale != cfg.scale:                       # q was pre-scaled (Gemma 3): chain through it
+        dq = dq * cfg.scale
     if cfg.positions == "rope":
         dq = rope_backward(dq, cos, sin, cfg.rope_pairing)
         dk = rope_backward(dk, cos, sin, cfg.rope_pairing)

@@ -11,11 +11,12 @@ from .attention import attention_backward_layer, attention_forward_layer
 from .ffn import FFNWeights, ffn_backward, ffn_forward
 
 
-def norm_forward(x, p, cfg, wname, node, emit=None):
+def norm_forward(x, p, cfg, wname, node, emit=None, bare_norm=False, src="inp"):
     """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias).
 
     Traced as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only
-    when a bias follows), then `node` for the result."""
+    when a bias follows), then `node` for the result. bare_norm: the unscaled node has no
+    layer suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1)."""
     w, b = p[wname + ".weight"], p.get(wname + ".bias")
     if cfg.norm == "layernorm":
         y, cache = layernorm_forward(x, w, b, cfg.norm_eps)
@@ -24,12 +25,12 @@ def norm_forward(x, p, cfg, wname, node, emit=None):
         y, cache = rmsnorm_forward(x, w, cfg.norm_eps)
         op = "RMS_NORM"
     if emit:
-        emit("norm", op, cache[0], (None,))
+        emit("norm", op, cache[0], (src,), bare=bare_norm)
         if b is not None:
             emit("norm_w", "MUL", cache[0] * w, ("norm", wname + ".weight"))
             emit(node, "ADD", y, ("norm_w", wname + ".bias"))
         else:
-            emit(node, "MUL", y, ("norm", wname + ".weight"))
+            emit(node, "MUL", y, ("=norm" if bare_norm else "norm", wname + ".weight"))
     return y, cache
 
 
@@ -66,17 +67,22 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, emit=None):
     a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, emit)
     pa_cache = None
     if cfg.post_attn_norm:
-        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", emit)
+        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", emit, src="attn_out")
     h = x + a                                                          # [B, T, d_model] residual
-    if emit: emit("ffn_inp", "ADD", h, ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))
-    f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", emit)
+    # Gemma 3's graph calls this sum sa_out; llama, qwen2 and gpt2 call it ffn_inp
+    if emit: emit("sa_out" if cfg.post_attn_norm else "ffn_inp", "ADD", h,
+                  ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))
+    f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", emit,
+                                  src="sa_out" if cfg.post_attn_norm else "ffn_inp")
     names = {k: blk + v for k, v in FFN_TENSOR.items()}
     f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il), cfg.ffn, emit, names)
     pf_cache = None
     if cfg.post_ffn_norm:
-        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", emit)
+        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", emit,
+                                   bare_norm=True, src="ffn_out")
     out = h + f                                                        # [B, T, d_model] residual
-    if emit: emit("l_out", "ADD", out, ("ffn_post_norm" if cfg.post_ffn_norm else "ffn_out", "ffn_inp"))
+    if emit: emit("l_out", "ADD", out, ("ffn_post_norm" if cfg.post_ffn_norm else "ffn_out",
+                                        "sa_out" if cfg.post_attn_norm else "ffn_inp"))
     return out, (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache)
 
 

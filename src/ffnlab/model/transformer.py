@@ -35,13 +35,15 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False):
     pos = np.arange(pos0, pos0 + T)
     emit = tracer.emitter(-1) if tracer is not None else None
     x = p["token_embd.weight"][ids]                                        # [B, T] -> [B, T, d_model]
-    if emit: emit("inp_embd", "GET_ROWS", x, ("token_embd.weight", "inp_tokens"))
+    if emit: emit("embd", "GET_ROWS", x, ("token_embd.weight", "inp_tokens"))
     if cfg.embed_scale:
         x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)          # Gemma: scale by sqrt(d_model)
-        if emit: emit("inp_scaled", "SCALE", x, ("inp_embd",))
+        if emit: emit("inp_scaled", "SCALE", x, ("embd",))
     if cfg.positions == "learned":
-        x = x + p["position_embd.weight"][pos]                            # [B, T, d_model]
-        if emit: emit("inpL", "ADD", x, ("inp_embd", "pos_embd"))
+        pe = p["position_embd.weight"][pos]                               # [T, d_model]
+        if emit: emit("pos_embd", "GET_ROWS", pe[None], ("position_embd.weight", "inp_pos"))
+        x = x + pe                                                        # [B, T, d_model]
+        if emit: emit("inpL", "ADD", x, ("embd", "pos_embd"))
     k_pos = np.arange(0, pos0 + T)
     masks = {0: causal_mask(pos, k_pos)}                                   # [T, S] global layers
     if cfg.sliding_window:

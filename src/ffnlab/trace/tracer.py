@@ -52,23 +52,26 @@ class Tracer:
         """The emit function for block `layer` (-1: outside the blocks)."""
         if layer >= 0:
             self._layer_input = self._prev
-        return lambda name, op, array, srcs=(): self._emit(name, op, array, srcs, layer)
+        return lambda name, op, array, srcs=(), bare=False: self._emit(name, op, array, srcs, layer, bare)
 
     def _resolve(self, src, layer):
         if src is None:
             return None
+        if src.startswith("="):                   # a literal node name, no layer suffix
+            n = self._last.get(src[1:])
+            return (src[1:], n.shape if n is not None else None)
         if "." in src:                            # a tensor of the model file
             a = self.params.get(src)
             return (src, tuple(a.shape) if a is not None else None)
-        if src == "inp" and layer >= 0 and self._layer_input:
-            src = self._layer_input
+        if src == "inp":                          # the block's input (or, outside blocks, the last node)
+            src = (self._layer_input if layer >= 0 else self._prev) or src
         elif layer >= 0 and f"{src}-{layer}" in self._last:
             src = f"{src}-{layer}"
         n = self._last.get(src)
         return (src, n.shape if n is not None else None)
 
-    def _emit(self, name, op, array, srcs, layer):
-        full = f"{name}-{layer}" if layer >= 0 else name
+    def _emit(self, name, op, array, srcs, layer, bare=False):
+        full = f"{name}-{layer}" if layer >= 0 and not bare else name
         a = array[0] if array.ndim >= 2 and array.shape[0] == 1 else array   # drop a batch of 1
         node = Node(full, op, tuple(a.shape), str(a.dtype),
                     [r for r in (self._resolve(s, layer) for s in srcs) if r is not None], None, layer)

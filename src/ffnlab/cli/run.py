@@ -1,0 +1,95 @@
+"""ffnlab run: generate text from a model, with llama.cpp's sampling flags and perf lines."""
+import json
+import sys
+
+COMMAND = "run"
+HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
+
+
+def add_arguments(p):
+    from .common import add_model_argument
+    add_model_argument(p)
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k sampling, 0 = off (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p (nucleus) sampling, 1.0 = off (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling, 0 = off (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="penalize repeated tokens, 1.0 = off (default 1.0)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back (default 64)")
+    p.add_argument("--seed", type=int, default=-1, help="RNG seed, -1 = random (default -1)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
+    p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
+
+
+def _check(args):
+    from ..errors import UsageError
+    if args.n_predict < 0:
+        raise UsageError(f"-n must be >= 0, got {args.n_predict}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if not 0.0 <= args.min_p <= 1.0:
+        raise UsageError(f"--min-p must be in [0, 1], got {args.min_p}")
+    if args.repeat_penalty <= 0:
+        raise UsageError(f"--repeat-penalty must be > 0, got {args.repeat_penalty}")
+
+
+def run(args):
+    from ..errors import UsageError
+    from ..generation import SamplingParams, generate
+    from ..generation.chat import encode_chat, render_chat
+    from .common import load_model, read_prompt
+
+    _check(args)
+    prompt = read_prompt(args)
+    model = load_model(args)
+    if model.tokenizer is None:
+        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
+    if args.chat:
+        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+        ids = encode_chat(model.tokenizer, render_chat(model.tokenizer, msgs))
+    else:
+        ids = model.tokenizer.encode(prompt)
+    params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+    stream = None
+    if not args.json:
+        if not args.chat:
+            sys.stdout.write(prompt)
+        sys.stdout.flush()
+
+        def stream(_id, piece):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    out = generate(model, ids, args.n_predict, params, stream)
+    t = out.timings
+    load_ms = 1000 * getattr(model, "load_seconds", 0.0)
+    if args.json:
+        print(json.dumps({"model": model.source, "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
+                          "text": out.text, "stop_reason": out.stop_reason,
+                          "timings": {"load_ms": load_ms, "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
+                                      "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
+                                      "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    _perf(load_ms, t)
+    return 0
+
+
+def _perf(load_ms, t):
+    """The timing summary, in the shape of llama.cpp's llama_perf_context_print lines."""
+    def per(ms, n):
+        return (ms / n if n else 0.0), (1000.0 * n / ms if ms else 0.0)
+    pms, ptps = per(t.prompt_ms, t.prompt_tokens)
+    ems, etps = per(t.eval_ms, t.eval_tokens)
+    err = sys.stderr
+    print(f"ffnlab_perf:        load time = {load_ms:10.2f} ms", file=err)
+    print(f"ffnlab_perf: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_tokens:5d} tokens "
+          f"({pms:8.2f} ms per token, {ptps:8.2f} tokens per second)", file=err)
+    print(f"ffnlab_perf:        eval time = {t.eval_ms:10.2f} ms / {t.eval_tokens:5d} runs   "
+          f"({ems:8.2f} ms per token, {etps:8.2f} tokens per second)", file=err)
+    print(f"ffnlab_perf:       total time = {load_ms + t.prompt_ms + t.eval_ms:10.2f} ms / "
+          f"{t.prompt_tokens + t.eval_tokens:5d} tokens", file=err)
