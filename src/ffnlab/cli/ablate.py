@@ -65,7 +65,8 @@ def run(args):
                         jobs=args.jobs, threads=args.threads)
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
-    title = (f"{os.path.basename(args.data)}: {args.n_layer} layers, d_model {args.d_model}, {tokens / 1e6:.2f}M tokens, "
+    budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"
+    title = (f"{os.path.basename(args.data)}: {args.n_layer} layers, d_model {args.d_model}, {budget} tokens/run, "
              f"{args.seeds} seeds{', params matched' if args.match_params else ''}")
     pngs = plot_all(rows, args.out, title)
     print(markdown_table(rows))

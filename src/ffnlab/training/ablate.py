@@ -121,6 +121,19 @@ def run_one(spec_path):
 
 
 # --- the driver -------------------------------------------------------------------------------
+def _first_difference(old, new, prefix=""):
+    """'settings.steps is 31, was 30' for the first differing leaf of two nested dicts, else ''."""
+    for k in new:
+        a, b = old.get(k), new[k]
+        if isinstance(a, dict) and isinstance(b, dict):
+            d = _first_difference(a, b, f"{prefix}{k}.")
+            if d:
+                return d
+        elif a != b:
+            return f"{prefix}{k} is {b!r}, was {a!r}"
+    return ""
+
+
 def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print) -> list[dict]:
     """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows."""
     check_writable(out)
@@ -132,10 +145,10 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
     if os.path.isfile(info_path):
         with open(info_path, encoding="utf-8") as f:
             old = json.load(f)
-        for k in setup:
-            if old.get(k) != setup[k]:
-                raise UsageError(f"--out {out} holds an ablation with different settings ({k} differs); "
-                                 f"rerun with the same settings or choose another --out")
+        diff = _first_difference(old, setup)
+        if diff:
+            raise UsageError(f"--out {out} holds an ablation with other settings ({diff}); "
+                             f"rerun with the same settings or choose another --out")
     else:
         atomic_write_json(info_path, setup)
     runs = plan(base, ffns, mults, seeds, match_params)
@@ -244,7 +257,8 @@ def write_results(out, rows):
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for r in rows:
-        w.writerow([f"{r[c]:.4f}" if isinstance(r[c], float) and c != "mult" else r[c] for c in CSV_COLUMNS])
+        w.writerow([f"{r[c]:g}" if c == "mult" else f"{r[c]:.4f}" if isinstance(r[c], float) else r[c]
+                    for c in CSV_COLUMNS])
     atomic_write(os.path.join(out, "results.csv"), buf.getvalue().encode("utf-8"))
     atomic_write_json(os.path.join(out, "results.json"), {"rows": [{k: v for k, v in r.items() if k != "curves"}
                                                                    for r in rows]})

@@ -85,7 +85,8 @@ def loss_curves(rows, path, title):
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats/token)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        if ax.get_legend_handles_labels()[0]:          # a variant that diverged at once has no curve
+            ax.legend(fontsize=7, ncol=2)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     fig.suptitle(title, fontsize=10)
