@@ -21,6 +21,7 @@ Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3}:
 What the keys do not say is read from the tensor names: biases, the gate (gated FFN), q/k
 norms, post norms, a fused qkv, and tied embeddings (no output.weight).
 """
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ def open_gguf(path):
     if magic != b"GGUF":
         raise ModelFileError(f"{path}: not a GGUF file (first bytes {magic!r}, expected b'GGUF')")
     try:
-        reader = gguf.GGUFReader(path)
+        with _plain_ndarray_views():
+            reader = gguf.GGUFReader(path)
     except Exception as e:                   # the reader raises ValueError/IndexError/... on short files
         raise ModelFileError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})") from None
     size = os.path.getsize(path)
@@ -73,6 +75,35 @@ def open_gguf(path):
             raise ModelFileError(f"{path}: truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes}, "
                                  f"file has {size}")
     return reader
+
+
+@contextlib.contextmanager
+def _plain_ndarray_views():
+    """Make GGUFReader slice a plain ndarray view of its memory map instead of the np.memmap itself.
+
+    The reader takes two slices per vocabulary string (Gemma 3: 262k tokens), and every slice of an
+    np.memmap runs memmap.__getitem__ and __array_finalize__ in Python; on a plain view of the same
+    mapping the parse is about 3x faster. The bytes, and the tensors' .data, are the same mapped file.
+    Only gguf.gguf_reader's own `np` name is swapped, for the duration of the constructor."""
+    import numpy
+    from gguf import gguf_reader
+
+    class _Numpy:
+        def __getattr__(self, name):
+            return getattr(numpy, name)
+
+        @staticmethod
+        def memmap(*args, **kwargs):
+            return numpy.memmap(*args, **kwargs).view(numpy.ndarray)   # the view keeps the mapping alive
+
+    if getattr(gguf_reader, "np", None) is not numpy:                  # a gguf that no longer works this way
+        yield
+        return
+    gguf_reader.np = _Numpy()
+    try:
+        yield
+    finally:
+        gguf_reader.np = numpy
 
 
 def tensor_infos(reader) -> list[TensorInfo]:
