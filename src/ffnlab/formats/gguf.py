@@ -63,7 +63,7 @@ def load_gguf(path, dtype=np.float32, progress=None) -> Model:
         raise ModelFileError(f"{path}: missing tensor {missing[0]} (expected {len(expected)} tensors for a "
                              f"{cfg.arch} model, {len(missing)} missing)")
     tok = tokenizer_from_gguf(_tokenizer_meta(reader), path)
-    m = Model(cfg, params, tok, source=path)
+    m = Model(cfg, params, tok, source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)
     return m

@@ -96,7 +96,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     missing = [n for n in param_shapes(cfg) if n not in params]
     if missing:
         raise ModelFileError(f"{path}: missing weight for {missing[0]} ({len(missing)} missing)")
-    m = Model(cfg, params, _hf_tokenizer(path, d), source=path)
+    m = Model(cfg, params, _hf_tokenizer(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
 

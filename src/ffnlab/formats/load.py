@@ -37,7 +37,8 @@ def load(path=None, dtype=np.float32, progress=None):
         if is_checkpoint(path):
             from ..model import Model
             cfg, params, tok = load_checkpoint(path)
-            return Model(cfg, {k: v.astype(dtype, copy=False) for k, v in params.items()}, tok, source=path)
+            return Model(cfg, {k: v.astype(dtype, copy=False) for k, v in params.items()}, tok, source=path,
+                         pack_weights=True)
         if os.path.isfile(os.path.join(path, "config.json")):
             return load_hf(path, dtype, progress)
         ggufs = glob.glob(os.path.join(path, "*.gguf"))

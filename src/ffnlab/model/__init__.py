@@ -2,14 +2,17 @@
 import numpy as np
 
 from .attention import KVCache
+from .packing import pack
 from .params import count_params, init_params, param_shapes
 from .transformer import backward, forward
 
 
 class Model:
-    def __init__(self, config, params, tokenizer=None, source=None):
+    def __init__(self, config, params, tokenizer=None, source=None, pack_weights=False):
         self.config = config          # ModelConfig
         self.params = params          # {GGUF tensor name: np.ndarray [out, in]}
+        # inference models pack q/k/v and gate/up rows into one buffer each (views, no copy kept)
+        self.packs = pack(params, config) if pack_weights else None
         self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)
         self.source = source          # the file or directory it came from, for messages
         self.tracer = None            # set by ffnlab.trace(model)
@@ -20,12 +23,14 @@ class Model:
 
     def forward(self, ids, kv=None):
         """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer)
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer,
+                            packs=self.packs)
         return logits[0]
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer, last_only=True)
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer,
+                            last_only=True, packs=self.packs)
         return logits[0, -1]
 
     def generate(self, prompt, n_predict=64, params=None, on_token=None, **sampling):

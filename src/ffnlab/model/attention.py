@@ -10,6 +10,7 @@ from ..ops.attention import attention_backward, attention_forward
 from ..ops.linear import linear_backward, linear_forward
 from ..ops.norms import rmsnorm_backward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_backward, rope_forward
+from .packing import packed
 
 
 class KVCache:
@@ -35,11 +36,13 @@ def qkv_order(cfg):
     return ("q", "k", "v") if cfg.sliding_window else ("q", "v", "k")
 
 
-def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
+def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None, rope=None, packs=None):
     """x: [B, T, d_model] (attn_norm output), pos: [T] absolute positions, allowed: [T, S] mask
-    -> out [B, T, d_model], cache for the backward.
+    (None: nothing masked) -> out [B, T, d_model], cache for the backward.
 
     kv: a KVCache to append to (inference); its first kv.n positions are the past.
+    rope: precomputed (cos, sin) for pos (the model computes them once per forward).
+    packs: packed q/k/v buffers (model/packing.py) for one matmul instead of three.
     """
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -47,11 +50,16 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
     heads = {"q": H, "k": Hkv, "v": Hkv}
     node = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
     if cfg.positions == "rope":
-        cos, sin = rope_angles(pos, hd, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
+        cos, sin = rope if rope is not None else rope_angles(pos, hd, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
     else:
         cos = sin = None
+    qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]
+    buf = None if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_w)
     if cfg.fused_qkv:
         qkv = _fused_qkv(x, p, blk, emit)                                          # [B, T, q_dim + 2*kv_dim]
+        parts = dict(zip("qkv", np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)))
+    elif buf is not None:
+        qkv = linear_forward(x, buf)                                               # one matmul: [B, T, q_dim + 2*kv_dim]
         parts = dict(zip("qkv", np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)))
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, post-rope [B,T,h,hd])
     for which in qkv_order(cfg):
@@ -60,7 +68,8 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None):
             a = parts[which].reshape(B, T, heads[which], hd)
             if emit: emit(name, "VIEW", a, ("wqkv_b" if blk + "attn_qkv.bias" in p else "wqkv",))
         else:
-            a = _proj(x, p, blk, which, name, emit).reshape(B, T, heads[which], hd)  # [B, T, h, hd]
+            a = _proj(x, p, blk, which, name, emit, parts[which] if buf is not None else None)
+            a = a.reshape(B, T, heads[which], hd)                                     # [B, T, h, hd]
             if emit: emit(name, "RESHAPE", a, (name,))
         pre, ncache = a, None
         if cfg.qk_norm and which != "v":
@@ -120,9 +129,10 @@ def _fused_qkv(x, p, blk, emit):
     return qkv
 
 
-def _proj(x, p, blk, which, node, emit):
+def _proj(x, p, blk, which, node, emit, y=None):
+    """One of the q/k/v projections (y: its slice of the packed product, when there is one)."""
     w, b = blk + f"attn_{which}.weight", blk + f"attn_{which}.bias"
-    y = linear_forward(x, p[w])
+    y = linear_forward(x, p[w]) if y is None else y
     if emit: emit(node, "MUL_MAT", y, (w, "attn_norm"))
     if b in p:
         y += p[b]

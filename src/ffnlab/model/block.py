@@ -9,6 +9,7 @@ tracer), so adding into it in place would silently corrupt both.
 from ..ops.norms import layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward
 from .attention import attention_backward_layer, attention_forward_layer
 from .ffn import FFNWeights, ffn_backward, ffn_forward
+from .packing import packed
 
 
 def norm_forward(x, p, cfg, wname, node, emit=None, bare_norm=False, src="inp"):
@@ -60,11 +61,14 @@ FFN_TENSOR = {"up": "ffn_up.weight", "down": "ffn_down.weight", "gate": "ffn_gat
               "up_b": "ffn_up.bias", "gate_b": "ffn_gate.bias", "down_b": "ffn_down.bias"}
 
 
-def block_forward(x, p, cfg, il, pos, allowed, kv=None, emit=None):
-    """x: [B, T, d_model] -> [B, T, d_model], cache"""
+def block_forward(x, p, cfg, il, pos, allowed, kv=None, emit=None, rope=None, packs=None):
+    """x: [B, T, d_model] -> [B, T, d_model], cache
+
+    pos/allowed: absolute positions [T] and the [T, S] attention mask (None: all visible);
+    rope: precomputed (cos, sin) for pos; packs: packed projections (model/packing.py)."""
     blk = f"blk.{il}."
     a_in, an_cache = norm_forward(x, p, cfg, blk + "attn_norm", "attn_norm", emit)
-    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, emit)
+    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, emit, rope, packs)
     pa_cache = None
     if cfg.post_attn_norm:
         a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", emit, src="attn_out")
@@ -75,7 +79,8 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, emit=None):
     f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", emit,
                                   src="sa_out" if cfg.post_attn_norm else "ffn_inp")
     names = {k: blk + v for k, v in FFN_TENSOR.items()}
-    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il), cfg.ffn, emit, names)
+    gate_up = packed(packs, p, il, "gate_up", (names["gate"], names["up"])) if cfg.gated else None
+    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il), cfg.ffn, emit, names, gate_up)
     pf_cache = None
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", emit,

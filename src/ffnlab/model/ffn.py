@@ -39,24 +39,28 @@ class FFNWeights:
     down_b: np.ndarray | None = None    # [d_model]
 
 
-def ffn_forward(x, w: FFNWeights, kind, emit=None, names=None):
+def ffn_forward(x, w: FFNWeights, kind, emit=None, names=None, gate_up=None):
     """x: [..., d_model] -> y: [..., d_model], cache (the inputs the backward needs)
 
     emit(name, op, array, srcs) is the tracer hook (None: no tracing). names maps the
     weights to their tensor names (e.g. {'up': 'blk.0.ffn_up.weight'}) for the trace.
+    gate_up: [2*d_ff, d_model], gate rows then up rows in one buffer (model/packing.py), so
+    both products are one matmul; same values as the separate gate and up.
     """
     act_name, gated, act_node, act_op = FFN_ACT[kind]
     act_fwd = ACTIVATIONS[act_name][0]
     n = names or {}
     # gated: gate before up, the order ggml executes them in (GLU's src0 is the gate)
-    gate = None
+    gate = gu = None
+    if gate_up is not None:
+        gu = linear_forward(x, gate_up)                               # [..., d_model] -> [..., 2*d_ff]
     if gated:
-        gate = linear_forward(x, w.gate)                              # [..., d_model] -> [..., d_ff]
+        gate = linear_forward(x, w.gate) if gu is None else gu[..., :w.gate.shape[0]]   # [..., d_ff]
         if emit: emit("ffn_gate", "MUL_MAT", gate, (n.get("gate"), "ffn_norm"))
         if w.gate_b is not None:
             gate = gate + w.gate_b
             if emit: emit("ffn_gate_b", "ADD", gate, ("ffn_gate", n.get("gate_b")))
-    up = linear_forward(x, w.up)                                      # [..., d_model] -> [..., d_ff]
+    up = linear_forward(x, w.up) if gu is None else gu[..., w.gate.shape[0]:]    # [..., d_model] -> [..., d_ff]
     if emit: emit("ffn_up", "MUL_MAT", up, (n.get("up"), "ffn_norm"))
     if w.up_b is not None:
         up = up + w.up_b                                               # new array: pre-bias up stays traced

@@ -11,6 +11,7 @@ import numpy as np
 from ..ops.attention import causal_mask
 from ..ops.embedding import embedding_backward
 from ..ops.linear import linear_backward, linear_forward
+from ..ops.rope import rope_angles
 from .block import block_backward, block_forward, norm_backward, norm_forward
 
 
@@ -18,12 +19,13 @@ def lm_head_name(cfg):
     return "token_embd.weight" if cfg.tie_embeddings else "output.weight"
 
 
-def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False):
+def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, packs=None):
     """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), cache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
     tracer: observes every named node (see trace/); None costs one `if` per node.
     train: keep the activations for backward().
+    packs: packed q/k/v and gate/up buffers (model/packing.py) for faster inference.
     last_only: compute logits for the last position only (generation: the LM head is the
                largest matmul, and only the last row is sampled) -> [B, 1, vocab].
     """
@@ -45,14 +47,21 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False):
         x = x + pe                                                        # [B, T, d_model]
         if emit: emit("inpL", "ADD", x, ("embd", "pos_embd"))
     k_pos = np.arange(0, pos0 + T)
-    masks = {0: causal_mask(pos, k_pos)}                                   # [T, S] global layers
-    if cfg.sliding_window:
-        masks[cfg.sliding_window] = causal_mask(pos, k_pos, cfg.sliding_window)
+    masks, ropes = {}, {}                      # shared by the layers: built once per forward
     block_caches = []
     for il in range(cfg.n_layer):
-        allowed = masks[cfg.sliding_window if cfg.is_sliding(il) else 0]
+        window = cfg.sliding_window if cfg.is_sliding(il) else 0
+        if window not in masks:
+            m = causal_mask(pos, k_pos, window)                            # [T, S]
+            masks[window] = None if m.all() else m                         # None: nothing to mask
+        rope = None
+        if cfg.positions == "rope":
+            key = (cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
+            if key not in ropes:
+                ropes[key] = rope_angles(pos, cfg.head_dim, *key)
+            rope = ropes[key]
         lemit = tracer.emitter(il) if tracer is not None else None
-        x, c = block_forward(x, p, cfg, il, pos, allowed, kv, lemit)
+        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, lemit, rope, packs)
         if train:
             block_caches.append(c)
     if last_only:

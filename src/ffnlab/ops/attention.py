@@ -34,7 +34,7 @@ def _group(x, n_kv):
 
 
 def attention_forward(q, k, v, scale, allowed):
-    """-> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])
+    """allowed: [T, S] bool from causal_mask, or None -> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])
 
     Masked scores are set to -inf, not 0, before the softmax: exp(-inf) = 0 gives a future
     key exactly zero weight, while a 0 score would still give it weight exp(0)/Z.
@@ -46,7 +46,8 @@ def attention_forward(q, k, v, scale, allowed):
     kt = k.transpose(0, 2, 3, 1)                               # [B, Hkv, hd, S]
     kq = (qg @ kt).reshape(B, H, T, S)                         # [B, H, T, S] raw scores
     scores = kq * np.asarray(scale, dtype=q.dtype)             # scaled copy; kq itself stays raw for tracing
-    scores[:, :, ~allowed] = -np.inf
+    if allowed is not None:                                    # None: every key visible (one new token, no window)
+        scores[:, :, ~allowed] = -np.inf
     probs = softmax_forward(scores)                            # [B, H, T, S]
     vt = v.transpose(0, 2, 1, 3)                               # [B, Hkv, S, hd]
     out = (probs.reshape(B, Hkv, G * T, S) @ vt).reshape(B, H, T, hd)
