@@ -1,0 +1,38 @@
+"""Packed q/k/v and gate/up projections (inference speed) give the unpacked model's logits, and a
+params entry replaced after packing makes the model fall back to the separate matmuls."""
+import numpy as np
+
+from ffnlab import Model, ModelConfig
+from ffnlab.model.packing import pack, packed
+from ffnlab.model.params import init_params
+
+CFG = ModelConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, ffn="swiglu", vocab_size=50, n_ctx=16)
+
+
+def test_packed_logits_match_unpacked():
+    ids = np.array([3, 1, 4, 1, 5, 9, 2, 6])
+    plain = Model(CFG, init_params(CFG, seed=1))
+    fast = Model(CFG, init_params(CFG, seed=1), pack_weights=True)
+    assert fast.packs and len(fast.packs) == 2 * CFG.n_layer
+    np.testing.assert_allclose(fast.forward(ids), plain.forward(ids), rtol=0, atol=1e-6)
+
+
+def test_pack_keeps_tensor_values_and_shares_memory():
+    p = init_params(CFG, seed=2)
+    before = {k: v.copy() for k, v in p.items()}
+    packs = pack(p, CFG)
+    for k in p:
+        assert np.array_equal(p[k], before[k]), k
+    buf = packs[(0, "gate_up")]
+    assert p["blk.0.ffn_gate.weight"].base is buf and p["blk.0.ffn_up.weight"].base is buf
+
+
+def test_replaced_tensor_disables_its_pack():
+    ids = np.array([1, 2, 3, 4])
+    fast = Model(CFG, init_params(CFG, seed=3), pack_weights=True)
+    new_up = fast.params["blk.1.ffn_up.weight"] * 2.0            # a new array, not a view of the pack
+    fast.params["blk.1.ffn_up.weight"] = new_up
+    names = ("blk.1.ffn_gate.weight", "blk.1.ffn_up.weight")
+    assert packed(fast.packs, fast.params, 1, "gate_up", names) is None
+    plain = Model(CFG, {k: np.array(v) for k, v in fast.params.items()})
+    np.testing.assert_allclose(fast.forward(ids), plain.forward(ids), rtol=0, atol=1e-6)
