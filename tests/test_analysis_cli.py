@@ -63,6 +63,7 @@ def test_analyze_json_has_the_documented_keys(capsys):
     assert set(m["weights_bytes"]) == {"Q4_K_M", "Q8_0"}
     assert m["kv_cache_bytes"] == 2 * 32 * 2048 * 1024 * 2
     assert m["mlp_activation_bytes"]["gate"] == 58_720_256 and m["mlp_activation_bytes"]["dtype"] == "f16"
+    assert all(isinstance(v, int) for v in (m["kv_cache_bytes"], m["mlp_activation_bytes"]["gate"], *m["weights_bytes"].values()))
 
 
 def test_inspect_json_of_a_written_gguf(tmp_path, capsys):

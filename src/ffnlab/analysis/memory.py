@@ -13,15 +13,14 @@ Activation working set ("peak activation of one layer's forward"): what an eager
 forward holds at its worst moment inside one block when it keeps every intermediate the
 backward needs, as ffnlab (model/block.py) and PyTorch autograd do. It is the sum of
   kept:       the arrays the block keeps for its backward, listed in layer_kept() below;
-  transient:  the larger of the attention's score buffers (raw q.k, scaled and exponentiated
-              copies next to the kept probabilities, plus the grouped query copy) and the MLP's
-              activation-function temporaries (element-wise intermediates of SiLU/GELU on
-              [B, T, d_ff]), plus the block's residual-stream locals.
+  transient:  what lives only for a moment: the attention's score buffers (raw q.k, scaled,
+              exponentiated, next to the kept probabilities), the activation function's scratch
+              array on [B, T, d_ff], and the block's residual-stream locals (layer_peak_bytes).
 A training forward keeps every layer's `kept` set at once (model_forward_bytes, train=True).
 Sizes are in the compute dtype; fp32 for ffnlab.
 """
 
-_ACT_TEMPS = {"gelu": 2, "gelu_tanh": 3, "relu": 0, "swiglu": 2, "geglu": 2}   # [B,T,d_ff] temporaries
+_ACT_TEMPS = {"gelu": 0, "gelu_tanh": 1, "relu": 0, "swiglu": 1, "geglu": 1}   # [B,T,d_ff] scratch arrays
 
 
 def kv_cache_bytes(cfg, batch, context, kv_bytes_per_elem) -> dict:
@@ -36,7 +35,7 @@ def kv_cache_bytes(cfg, batch, context, kv_bytes_per_elem) -> dict:
 
 def mlp_activation_bytes(cfg, batch, seq_len, bytes_per_elem) -> dict:
     """The FFN's widest intermediates in one layer: gate and up outputs, B*T*d_ff elements each."""
-    each = batch * seq_len * cfg.d_ff * bytes_per_elem
+    each = int(batch * seq_len * cfg.d_ff * bytes_per_elem)
     return {"gate": each if cfg.gated else 0, "up": each, "together": each * (2 if cfg.gated else 1),
             "elements_each": batch * seq_len * cfg.d_ff}
 
@@ -64,25 +63,29 @@ def layer_kept(cfg, B, T, S) -> dict:
     return kept
 
 
-def layer_transient(cfg, B, T, S) -> dict:
-    """Elements alive only for a moment inside the block -> {"attention": ..., "mlp": ...}"""
-    BT = B * T
-    scores = B * cfg.n_head * T * S
-    locals_ = 2 * BT * cfg.d_model                                     # the attention output and h = x + attn
-    return {"attention": 3 * scores + BT * cfg.q_dim,
-            "mlp": _ACT_TEMPS[cfg.ffn] * BT * cfg.d_ff + locals_}
-
-
 def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
-    """-> {"kept", "transient", "peak"} in bytes for one block's forward (input not included)"""
-    kept = sum(layer_kept(cfg, B, T, S).values())
-    tr = layer_transient(cfg, B, T, S)
-    # the attention transient happens before the MLP's arrays exist; the MLP's after everything else
-    attn_phase = _kept_before_mlp(cfg, B, T, S) + tr["attention"]
-    mlp_phase = kept + tr["mlp"]
-    peak = max(attn_phase, mlp_phase) + B * T * cfg.d_model         # + the block's output
-    return {"kept": kept * bytes_per_elem, "transient": (peak - kept) * bytes_per_elem,
-            "peak": peak * bytes_per_elem}
+    """-> {"kept", "transient", "peak"} in bytes for one block's forward (its input not included).
+
+    The peak is the largest of three moments, in the order the block runs:
+      softmax:     what is kept up to the scores, plus raw q.k, the scaled scores, their exp and the
+                   probabilities ([B,H,T,S] each) and the grouped copy of q;
+      activation:  everything before the MLP's product, the MLP inputs (gate and up, or up), the
+                   activation's scratch array (tanh-GELU: x^2, SiLU: exp(-|x|); none for ReLU and
+                   erf-GELU) and its output, and the block's locals (attention output, x + attn);
+      block end:   the whole kept set plus the locals and the FFN output and the block output."""
+    D, F, q = cfg.d_model, cfg.d_ff, cfg.q_dim
+    BT = B * T
+    k = layer_kept(cfg, B, T, S)
+    kept = sum(k.values())
+    probs = k["attention probabilities [B,H,T,S]"]
+    before_scores = _kept_before_mlp(cfg, B, T, S) - probs - k["attention output (merged heads)"]
+    softmax = before_scores + 4 * probs + BT * q
+    act_product = BT * F if cfg.gated else 0                           # act*up is made after the scratch is freed
+    activation = kept - act_product + _ACT_TEMPS[cfg.ffn] * BT * F + 2 * BT * D
+    end = kept + 4 * BT * D
+    peak = max(softmax, activation, end)
+    return {"kept": int(kept * bytes_per_elem), "transient": int((peak - kept) * bytes_per_elem),
+            "peak": int(peak * bytes_per_elem)}
 
 
 def _kept_before_mlp(cfg, B, T, S):
@@ -97,8 +100,8 @@ def model_forward_bytes(cfg, B, T, bytes_per_elem, train=True) -> dict:
     n_layer * kept + the last block's transient + the embeddings and the logits [B,T,V]."""
     S = T
     layer = layer_peak_bytes(cfg, B, T, S, bytes_per_elem)
-    BTD = B * T * cfg.d_model * bytes_per_elem
-    logits = B * T * cfg.vocab_size * bytes_per_elem
+    BTD = int(B * T * cfg.d_model * bytes_per_elem)
+    logits = int(B * T * cfg.vocab_size * bytes_per_elem)
     masks = T * S * (2 if cfg.sliding_window else 1)                  # boolean masks, one byte each
     held = (cfg.n_layer if train else 1) * layer["kept"]
     blocks_peak = held - layer["kept"] + layer["peak"] + BTD            # + the block's input

@@ -136,6 +136,7 @@ def render(r) -> str:
     over = f" -- beyond the model's context {m['n_ctx']}" if s["seq_len"] > m["n_ctx"] else ""
     out += [f"Memory (MB = 10^6 bytes; batch {s['batch']}, context {s['seq_len']}{over})",
             table(rows, ["weights", "bits/weight", "size", "bytes", "tensor types"], "lrrrl"),
+            "ggml bits/weight: " + ", ".join(f"{t} {b:g}" for t, b in r["bits_per_weight"].items()),
             f"KV cache ({s['kv_dtype']}): {nbytes(mem['kv_cache_bytes'])} ({mem['kv_cache_bytes']:,d} bytes)"
             + (f"; with llama.cpp's sliding-window cache: {nbytes(mem['kv_cache_swa_bytes'])}"
                if mem["kv_cache_swa_bytes"] != mem["kv_cache_bytes"] else ""),
