@@ -4,7 +4,6 @@ Bad input must give one line naming the file / field / flag, and exit 1 (never a
 """
 import json
 
-import numpy as np
 import pytest
 
 from ffnlab.cli.main import main

@@ -85,3 +85,31 @@ def test_unknown_preset_on_the_command_line_is_one_line_and_exit_1():
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "gemma3-270m" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- the config.json reader the presets go through ------------------------------------------------
+
+def test_gpt2_n_inner_none_means_4x_and_gelu_new_is_tanh_gelu():
+    from ffnlab.formats.hf_config import config_from_hf
+    cfg = config_from_hf({"model_type": "gpt2", "n_embd": 96, "n_layer": 2, "n_head": 4, "n_inner": None,
+                          "n_positions": 64, "vocab_size": 100, "activation_function": "gelu_new"})
+    assert (cfg.d_ff, cfg.ffn, cfg.norm, cfg.positions, cfg.fused_qkv) == (384, "gelu_tanh", "layernorm", "learned", True)
+
+
+def test_multimodal_gemma3_reads_its_text_config_and_layer_types():
+    from ffnlab.formats.hf_config import config_from_hf
+    text = dict(get_preset("gemma3-270m").hf)
+    text.pop("sliding_window_pattern")
+    text["layer_types"] = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    cfg = config_from_hf({"model_type": "gemma3", "text_config": text})
+    ref, _ = preset_config("gemma3-270m")
+    assert cfg.sliding_window_pattern == 6 and cfg.to_dict() == {**ref.to_dict(), "name": cfg.name}
+
+
+def test_missing_config_field_names_the_field_and_the_file():
+    from ffnlab.config import ConfigError
+    from ffnlab.formats.hf_config import config_from_hf
+    hf = dict(get_preset("llama2-7b").hf)
+    del hf["intermediate_size"]
+    with pytest.raises(ConfigError, match=r"my/config.json: missing field 'intermediate_size'"):
+        config_from_hf(hf, "my/config.json")
