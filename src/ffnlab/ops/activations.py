@@ -14,28 +14,69 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 # --- GELU, exact: x * Phi(x), Phi the standard normal CDF ---------------------------------
+def _cdf(x):
+    """Phi(x) = 0.5 (1 + erf(x / sqrt 2)), in x's dtype, on one scratch array"""
+    c = np.multiply(x, INV_SQRT_2, dtype=x.dtype)
+    erf(c, out=c)
+    c += 1.0
+    c *= 0.5
+    return c
+
+
 def gelu_forward(x):
     """[...] -> [...]"""
-    return (0.5 * x * (1.0 + erf(x * INV_SQRT_2))).astype(x.dtype, copy=False)
+    y = _cdf(x)
+    y *= x
+    return y
 
 
 def gelu_backward(dy, x):
-    cdf = 0.5 * (1.0 + erf(x * INV_SQRT_2))                 # Phi(x)
-    pdf = INV_SQRT_2PI * np.exp(-0.5 * x * x)               # phi(x)
-    return (dy * (cdf + x * pdf)).astype(x.dtype, copy=False)
+    # d/dx x Phi(x) = Phi(x) + x phi(x)
+    g = np.multiply(x, x, dtype=x.dtype)
+    g *= -0.5
+    np.exp(g, out=g)
+    g *= INV_SQRT_2PI                                       # phi(x)
+    g *= x
+    g += _cdf(x)
+    g *= dy
+    return g
 
 
 # --- GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ------------
+# In place on one or two scratch arrays: on training-size activations every fresh temporary
+# costs page faults as well as a pass over memory, and the naive expressions make ~20 of them.
+def _gelu_tanh_inner(x, x2):
+    """tanh(sqrt(2/pi) (x + 0.044715 x^3)), computed as sqrt(2/pi) x (1 + 0.044715 x^2); x2 = x*x"""
+    t = x2 * GELU_TANH_COEF
+    t += 1.0
+    t *= x
+    t *= SQRT_2_OVER_PI
+    return np.tanh(t, out=t)
+
+
 def gelu_tanh_forward(x):
-    inner = SQRT_2_OVER_PI * (x + GELU_TANH_COEF * x * x * x)
-    return 0.5 * x * (1.0 + np.tanh(inner))
+    y = _gelu_tanh_inner(x, x * x)              # t
+    y += 1.0
+    y *= x
+    y *= 0.5                                     # 0.5 x (1 + t)
+    return y
 
 
 def gelu_tanh_backward(dy, x):
-    inner = SQRT_2_OVER_PI * (x + GELU_TANH_COEF * x * x * x)
-    t = np.tanh(inner)
-    dinner = SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_TANH_COEF * x * x)
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner)
+    # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) inner',  inner' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+    x2 = x * x
+    t = _gelu_tanh_inner(x, x2)
+    x2 *= 3.0 * GELU_TANH_COEF * SQRT_2_OVER_PI
+    x2 += SQRT_2_OVER_PI
+    x2 *= x                                      # x inner'
+    g = t * t
+    np.subtract(1.0, g, out=g)                   # 1 - t^2
+    g *= x2
+    g += t
+    g += 1.0
+    g *= 0.5
+    g *= dy
+    return g
 
 
 # --- ReLU --------------------------------------------------------------------------------
@@ -49,18 +90,31 @@ def relu_backward(dy, x):
 
 # --- SiLU (swish): x * sigmoid(x) ---------------------------------------------------------
 def sigmoid(x):
-    # exp of a non-positive number only, so large |x| never overflows
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
+    """1 / (1 + e^-x). For x below about -88 (float32) e^-x overflows to inf and the result is
+    1/inf = 0, the correct limit, so the overflow is expected and not reported."""
+    s = np.negative(x)
+    with np.errstate(over="ignore"):
+        np.exp(s, out=s)
+    s += 1.0
+    np.reciprocal(s, out=s)
+    return s
 
 
 def silu_forward(x):
-    return x * sigmoid(x)
+    y = sigmoid(x)
+    y *= x
+    return y
 
 
 def silu_backward(dy, x):
+    # d/dx x s(x) = s (1 + x (1 - s))
     s = sigmoid(x)
-    return dy * (s * (1.0 + x * (1.0 - s)))
+    g = np.subtract(1.0, s, dtype=s.dtype)
+    g *= x
+    g += 1.0
+    g *= s
+    g *= dy
+    return g
 
 
 ACTIVATIONS = {

@@ -8,7 +8,9 @@ import numpy as np
 
 def linear_forward(x, w, b=None):
     """x: [..., in], w: [out, in], b: [out] or None -> y: [..., out]"""
-    y = x @ w.T                                   # [..., in] @ [in, out] -> [..., out]
+    # one 2-D GEMM over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs
+    lead = x.shape[:-1]
+    y = (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*lead, w.shape[0])   # [N, in] @ [in, out] -> [..., out]
     if b is not None:
         y += b                                    # y is a fresh array: adding in place is safe
     return y
@@ -18,7 +20,7 @@ def linear_backward(dy, x, w, has_bias=True):
     """dy: [..., out] -> dx: [..., in], dw: [out, in], db: [out] or None"""
     dy2 = dy.reshape(-1, dy.shape[-1])            # [N, out]
     x2 = x.reshape(-1, x.shape[-1])               # [N, in]
-    dx = dy @ w                                   # [..., out] @ [out, in] -> [..., in]
+    dx = (dy2 @ w).reshape(*x.shape[:-1], w.shape[1])   # [N, out] @ [out, in] -> [..., in]
     dw = dy2.T @ x2                               # [out, N] @ [N, in] -> [out, in]
     db = dy2.sum(axis=0) if has_bias else None    # [out]
     return dx, dw, db

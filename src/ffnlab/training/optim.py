@@ -45,13 +45,21 @@ class AdamW:
         for name, p in params.items():
             g = grads[name]
             if self.decay[name] and self.weight_decay:
-                p *= np.float32(1.0 - lr * self.weight_decay)          # decoupled: shrink p, not the gradient
+                p *= 1.0 - lr * self.weight_decay                     # decoupled: shrink p, not the gradient
             m, v = self.m[name], self.v[name]
-            m += np.float32(1.0 - b1) * (g - m)                       # m = b1*m + (1-b1)*g  (torch: lerp)
-            v *= np.float32(b2)
-            v += np.float32(1.0 - b2) * (g * g)                       # v = b2*v + (1-b2)*g^2
-            denom = np.sqrt(v) / np.float32(bc2_sqrt) + np.float32(self.eps)
-            p -= np.float32(step_size) * (m / denom)
+            tmp = np.subtract(g, m)                                   # one scratch array per tensor
+            tmp *= 1.0 - b1
+            m += tmp                                                  # m = b1*m + (1-b1)*g  (torch: lerp)
+            np.multiply(g, g, out=tmp)
+            tmp *= 1.0 - b2
+            v *= b2
+            v += tmp                                                  # v = b2*v + (1-b2)*g^2
+            np.sqrt(v, out=tmp)
+            tmp /= bc2_sqrt
+            tmp += self.eps                                           # denom = sqrt(v / bc2) + eps
+            np.divide(m, tmp, out=tmp)
+            tmp *= step_size
+            p -= tmp                                                  # p -= lr/bc1 * m / denom
 
     # --- checkpointing: moments go to safetensors, scalars to JSON --------------------------
     def state_arrays(self) -> dict:
