@@ -64,6 +64,7 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
         x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, lemit, rope, packs)
         if train:
             block_caches.append(c)
+        del c                                  # inference: free this layer's activations before the next
     if last_only:
         x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
     y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", emit)
