@@ -7,7 +7,7 @@ from ffnlab.config import ModelConfig
 from ffnlab.errors import DataError, UsageError
 from ffnlab.formats.checkpoint import load_checkpoint
 from ffnlab.model import Model
-from ffnlab.training.data import TokenData, byte_tokenizer, make_tokenizer, sample_batch, train_bpe_tokenizer
+from ffnlab.training.data import TokenData, byte_tokenizer, encode, make_tokenizer, sample_batch, train_bpe_tokenizer
 from ffnlab.training.trainer import DivergedError, TrainSettings, train
 
 UTF8_SAMPLES = ["plain ascii", "Grüße, naïve café", "日本語のテキスト", "emoji 😀👍🏽 and ZWJ 👩‍👩‍👧",
@@ -21,6 +21,12 @@ def test_byte_tokenizer_ids_are_the_utf8_bytes_and_round_trip(text):
     assert ids == list(text.encode("utf-8"))
     assert tok.decode(ids) == text
     assert tok.vocab_size == 256
+
+
+def test_fast_byte_encoding_equals_the_tokenizer():
+    tok, meta = make_tokenizer("byte", "")
+    text = "".join(UTF8_SAMPLES) * 3
+    assert encode(tok, meta, text).tolist() == tok.encode(text)
 
 
 def test_byte_tokenizer_covers_every_byte():

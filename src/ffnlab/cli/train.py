@@ -52,7 +52,7 @@ def run(args):
     from ..errors import UsageError
     from ..formats.checkpoint import is_checkpoint, read_meta, read_tokenizer
     from ..training.checkpoint import read_trainer
-    from ..training.data import TokenData, data_info, make_tokenizer, read_text
+    from ..training.data import TokenData, data_info, encode, make_tokenizer, read_text
     from ..training.presets import build_config
     from ..training.trainer import TrainSettings, train
 
@@ -86,7 +86,7 @@ def run(args):
             from ..training.presets import PRESETS
             model_given["n_ctx"] = max(settings.seq_len, PRESETS.get(args.preset or "tiny-llama", {}).get("n_ctx", 0))
         cfg = build_config(args.preset or "tiny-llama", tok.vocab_size, **model_given)
-    ids = tok.encode(text, add_bos=False)
+    ids = encode(tok, tok_meta, text)
     data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=data_path)
     info = data_info(data_path, text, len(ids))
     if not args.quiet:

@@ -100,7 +100,7 @@ def run_state(out, spec) -> str:
 # --- one run (in its own process) -------------------------------------------------------------
 def run_one(spec_path):
     """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure."""
-    from .data import TokenData, data_info, make_tokenizer, read_text
+    from .data import TokenData, data_info, encode, make_tokenizer, read_text
     from .trainer import DivergedError, train
 
     with open(spec_path, encoding="utf-8") as f:
@@ -110,7 +110,7 @@ def run_one(spec_path):
     tok, tok_meta = make_tokenizer("byte", text)
     cfg = ModelConfig.from_dict(spec["config"])
     settings = TrainSettings.from_dict(spec["settings"])
-    ids = tok.encode(text, add_bos=False)
+    ids = encode(tok, tok_meta, text)
     data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=spec["data"])
     try:
         train(cfg, settings, data, tok, tok_meta, out, resume=True, data_info=data_info(spec["data"], text, len(ids)),

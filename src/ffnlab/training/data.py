@@ -107,6 +107,14 @@ def make_tokenizer(spec: str, text: str, vocab_size: int = 1024) -> tuple[Tokeni
     return tok, tokenizer_meta(tok, "model", os.path.abspath(spec))
 
 
+def encode(tok: Tokenizer, tok_meta: dict, text: str) -> np.ndarray:
+    """text -> ids [N] int32. The byte tokenizer's ids are the UTF-8 bytes themselves, which
+    numpy reads directly (the same ids, 50x faster on a megabyte of text)."""
+    if tok_meta.get("kind") == "byte":
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
+    return np.asarray(tok.encode(text, add_bos=False), dtype=np.int32)
+
+
 def read_text(path: str) -> str:
     try:
         with open(path, "rb") as f:
