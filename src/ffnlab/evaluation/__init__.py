@@ -1,0 +1,1 @@
+"""Evaluation: perplexity (llama-perplexity's convention) and the neuron view of the MLP."""

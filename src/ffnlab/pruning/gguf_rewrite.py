@@ -1,0 +1,132 @@
+"""Write a pruned copy of a GGUF file: same metadata, same tensors, narrower MLPs.
+
+    write_pruned_gguf(src, out, keep_idx, qtype)   keep_idx: [n_layer, n_keep] units kept per layer
+
+What changes:
+  {arch}.feed_forward_length        -> n_keep
+  blk.L.ffn_up / ffn_gate (.weight, .bias)   keep rows keep_idx[L]
+  blk.L.ffn_down.weight             keeps columns keep_idx[L]
+Everything else -- every metadata key (tokenizer, chat template, general.file_type, ...), every
+other tensor, the tensor order -- is copied; untouched tensors are copied as their raw bytes,
+so they stay byte-identical whatever their type (SmolLM2's Q8_0 token_embd and Q4_1 attention).
+
+The pruned weights are written as qtype (f32, f16, q8_0, q4_0, q4_1, q5_0, q5_1; quantized with
+gguf.quants.quantize). Quant blocks run along a row, so:
+  - up/gate rows are whole rows of the original: when qtype is the source's own type, the kept
+    rows' bytes are copied exactly; otherwise they are dequantized and re-encoded;
+  - ffn_down's rows lose columns, so they are always dequantized, cut and re-encoded; their new
+    length n_keep must be a multiple of the block size (32), which is why prune rounds to 32.
+    A row that does not fill whole blocks is written as f16 instead (reported in `fallbacks`).
+Biases stay f32, as llama.cpp's converter writes them.
+"""
+import os
+import re
+
+import numpy as np
+
+from ..errors import UsageError
+
+TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+_FFN = re.compile(r"^blk\.(\d+)\.ffn_(up|gate|down)\.(weight|bias)$")
+
+
+def _qtype(name):
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType[name.upper()]
+
+
+def encode(a, qtype):
+    """float32 [rows, cols] -> (array for GGUFWriter.add_tensor, raw_dtype, type name written)."""
+    import gguf
+
+    if qtype == "f32":
+        return np.ascontiguousarray(a, dtype=np.float32), None, "f32"
+    if qtype == "f16":
+        return np.ascontiguousarray(a, dtype=np.float16), None, "f16"
+    t = _qtype(qtype)
+    block = gguf.GGML_QUANT_SIZES[t][0]
+    if a.shape[-1] % block:
+        return np.ascontiguousarray(a, dtype=np.float16), None, "f16"
+    return gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), t), t, qtype
+
+
+def _copy_fields(reader, writer, d_ff_key, n_keep):
+    """Every metadata key of the source, in order; feed_forward_length set to n_keep."""
+    from gguf import GGUFValueType as T
+
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":     # the writer writes these itself
+            continue
+        if key == "general.alignment":
+            writer.add_custom_alignment(int(f.contents()))
+            continue
+        vtype, sub = f.types[0], None
+        if vtype == T.ARRAY:                                           # an empty array lists no item type:
+            sub = f.types[1] if len(f.types) > 1 else T(int(f.parts[3][0]))   # read it from the raw parts
+        value = n_keep if key == d_ff_key else f.contents()
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+
+
+def write_pruned_gguf(src, out, keep_idx, qtype="q8_0"):
+    """-> report dict (types written, fallbacks, bytes and parameter counts before/after)."""
+    import gguf
+
+    from ..formats.export_gguf import _writer_class
+    from ..formats.gguf_meta import get_key, open_gguf
+
+    if qtype not in TYPES:
+        raise UsageError(f"--type must be one of {', '.join(TYPES)}, got {qtype!r}")
+    d = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(d):
+        raise UsageError(f"{out}: the directory {d} does not exist")
+    if os.path.abspath(out) == os.path.abspath(src):
+        raise UsageError(f"{out}: refusing to overwrite the source model")
+    reader = open_gguf(src)
+    arch = get_key(reader, "general.architecture", src)
+    d_ff = int(get_key(reader, f"{arch}.feed_forward_length", src))
+    keep_idx = np.asarray(keep_idx)
+    n_keep = int(keep_idx.shape[1])
+    tmp = out + f".tmp-{os.getpid()}"
+    w = _writer_class()(tmp, arch)
+    _copy_fields(reader, w, f"{arch}.feed_forward_length", n_keep)
+    written, fallbacks, params_before, params_after = {}, [], 0, 0
+    for t in reader.tensors:
+        params_before += int(t.n_elements)
+        m = _FFN.match(t.name)
+        if m is None:                                                  # untouched: raw bytes, same type
+            w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+            params_after += int(t.n_elements)
+            continue
+        il, part, kind = int(m.group(1)), m.group(2), m.group(3)
+        idx = keep_idx[il]
+        shape = tuple(int(n) for n in reversed(t.shape))               # numpy [out, in]
+        if kind == "bias":
+            if part == "down":                                         # [d_model]: the output side, untouched
+                w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+                params_after += int(t.n_elements)
+                continue
+            a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)[idx].astype(np.float32)   # [n_keep]
+            data, raw, name = a, None, "f32"
+        elif part in ("up", "gate") and t.tensor_type == _qtype(qtype):
+            data, raw, name = np.ascontiguousarray(t.data[idx]), t.tensor_type, qtype   # whole rows: exact bytes
+        else:
+            a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape)            # [d_ff, d_model] / [d_model, d_ff]
+            a = a[idx] if part in ("up", "gate") else a[:, idx]
+            data, raw, name = encode(a, qtype)
+            if name != qtype:
+                fallbacks.append(f"{t.name}: rows of {a.shape[-1]} do not fill {qtype} blocks, written as {name}")
+        w.add_tensor(t.name, data, raw_dtype=raw)
+        params_after += int(t.n_elements) // d_ff * n_keep                # one axis of every FFN tensor is d_ff
+        written[t.name] = name
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return {"types": written, "fallbacks": fallbacks, "params_before": params_before, "params_after": params_after,
+            "bytes_before": os.path.getsize(src), "bytes_after": os.path.getsize(out)}
