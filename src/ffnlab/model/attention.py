@@ -99,11 +99,14 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None, rop
         v_all = kv.v[il][:B, :n0 + T]
     out, (kq, probs) = attention_forward(q, k_all, v_all, scale, allowed)       # out [B, H, T, hd]
     if emit:
-        emit("kq", "MUL_MAT", kq, ("cache_k", "Qcur"))
+        # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
+        S, qn = k_all.shape[1], ("Qcur_scaled" if cfg.arch == "gemma3" else "Qcur") + f"-{il}"
+        emit("kq", "MUL_MAT", kq, ((f"cache_k_l{il} (view) (permuted)", (Hkv, S, hd)),
+                                   (f"{qn} (view) (permuted)", (H, T, hd))))
         emit("kq_soft_max", "SOFT_MAX", probs, ("kq", "attn_inp_kq_mask"))
-        emit("kqv", "MUL_MAT", out, ("cache_v", "kq_soft_max"))
+        emit("kqv", "MUL_MAT", out, ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)                     # [B, H, T, hd] -> [B, T, H*hd]
-    if emit: emit("kqv_out", "CONT", merged, ("kqv",))
+    if emit: emit("kqv_out", "CONT", merged, ((f"kqv-{il} (permuted)", (T, H, hd)),))
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
     y = linear_forward(merged, p[wo])                                             # [B, T, H*hd] -> [B, T, d_model]
     # llama.cpp names the output projection attn_out only in its llama graph (other graphs

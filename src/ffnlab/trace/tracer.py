@@ -4,17 +4,36 @@ The model calls emit(name, op, array, srcs) at each node, with llama.cpp's graph
 inside block L the name becomes `{name}-{L}` (as llama.cpp's cb() names it), outside it stays
 bare. The tracer only observes: it copies what it keeps and never hands anything back, so
 results are bit-identical with and without it.
+
+srcs name the node's inputs the way llama.cpp's eval callback prints src[0], src[1]:
+  "attn_norm"            a node of this block (becomes "attn_norm-L"), else of the model
+  "=norm"                a node name taken literally (no layer suffix)
+  "blk.0.ffn_up.weight"  a tensor of the model file (a name with a dot)
+  "inp"                  the block's input (the node emitted just before the block)
+  "inp_tokens", "inp_pos", "attn_inp_kq_mask"   llama.cpp's graph inputs; their shapes
+                         follow from the node's own array
+  (name, shape)          a literal name with its numpy shape (KV-cache views and the like)
 """
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .finite import NonFiniteError, array_stats
+
 
 def ggml_shape(shape):
     """numpy shape (row-major) -> ggml ne[0..3] (ne[0] is the fastest axis), padded with 1s"""
     ne = list(reversed(shape)) + [1] * (4 - len(shape))
     return tuple(int(n) for n in ne[:4])
+
+
+# llama.cpp's graph inputs -> their numpy shape, from the array of the node that reads them
+GRAPH_INPUTS = {
+    "inp_tokens": lambda a: (a.shape[0],),          # embd [T, D] reads T token ids
+    "inp_pos": lambda a: (a.shape[0],),             # embd/pos_embd [T, D], ROPE [T, H, hd]
+    "attn_inp_kq_mask": lambda a: a.shape[-2:],     # kq_soft_max [H, T, S] reads the [T, S] mask
+}
 
 
 @dataclass
@@ -33,20 +52,31 @@ class Node:
 
 
 class Tracer:
-    """with ffnlab.trace(model, filter=...) as t: model.forward(ids);  t["ffn_swiglu-0"]"""
+    """with ffnlab.trace(model, filter=...) as t: model.forward(ids);  t["ffn_swiglu-0"]
 
-    def __init__(self, filter=None, keep=True, params=None, on_node=None):
+    filter: a regex matched at the start of the node name (like llama-eval-callback's
+            --tensor-filter); only matching nodes are kept and passed to on_node.
+    keep: copy the arrays of matching nodes (False: names, ops and shapes only).
+    params: the model's tensors, for the shapes of weight sources.
+    on_node(node): called after each matching node.
+    check_finite: raise NonFiniteError at the first node (matching or not) holding NaN/Inf,
+            with the statistics of its inputs.
+    """
+
+    def __init__(self, filter=None, keep=True, params=None, on_node=None, check_finite=False):
         self.filter = re.compile(filter) if isinstance(filter, str) else filter
-        self.keep = keep                        # copy matching arrays (False: names/shapes only)
-        self.params = params or {}              # tensor name -> array (for source shapes)
-        self.on_node = on_node                  # callback(node) after each matching node
+        self.keep = keep
+        self.params = params or {}                  # tensor name -> array (for source shapes)
+        self.on_node = on_node
+        self.check_finite = check_finite
+        self.stats = {}                             # name -> array_stats, when check_finite
         self.nodes: list[Node] = []
-        self._last = {}                         # name -> last Node with that name
+        self._last = {}                             # name -> last Node with that name
         self._layer_input = None
-        self._prev = None                       # the last node emitted, kept or not
+        self._prev = None                           # the last node emitted, kept or not
 
     def matches(self, name):
-        return self.filter is None or self.filter.search(name) is not None
+        return self.filter is None or self.filter.match(name) is not None
 
     def emitter(self, layer):
         """The emit function for block `layer` (-1: outside the blocks)."""
@@ -54,16 +84,20 @@ class Tracer:
             self._layer_input = self._prev
         return lambda name, op, array, srcs=(), bare=False: self._emit(name, op, array, srcs, layer, bare)
 
-    def _resolve(self, src, layer):
+    def _resolve(self, src, layer, a):
         if src is None:
             return None
-        if src.startswith("="):                   # a literal node name, no layer suffix
+        if isinstance(src, tuple):                  # (literal name, numpy shape)
+            return (src[0], tuple(src[1]))
+        if src in GRAPH_INPUTS:
+            return (src, tuple(GRAPH_INPUTS[src](a)))
+        if src.startswith("="):                     # a literal node name, no layer suffix
             n = self._last.get(src[1:])
             return (src[1:], n.shape if n is not None else None)
-        if "." in src:                            # a tensor of the model file
-            a = self.params.get(src)
-            return (src, tuple(a.shape) if a is not None else None)
-        if src == "inp":                          # the block's input (or, outside blocks, the last node)
+        if "." in src:                              # a tensor of the model file
+            w = self.params.get(src)
+            return (src, tuple(w.shape) if w is not None else None)
+        if src == "inp":                            # the block's input (outside blocks: the last node)
             src = (self._layer_input if layer >= 0 else self._prev) or src
         elif layer >= 0 and f"{src}-{layer}" in self._last:
             src = f"{src}-{layer}"
@@ -74,17 +108,33 @@ class Tracer:
         full = f"{name}-{layer}" if layer >= 0 and not bare else name
         a = array[0] if array.ndim >= 2 and array.shape[0] == 1 else array   # drop a batch of 1
         node = Node(full, op, tuple(a.shape), str(a.dtype),
-                    [r for r in (self._resolve(s, layer) for s in srcs) if r is not None], None, layer)
+                    [r for r in (self._resolve(s, layer, a) for s in srcs) if r is not None], None, layer)
         self._prev = full
+        if self.check_finite:
+            st = array_stats(a)
+            if st["nan"] or st["inf"]:
+                raise NonFiniteError(node, st, [(s, self._src_stats(s)) for s, _ in node.srcs])
+            self.stats[full] = st
+        self._last[full] = node
         if self.matches(full):
             if self.keep:
                 node.array = np.array(a, copy=True)
             self.nodes.append(node)
-            self._last[full] = node
             if self.on_node is not None:
                 self.on_node(node)
-        else:
-            self._last[full] = node
+
+    def _src_stats(self, name):
+        if name in self.params:
+            return array_stats(self.params[name])
+        return self.stats.get(name)
+
+    def node(self, name, op=None):
+        """The last kept node called `name` (and, if given, with this op: "Qcur-0" is a
+        MUL_MAT, a RESHAPE and a ROPE)."""
+        for n in reversed(self.nodes):
+            if n.name == name and (op is None or n.op == op):
+                return n
+        raise KeyError(f"no traced node named {name!r}" + (f" with op {op}" if op else ""))
 
     def __getitem__(self, name):
         n = self._last.get(name)

@@ -1,0 +1,103 @@
+"""ffnlab trace: print every named node of one forward pass, in llama-eval-callback's format."""
+import json
+import math
+import sys
+
+COMMAND = "trace"
+HELP = "run one forward pass and print every named tensor (llama-eval-callback format)"
+
+
+def add_arguments(p):
+    from .common import add_model_argument
+    add_model_argument(p)
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    p.add_argument("--filter", metavar="REGEX", default=None,
+                   help="only nodes whose name matches REGEX at its start (like llama-eval-callback's "
+                        "--tensor-filter; use '.*x' to match anywhere)")
+    p.add_argument("--values", action="store_true",
+                   help="also print the first/last 3 entries per dimension and the sum, as llama-eval-callback does")
+    p.add_argument("--layout", choices=("ggml", "logical"), default="ggml",
+                   help="ggml: shapes as ggml ne[0..3], fastest axis first (default); logical: numpy order, "
+                        "e.g. 'ffn_up-0 [2, 3072]'")
+    p.add_argument("--dump", metavar="DIR", default=None,
+                   help="write each matching node's array to DIR as NNNN-<name>.npy plus DIR/index.json")
+    p.add_argument("--json", action="store_true", help="print one JSON object (nodes, shapes, sums) instead of lines")
+    p.add_argument("--check-finite", action="store_true",
+                   help="stop at the first node holding NaN/Inf, name it and print its inputs' statistics (exit 1)")
+
+
+def json_safe(x):
+    """Non-finite floats as strings, so the output is strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if isinstance(x, list):
+        return [json_safe(v) for v in x]
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    return x
+
+
+def run(args):
+    import re
+
+    import numpy as np
+
+    from ..errors import UsageError
+    from ..trace import NonFiniteError, Tracer
+    from ..trace.dump import Dumper
+    from ..trace.format import ggml_line, logical_line, node_record, values_block
+    from .common import load_model, read_prompt
+
+    if args.filter is not None:
+        try:
+            re.compile(args.filter)
+        except re.error as e:
+            raise UsageError(f"--filter {args.filter!r} is not a valid regex: {e}") from None
+    prompt = read_prompt(args)
+    model = load_model(args, quiet=True)
+    if model.tokenizer is None:
+        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
+    ids = model.tokenizer.encode(prompt)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    dumper = Dumper(args.dump, model.source, prompt, ids) if args.dump else None
+    records = []
+    line = logical_line if args.layout == "logical" else ggml_line
+
+    def on_node(node):
+        if args.json:
+            records.append(node_record(node, values=args.values))
+        else:
+            sys.stdout.write(line(node) + "\n")
+            if args.values:
+                sys.stdout.write(values_block(node.array))
+        if dumper:
+            dumper.add(node)
+        node.array = None                      # printed / written: no need to hold it
+
+    tracer = Tracer(filter=args.filter, keep=True, params=model.params, on_node=on_node,
+                    check_finite=args.check_finite)
+    model.tracer = tracer
+    bad = None
+    try:
+        with np.errstate(all="ignore"):        # overflow is what --check-finite reports
+            model.forward(np.asarray(ids))
+    except NonFiniteError as e:
+        bad = e
+    finally:
+        model.tracer = None
+        if dumper:
+            dumper.close()
+    if args.json:
+        out = {"model": model.source, "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}
+        if args.check_finite:
+            out["non_finite"] = None if bad is None else {
+                "node": bad.node.name, "op": bad.node.op, "stats": bad.stats,
+                "inputs": [{"name": n, "stats": st} for n, st in bad.inputs]}
+        print(json.dumps(json_safe(out)))
+    elif bad is not None:
+        print("\n".join(bad.report()))
+    elif args.check_finite:
+        print(f"every node is finite ({len(tracer.stats)} nodes checked)")
+    return 1 if bad is not None else 0

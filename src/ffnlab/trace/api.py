@@ -1,0 +1,27 @@
+"""ffnlab.trace(model, ...): the Python way in.
+
+    with ffnlab.trace(model, filter="ffn_") as t:
+        model.forward(ids)
+    t["ffn_swiglu-0"]            # [T, d_ff] numpy array
+    t.node("Qcur-0", "ROPE")     # one of several nodes with the same name
+    t.names()                    # node names in order of first appearance
+"""
+from contextlib import contextmanager
+
+from .tracer import Tracer
+
+
+@contextmanager
+def trace(model, filter=None, keep=True, check_finite=False, on_node=None):
+    """Attach a Tracer to model for the duration of the block; restores what was there.
+
+    filter: regex matched at the start of node names (like llama-eval-callback's
+    --tensor-filter); keep: copy the matching arrays; check_finite: raise NonFiniteError at
+    the first node with NaN/Inf; on_node(node): called for every matching node."""
+    t = Tracer(filter=filter, keep=keep, params=model.params, on_node=on_node, check_finite=check_finite)
+    previous = model.tracer
+    model.tracer = t
+    try:
+        yield t
+    finally:
+        model.tracer = previous

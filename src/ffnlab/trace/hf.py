@@ -1,0 +1,185 @@
+"""HF transformers as a reference: load the same GGUF, run it, capture its intermediates under
+ffnlab's (llama.cpp's) node names.
+
+transformers reads GGUF files itself (AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)),
+dequantizing to float32, so both sides run the same weights in fp32. Intermediates come from
+forward hooks on the modules (q_proj output = Qcur MUL_MAT, mlp.down_proj input = ffn_swiglu,
+...) and, for what happens inside attention (q/k after RoPE, scores, probabilities, the
+attention-weighted values), from an attention function registered with transformers'
+AttentionInterface that does eager attention and records each step.
+
+Layouts. Every array is returned in the numpy layout of ffnlab's node with the batch axis
+dropped: [T, D] for the residual stream, [T, H, hd] for Qcur/Kcur/Vcur, [H, T, S] for kq and
+kq_soft_max, [H, T, hd] for kqv. llama-arch GGUF files store the Q and K rows of each head
+permuted (convert_hf_to_gguf.py's permute(), so that ggml's adjacent-pair RoPE equals HF's
+rotate_half); transformers undoes that when it loads. The Qcur/Kcur nodes (MUL_MAT, RESHAPE,
+ROPE) of such files are therefore put back into GGUF row order with the same permute before
+comparing: a relabelling of the head-dim axis, no arithmetic. Every later node (kq, kq_soft_max,
+kqv, ...) does not depend on the order and is compared as is.
+
+Nodes HF has no module boundary for (the unscaled norm-L, Gemma's bare norm) are not captured.
+"""
+import os
+
+import numpy as np
+
+from ..errors import UsageError
+
+CAPTURE = "ffnlab_capture"          # the name our attention function is registered under
+
+
+def gguf_to_hf_permuted(model_type, source):
+    """True when the file's Q/K rows are in GGUF's permuted order relative to HF's."""
+    return model_type == "llama" and str(source).endswith(".gguf")
+
+
+def permute_heads(x):
+    """[..., hd] in HF's rotate_half order -> GGUF's order: GGUF index 2j+s = HF index s*hd/2 + j."""
+    hd = x.shape[-1]
+    return x.reshape(*x.shape[:-1], 2, hd // 2).swapaxes(-1, -2).reshape(x.shape)
+
+
+def _register_capture(torch, records):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        """Eager attention, recording each step. query [B, H, T, hd], key/value [B, Hkv, S, hd]."""
+        if getattr(module.config, "attn_logit_softcapping", None):
+            raise UsageError("verify --against hf: attention logit soft-capping is not supported")
+        groups = query.shape[1] // key.shape[1]
+        k = key.repeat_interleave(groups, dim=1)            # query head h reads KV head h // groups
+        v = value.repeat_interleave(groups, dim=1)
+        raw = query @ k.transpose(2, 3)                       # [B, H, T, S] unscaled q.k
+        w = raw * scaling
+        if attention_mask is not None:
+            w = w + attention_mask[:, :, :, : k.shape[-2]]
+        probs = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = probs @ v                                      # [B, H, T, hd]
+        records[module.layer_idx] = dict(q=query, k=key, raw=raw, scaling=scaling, probs=probs, out=out)
+        return out.transpose(1, 2).contiguous(), probs
+
+    AttentionInterface.register(CAPTURE, attention)
+    AttentionMaskInterface.register(CAPTURE, eager_mask)
+
+
+def load_hf(path):
+    """The GGUF file as a transformers model in float32."""
+    try:
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:
+        raise UsageError(f"--against hf needs transformers and torch: {e}") from None
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    path = os.fspath(path)
+    if not path.endswith(".gguf"):
+        raise UsageError(f"{path}: --against hf loads GGUF files (give the .gguf the model came from)")
+    try:
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                    gguf_file=os.path.basename(path), dtype=torch.float32)
+    except (ValueError, KeyError, OSError) as e:
+        raise UsageError(f"{path}: transformers cannot load this GGUF: {e}") from None
+
+
+def capture(path, ids, hf_model=None):
+    """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}."""
+    import torch
+
+    model = hf_model if hf_model is not None else load_hf(path)
+    mtype = model.config.model_type
+    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3", "mistral"):
+        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
+                         "(supported: llama, qwen2, mistral, gemma3)")
+    gemma = mtype.startswith("gemma3")
+    permuted = gguf_to_hf_permuted(mtype, path)
+    inner = model.model
+    out, attn, hooks = {}, {}, []
+
+    def arr(t):
+        a = t.detach().to(torch.float32).numpy()
+        return a[0] if a.ndim >= 2 and a.shape[0] == 1 else a    # drop the batch of 1
+
+    def hook_out(name, op, transform=None):
+        def f(_mod, _inp, output):
+            a = arr(output[0] if isinstance(output, tuple) else output)
+            out[(name, op)] = transform(a) if transform else a
+        return f
+
+    def hook_in(name, op):
+        def f(_mod, inputs, _output):
+            out[(name, op)] = arr(inputs[0])
+        return f
+
+    def on(mod, fn):
+        hooks.append(mod.register_forward_hook(fn))
+
+    for il, layer in enumerate(inner.layers):
+        sa, mlp = layer.self_attn, layer.mlp
+        hd = sa.head_dim
+        on(layer.input_layernorm, hook_out(f"attn_norm-{il}", "MUL"))
+        for proj, node in ((sa.q_proj, "Qcur"), (sa.k_proj, "Kcur"), (sa.v_proj, "Vcur")):
+            perm = permuted and node != "Vcur"
+
+            def fix(a, perm=perm, node=node, il=il):
+                heads = a.reshape(a.shape[0], -1, hd)                    # [T, h*hd] -> [T, h, hd]
+                heads = permute_heads(heads) if perm else heads
+                out[(f"{node}-{il}", "RESHAPE")] = heads
+                return heads.reshape(a.shape)
+            # with a bias (qwen2) the projection's output is llama.cpp's ADD node, else its MUL_MAT
+            on(proj, hook_out(f"{node}-{il}", "ADD" if proj.bias is not None else "MUL_MAT", fix))
+        if gemma:
+            on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL"))
+            on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL"))
+        on(sa.o_proj, hook_in(f"kqv_out-{il}", "CONT"))
+        on(sa.o_proj, hook_out(f"attn_out-{il}", "ADD" if sa.o_proj.bias is not None else "MUL_MAT"))
+        if gemma:
+            on(layer.post_attention_layernorm, hook_out(f"attn_post_norm-{il}", "MUL"))
+            on(layer.pre_feedforward_layernorm, hook_in(f"sa_out-{il}", "ADD"))
+            on(layer.pre_feedforward_layernorm, hook_out(f"ffn_norm-{il}", "MUL"))
+            on(layer.post_feedforward_layernorm, hook_out(f"ffn_post_norm-{il}", "MUL"))
+        else:
+            on(layer.post_attention_layernorm, hook_in(f"ffn_inp-{il}", "ADD"))
+            on(layer.post_attention_layernorm, hook_out(f"ffn_norm-{il}", "MUL"))
+        on(mlp.gate_proj, hook_out(f"ffn_gate-{il}", "MUL_MAT"))
+        on(mlp.up_proj, hook_out(f"ffn_up-{il}", "MUL_MAT"))
+        act = ("ffn_geglu", "GEGLU") if gemma else ("ffn_swiglu", "SWIGLU")
+        on(mlp.down_proj, hook_in(f"{act[0]}-{il}", act[1]))
+        on(mlp.down_proj, hook_out(f"ffn_out-{il}", "MUL_MAT"))
+        on(layer, hook_out(f"l_out-{il}", "ADD"))
+    on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
+    on(inner.norm, hook_out("result_norm", "MUL"))
+    on(model.lm_head, hook_out("result_output", "MUL_MAT"))
+
+    _register_capture(torch, attn)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(CAPTURE)
+    try:
+        with torch.no_grad():
+            model(torch.tensor([list(map(int, ids))]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.set_attn_implementation(previous)
+
+    if gemma:
+        out[("embd", "GET_ROWS")] = inner.embed_tokens.weight.detach()[list(map(int, ids))].numpy()
+    for il, r in attn.items():
+        q = arr(r["q"]).transpose(1, 0, 2)               # [H, T, hd] -> [T, H, hd]
+        k = arr(r["k"]).transpose(1, 0, 2)               # [Hkv, S, hd] -> [S, Hkv, hd]
+        if permuted:
+            q, k = permute_heads(q), permute_heads(k)
+        raw = arr(r["raw"])                               # [H, T, S]
+        if gemma:
+            # llama.cpp's Gemma 3 graph scales q after RoPE (ffnlab: Qcur_scaled), so its kq is scaled
+            out[(f"Qcur-{il}", "ROPE")] = q
+            out[(f"Qcur_scaled-{il}", "SCALE")] = q * np.float32(r["scaling"])
+            raw = raw * np.float32(r["scaling"])
+        else:
+            out[(f"Qcur-{il}", "ROPE")] = q
+        out[(f"Kcur-{il}", "ROPE")] = k
+        out[(f"kq-{il}", "MUL_MAT")] = raw
+        out[(f"kq_soft_max-{il}", "SOFT_MAX")] = arr(r["probs"])
+        out[(f"kqv-{il}", "MUL_MAT")] = arr(r["out"])
+    return out

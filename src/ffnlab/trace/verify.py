@@ -1,0 +1,232 @@
+"""Node-by-node comparison of ffnlab's forward pass with a reference engine.
+
+Both sides run the same token ids. Nodes are aligned by (name, op, k-th occurrence): "Qcur-0"
+is a MUL_MAT, a RESHAPE and a ROPE, and "norm-0" occurs once per norm in the block, in the same
+order on both sides (tests/test_trace_llamacpp.py checks that order).
+
+The metric, per node, with a = ffnlab, r = reference:
+  max_abs = max |a - r|
+  rel     = max_abs / max |r|         (error relative to the node's largest magnitude)
+  cosine  = <a, r> / (|a| |r|)
+  pass    iff max_abs <= atol + rtol * max |r|
+Relative to the node's scale rather than element by element: an element near zero would make
+an elementwise ratio explode on rounding noise, while a real bug (wrong pairing, wrong scale,
+wrong row) moves the whole node by a sizeable fraction of its scale.
+
+Default tolerances follow each reference's arithmetic (measured figures: docs/glass-box.md):
+  llama.cpp        rtol 0.2. The GGUF as is: for quantized weights llama.cpp rounds each matmul's
+                   activations to 8 bits (Q8_0/Q8_1/Q8_K blocks), keeps K and V in an fp16 cache
+                   and reads GELU from an fp16 table. Those roundings compound over the layers:
+                   up to 11% of a node's max on SmolLM2 Q4_1 and 8.5% on Gemma 3 Q4_K_M.
+  llama.cpp --f32  rtol 1e-2. llama.cpp on an F32 copy of the weights (dequantized by gguf-py, as
+                   ffnlab's are) with an F32 KV cache: only summation order and the fp16 GELU
+                   table remain (SmolLM2 6e-6, Gemma 3 1.3e-3, GPT-2 5e-4).
+  hf               rtol 1e-4. transformers dequantizes the same GGUF to fp32; only summation
+                   order differs (SmolLM2 7e-6).
+atol (default 1e-6) only matters for nodes that are all zeros.
+"""
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tracer import ggml_shape
+
+REFERENCES = ("llama.cpp", "hf")
+DEFAULT_ATOL = 1e-6
+
+
+def default_rtol(against, f32=False):
+    if against == "hf":
+        return 1e-4
+    return 1e-2 if f32 else 0.2
+
+
+@dataclass
+class Row:
+    index: int                  # position in ffnlab's trace
+    name: str
+    op: str
+    shape: tuple                # ffnlab's numpy shape
+    srcs: list                  # ffnlab's source names
+    max_abs: float | None = None
+    max_ref: float | None = None
+    rel: float | None = None
+    cosine: float | None = None
+    ok: bool | None = None      # None: not compared
+    note: str = ""
+
+
+@dataclass
+class Report:
+    against: str
+    rtol: float
+    atol: float
+    rows: list = field(default_factory=list)
+
+    @property
+    def compared(self):
+        return [r for r in self.rows if r.ok is not None]
+
+    @property
+    def first_bad(self):
+        return next((r for r in self.rows if r.ok is False), None)
+
+    @property
+    def passed(self):
+        return bool(self.compared) and self.first_bad is None
+
+    def inputs_of(self, row):
+        """[(source name, its latest Row before `row`, or None)]"""
+        out = []
+        for s in row.srcs:
+            prev = next((r for r in reversed(self.rows[:row.index]) if r.name == s), None)
+            out.append((s, prev))
+        return out
+
+
+def keyed(items):
+    """[(name, op, value)] -> {(name, op, k): value}, k counting earlier (name, op) repeats."""
+    seen, out = {}, {}
+    for name, op, value in items:
+        k = seen.get((name, op), 0)
+        seen[(name, op)] = k + 1
+        out[(name, op, k)] = value
+    return out
+
+
+def metrics(a, r):
+    """-> max_abs, max |r|, max_abs / max |r|, cosine (all float64)"""
+    a = np.asarray(a, dtype=np.float64)
+    r = np.asarray(r, dtype=np.float64)
+    d = np.abs(a - r)
+    max_abs = float(d.max()) if d.size else 0.0
+    max_ref = float(np.abs(r).max()) if r.size else 0.0
+    rel = max_abs / max_ref if max_ref > 0 else (0.0 if max_abs == 0 else float("inf"))
+    na, nr = np.linalg.norm(a), np.linalg.norm(r)
+    cos = float(a.ravel() @ r.ravel() / (na * nr)) if na > 0 and nr > 0 else (1.0 if na == nr else 0.0)
+    return max_abs, max_ref, rel, cos
+
+
+def _align(ours, ref, name):
+    """Bring the reference array to ours' shape. llama.cpp arrays are [ne3, ne2, ne1, ne0];
+    its kq/kq_soft_max have n_kv >= S columns (the KV cache is padded to 256 cells): the
+    columns past S are empty cells and are dropped."""
+    want = tuple(reversed(ggml_shape(ours.shape)))
+    if ref.shape != want and ref.ndim == 4 and name.split("-")[0] in ("kq", "kq_soft_max") \
+            and ref.shape[:3] == want[:3] and ref.shape[3] >= want[3]:
+        ref = ref[..., :want[3]]
+    if ref.size != ours.size:
+        return None
+    return ref.reshape(ours.shape)
+
+
+def compare(nodes, reference, against, rtol=None, atol=None, f32=False):
+    """nodes: ffnlab trace Nodes (arrays kept); reference: {(name, op, k): array}."""
+    rtol = default_rtol(against, f32) if rtol is None else rtol
+    atol = DEFAULT_ATOL if atol is None else atol
+    report = Report(against, rtol, atol)
+    ours = keyed([(n.name, n.op, n) for n in nodes])
+    for i, (key, n) in enumerate(ours.items()):
+        row = Row(i, n.name, n.op, n.shape, [s for s, _ in n.srcs])
+        report.rows.append(row)
+        ref = reference.get(key)
+        if ref is None:
+            row.note = "not in reference"
+            continue
+        r = _align(n.array, np.asarray(ref), n.name)
+        if r is None:
+            row.ok, row.note = False, f"shape {list(n.shape)} vs reference {list(np.shape(ref))}"
+            continue
+        row.max_abs, row.max_ref, row.rel, row.cosine = metrics(n.array, r)
+        row.ok = bool(np.isfinite(row.max_abs)) and row.max_abs <= atol + rtol * row.max_ref
+    return report
+
+
+def reference_nodes(against, source, ids, f32=False):
+    """Run the reference on ids -> {(name, op, k): array} for the named nodes it computes.
+    f32 (llama.cpp): run it on an F32 copy of the GGUF, with an F32 KV cache."""
+    if against == "llama.cpp":
+        import os
+        import tempfile
+
+        from .llamacpp import capture, f32_copy, is_auto_name, is_kv_node
+        if f32:
+            with tempfile.TemporaryDirectory(prefix="ffnlab-f32-") as d:
+                nodes = capture(f32_copy(source, os.path.join(d, "f32.gguf")), ids, kv_f32=True)
+        else:
+            nodes = capture(source, ids)
+        return keyed([(n.name, n.op, n.array) for n in nodes
+                      if not is_auto_name(n.name) and not is_kv_node(n) and n.array is not None])
+    from .hf import capture
+    return {(name, op, 0): a for (name, op), a in capture(source, ids).items()}
+
+
+def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None):
+    """Run ffnlab and the reference on ids and compare every node both compute -> Report.
+    reference: precomputed reference_nodes() output (tests reuse one reference run)."""
+    from .api import trace
+    if against not in REFERENCES:
+        raise ValueError(f"against must be one of {REFERENCES}, got {against!r}")
+    if reference is None:
+        reference = reference_nodes(against, model.source, ids, f32)
+    with trace(model) as t:
+        model.forward(np.asarray(ids))
+    report = compare(t.nodes, reference, against, rtol, atol, f32)
+    report.against = against + (" (f32 weights, f32 KV cache)" if f32 and against == "llama.cpp" else "")
+    return report
+
+
+# --- printing ------------------------------------------------------------------------------
+def _fmt(x, spec=".3e"):
+    return "-" if x is None else format(x, spec)
+
+
+def table_lines(report, all_rows=False):
+    head = f"{'node':<24} {'op':<10} {'shape':<16} {'max|diff|':>10} {'max|ref|':>10} {'rel':>10} {'cosine':>10}  status"
+    lines = [head, "-" * len(head)]
+    for r in report.rows:
+        if r.ok is None and not all_rows:
+            continue
+        status = "-" if r.ok is None else ("ok" if r.ok else "FAIL")
+        shape = "[" + ", ".join(map(str, r.shape)) + "]"
+        lines.append(f"{r.name:<24} {r.op:<10} {shape:<16} {_fmt(r.max_abs):>10} {_fmt(r.max_ref):>10} "
+                     f"{_fmt(r.rel):>10} {_fmt(r.cosine, '.6f'):>10}  {status}{'  ' + r.note if r.note else ''}")
+    return lines
+
+
+def summary_lines(report):
+    n = len(report.compared)
+    skipped = len(report.rows) - n
+    worst = max(report.compared, key=lambda r: r.rel, default=None)
+    lines = [f"{n} nodes compared against {report.against} (rtol {report.rtol:g} of each node's max |ref|, "
+             f"atol {report.atol:g}); {skipped} ffnlab nodes have no counterpart there"]
+    if worst is not None:
+        lines.append(f"largest relative error: {worst.name} ({worst.op}) {worst.rel:.3e}")
+    bad = report.first_bad
+    if bad is None:
+        lines.append("PASS" if n else "FAIL: nothing to compare")
+        return lines
+    what = bad.note or f"max|diff| {bad.max_abs:.4g} = {bad.rel:.3e} of max|ref| {bad.max_ref:.4g}, cosine {bad.cosine:.6f}"
+    lines.append(f"FAIL: first node out of tolerance: {bad.name} ({bad.op}) [{', '.join(map(str, bad.shape))}]: {what}")
+    for s, prev in report.inputs_of(bad):
+        if prev is None:
+            lines.append(f"  input {s}: not a traced node (weight or graph input)")
+        elif prev.ok is None:
+            lines.append(f"  input {s} ({prev.op}): not compared ({prev.note})")
+        else:
+            lines.append(f"  input {s} ({prev.op}): rel {prev.rel:.3e}, cosine {prev.cosine:.6f} -> "
+                         f"{'ok' if prev.ok else 'FAIL'}")
+    return lines
+
+
+def report_dict(report):
+    def row(r):
+        return {"index": r.index, "name": r.name, "op": r.op, "shape": list(r.shape), "max_abs": r.max_abs,
+                "max_ref": r.max_ref, "rel": r.rel, "cosine": r.cosine, "ok": r.ok, "note": r.note or None}
+    bad = report.first_bad
+    return {"against": report.against, "rtol": report.rtol, "atol": report.atol, "passed": report.passed,
+            "compared": len(report.compared),
+            "first_bad": None if bad is None else {
+                **row(bad), "inputs": [{"name": s, "row": None if p is None else row(p)}
+                                       for s, p in report.inputs_of(bad)]},
+            "nodes": [row(r) for r in report.rows]}
