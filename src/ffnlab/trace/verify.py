@@ -182,7 +182,7 @@ def _fmt(x, spec=".3e"):
 
 
 def table_lines(report, all_rows=False):
-    head = f"{'node':<24} {'op':<10} {'shape':<16} {'max|diff|':>10} {'max|ref|':>10} {'rel':>10} {'cosine':>10}  status"
+    head = f"{'node':<24} {'op':<10} {'shape':<16} {'max|diff|':>10} {'max|ref|':>10} {'max rel':>10} {'cosine':>10}  status"
     lines = [head, "-" * len(head)]
     for r in report.rows:
         if r.ok is None and not all_rows:
