@@ -130,8 +130,9 @@ def capture(path, ids, hf_model=None):
             # with a bias (qwen2) the projection's output is llama.cpp's ADD node, else its MUL_MAT
             on(proj, hook_out(f"{node}-{il}", "ADD" if proj.bias is not None else "MUL_MAT", fix))
         if gemma:
-            on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL"))
-            on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL"))
+            # the norms run on [B, heads, T, hd] (after HF's transpose(1, 2)) -> [T, heads, hd]
+            on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL", lambda a: a.transpose(1, 0, 2)))
+            on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL", lambda a: a.transpose(1, 0, 2)))
         on(sa.o_proj, hook_in(f"kqv_out-{il}", "CONT"))
         on(sa.o_proj, hook_out(f"attn_out-{il}", "ADD" if sa.o_proj.bias is not None else "MUL_MAT"))
         if gemma:
