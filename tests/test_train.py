@@ -41,9 +41,15 @@ def token_data(seq_len):
     return TokenData.from_ids(ids, seq_len)
 
 
-@pytest.mark.parametrize("arch", list(CONFIGS))
+# the ablation's variants: the Llama block with each FFN kind (tests/test_ablate.py runs them)
+ABLATION_CONFIGS = {f"llama-{ffn}": ModelConfig(**{**CONFIGS["llama"].to_dict(), "ffn": ffn, "n_kv_head": 4,
+                                                   "head_dim": 0})
+                    for ffn in ("gelu", "relu", "geglu")}
+
+
+@pytest.mark.parametrize("arch", list(CONFIGS) + list(ABLATION_CONFIGS))
 def test_one_step_gradients_match_torch(arch):
-    cfg = CONFIGS[arch]
+    cfg = {**CONFIGS, **ABLATION_CONFIGS}[arch]
     params = init_params(cfg, seed=3)
     x, y = sample_batch(token_data(16).train, 4, 16, np.random.default_rng(0))
     loss, grads = loss_and_grads(params, cfg, x, y)

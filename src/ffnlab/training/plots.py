@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 import numpy as np
 
@@ -42,7 +43,7 @@ def loss_vs(rows, x_key, xlabel, path, title):
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("final validation loss (nats/token)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 70), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(title="FFN")
     fig.tight_layout()
@@ -67,6 +68,7 @@ def loss_curves(rows, path, title):
     cols = min(n, 2)
     nrows = (n + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(6.0 * cols, 3.6 * nrows), dpi=110, squeeze=False, sharey=True)
+    lowest = []
     for ax, (ffn, rs) in zip(axes.flat, groups.items()):
         for i, r in enumerate(sorted(rs, key=lambda r: r["mult"])):
             color = f"C{i}"
@@ -75,6 +77,7 @@ def loss_curves(rows, path, title):
                 L = min(len(c) for c in curves)
                 mean = np.mean([smooth(c[:L]) for c in curves], axis=0)
                 ax.plot(np.arange(1, L + 1), mean, color=color, lw=1, label=f"x{r['mult']:g} train")
+                lowest.append(float(np.nanmin(mean)))
             evals = [c["eval"] for c in r["curves"] if c["eval"]]
             if evals:
                 L = min(len(e) for e in evals)
@@ -89,6 +92,9 @@ def loss_curves(rows, path, title):
             ax.legend(fontsize=7, ncol=2)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
+    if lowest and np.isfinite(min(lowest)):
+        # the first steps fall from ln(vocab); the comparison is in the last nat above the best loss
+        axes.flat[0].set_ylim(min(lowest) - 0.1, min(lowest) + 1.0)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
