@@ -16,10 +16,11 @@ def layernorm_forward(x, w, b, eps):
     xc = x - mean                                         # [..., D]
     var = (xc * xc).mean(axis=-1, keepdims=True)          # [..., 1]
     rstd = 1.0 / np.sqrt(var + eps)                       # [..., 1]
-    x_hat = xc * rstd                                     # [..., D]
+    x_hat = xc
+    x_hat *= rstd                                         # [..., D] in place: xc is ours
     y = x_hat * w
     if b is not None:
-        y = y + b
+        y += b
     return y, (x_hat, rstd)
 
 
@@ -32,8 +33,11 @@ def layernorm_backward(dy, w, cache, has_bias=True):
     db = dy.sum(axis=lead) if has_bias else None          # [D]
     g = dy * w                                            # dL/dx_hat
     # dx = rstd * (g - mean(g) - x_hat * mean(g * x_hat))
-    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - x_hat * (g * x_hat).sum(axis=-1, keepdims=True) / D)
-    return dx, dw, db
+    c = (g * x_hat).sum(axis=-1, keepdims=True) / D       # [..., 1] mean(g * x_hat)
+    g -= g.mean(axis=-1, keepdims=True)                   # g is ours: update it in place into dx
+    g -= x_hat * c
+    g *= rstd
+    return g, dw, db
 
 
 def rmsnorm_forward(x, w, eps):
@@ -51,6 +55,9 @@ def rmsnorm_backward(dy, w, cache):
     D = x_hat.shape[-1]
     lead = tuple(range(dy.ndim - 1))
     dw = (dy * x_hat).sum(axis=lead) if w is not None else None
-    g = dy * w if w is not None else dy
-    dx = rstd * (g - x_hat * (g * x_hat).sum(axis=-1, keepdims=True) / D)
-    return dx, dw
+    g = dy * w if w is not None else dy.copy()            # dL/dx_hat, ours to update in place
+    # dx = rstd * (g - x_hat * mean(g * x_hat))
+    c = (g * x_hat).sum(axis=-1, keepdims=True) / D       # [..., 1]
+    g -= x_hat * c
+    g *= rstd
+    return g, dw

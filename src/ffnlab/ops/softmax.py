@@ -9,9 +9,14 @@ def softmax_forward(x):
     see their own position)."""
     m = x.max(axis=-1, keepdims=True)
     e = np.exp(x - m)
-    return e / e.sum(axis=-1, keepdims=True)
+    e /= e.sum(axis=-1, keepdims=True)            # in place: e is ours (attention rows are large)
+    return e
 
 
 def softmax_backward(dy, y):
     """dy, y: [..., N] -> dx: [..., N];  dx = y * (dy - sum(dy * y))"""
-    return y * (dy - (dy * y).sum(axis=-1, keepdims=True))
+    dx = dy * y
+    s = dx.sum(axis=-1, keepdims=True)            # [..., 1]
+    np.subtract(dy, s, out=dx)
+    dx *= y
+    return dx
