@@ -62,7 +62,12 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
 
     t0 = time.perf_counter()
     d, cfg_path = load_hf_config(path)
+    d = _flat_rope_parameters(d)
     cfg = config_from_hf(d, cfg_path)
+    scaling = (d.get("rope_scaling") or {}).get("rope_type", (d.get("rope_scaling") or {}).get("type", "default"))
+    if scaling not in ("default", "linear"):
+        raise ModelFileError(f"{cfg_path}: rope scaling type {scaling!r} is not supported (ffnlab runs "
+                             f"'default' and 'linear' RoPE; anything else would give wrong logits)")
     if cfg.arch not in ("gpt2", "llama", "qwen2"):
         raise ModelFileError(f"{cfg_path}: model_type {d.get('model_type')!r} cannot be loaded from an HF "
                              f"directory (supported: gpt2, llama, mistral, qwen2; use a GGUF for others)")
@@ -99,6 +104,18 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     m = Model(cfg, params, _hf_tokenizer(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
+
+
+def _flat_rope_parameters(d):
+    """transformers 5 writes rope_theta / rope scaling inside "rope_parameters" ({"rope_theta": 5e5,
+    "rope_type": "default"}); older files have top-level rope_theta / rope_scaling. -> the old form"""
+    rp = d.get("rope_parameters")
+    if not isinstance(rp, dict) or not isinstance(rp.get("rope_theta"), (int, float)):
+        return d                                    # absent, or per-layer-type (Gemma 3: not loaded here)
+    d = {**d, "rope_theta": d.get("rope_theta") or rp["rope_theta"]}
+    if rp.get("rope_type", "default") != "default" and not d.get("rope_scaling"):
+        d["rope_scaling"] = rp
+    return d
 
 
 def _hf_tokenizer(path, config):

