@@ -19,6 +19,8 @@ kqv, ...) does not depend on the order and is compared as is.
 
 Nodes HF has no module boundary for (the unscaled norm-L, Gemma's bare norm) are not captured.
 """
+import contextlib
+import io
 import os
 
 import numpy as np
@@ -77,8 +79,10 @@ def load_hf(path):
     if not path.endswith(".gguf"):
         raise UsageError(f"{path}: --against hf loads GGUF files (give the .gguf the model came from)")
     try:
-        return AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                    gguf_file=os.path.basename(path), dtype=torch.float32)
+        # its GGUF loader draws a tqdm bar that ignores disable_progress_bar(): keep stderr clean
+        with contextlib.redirect_stderr(io.StringIO()):
+            return AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                                        gguf_file=os.path.basename(path), dtype=torch.float32)
     except (ValueError, KeyError, OSError) as e:
         raise UsageError(f"{path}: transformers cannot load this GGUF: {e}") from None
 
