@@ -136,9 +136,10 @@ def _first_difference(old, new, prefix=""):
 
 def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print) -> list[dict]:
     """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows."""
-    check_writable(out)
+    runs = plan(base, ffns, mults, seeds, match_params)              # bad --ffn / --mult fail before any write
     if not os.path.isfile(data):
         raise UsageError(f"--data {data}: no such file")
+    check_writable(out)
     data = os.path.abspath(data)
     info_path = os.path.join(out, "ablation.json")
     setup = {"data": data, "base": base, "match_params": match_params}
@@ -151,7 +152,6 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
                              f"rerun with the same settings or choose another --out")
     else:
         atomic_write_json(info_path, setup)
-    runs = plan(base, ffns, mults, seeds, match_params)
     todo = []
     for spec in runs:
         state = run_state(out, spec)
