@@ -24,6 +24,19 @@ SHORT = "How are"
 FAULT = "The quick brown fox jumps over the lazy dog"
 
 
+def test_hf_values_go_to_gguf_row_order_like_the_converter():
+    """HF's q for one token [heads, hd] -> GGUF order must be what convert_hf_to_gguf's permute()
+    does to the weight rows (export_gguf.neox_to_normal_rows), applied to the product."""
+    from ffnlab.formats.export_gguf import neox_to_normal_rows
+    from ffnlab.trace.hf import permute_heads
+    rng = np.random.default_rng(0)
+    H, hd, d = 3, 8, 5
+    w_hf, x = rng.normal(size=(H * hd, d)), rng.normal(size=d)
+    q_hf = (w_hf @ x).reshape(H, hd)
+    q_gguf = (neox_to_normal_rows(w_hf, H) @ x).reshape(H, hd)
+    assert np.array_equal(permute_heads(q_hf), q_gguf)
+
+
 @functools.cache
 def reference(name, against, text, f32=False):
     ids = list(prompt_ids(name, text))

@@ -30,9 +30,10 @@ from ..errors import UsageError
 CAPTURE = "ffnlab_capture"          # the name our attention function is registered under
 
 
-def gguf_to_hf_permuted(model_type, source):
-    """True when the file's Q/K rows are in GGUF's permuted order relative to HF's."""
-    return model_type == "llama" and str(source).endswith(".gguf")
+def gguf_to_hf_permuted(gguf_arch, source):
+    """True when the file's Q/K rows are in GGUF's permuted order relative to HF's: llama.cpp's
+    converter permutes them for its llama architecture, and transformers undoes it on load."""
+    return gguf_arch == "llama" and str(source).endswith(".gguf")
 
 
 def permute_heads(x):
@@ -87,17 +88,18 @@ def load_hf(path):
         raise UsageError(f"{path}: transformers cannot load this GGUF: {e}") from None
 
 
-def capture(path, ids, hf_model=None):
-    """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}."""
+def capture(path, ids, hf_model=None, gguf_arch=None):
+    """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}.
+    gguf_arch: the file's general.architecture (default: HF's model type, the same for llama)."""
     import torch
 
     model = hf_model if hf_model is not None else load_hf(path)
     mtype = model.config.model_type
-    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3", "mistral"):
+    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3"):
         raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
-                         "(supported: llama, qwen2, mistral, gemma3)")
+                         "(supported: llama, qwen2, gemma3)")
     gemma = mtype.startswith("gemma3")
-    permuted = gguf_to_hf_permuted(mtype, path)
+    permuted = gguf_to_hf_permuted(gguf_arch or mtype, path)
     inner = model.model
     out, attn, hooks = {}, {}, []
 

@@ -142,9 +142,10 @@ def compare(nodes, reference, against, rtol=None, atol=None, f32=False):
     return report
 
 
-def reference_nodes(against, source, ids, f32=False):
+def reference_nodes(against, source, ids, f32=False, arch=None):
     """Run the reference on ids -> {(name, op, k): array} for the named nodes it computes.
-    f32 (llama.cpp): run it on an F32 copy of the GGUF, with an F32 KV cache."""
+    f32 (llama.cpp): run it on an F32 copy of the GGUF, with an F32 KV cache.
+    arch (hf): the GGUF's architecture, which decides whether Q/K rows are permuted."""
     if against == "llama.cpp":
         import os
         import tempfile
@@ -158,7 +159,7 @@ def reference_nodes(against, source, ids, f32=False):
         return keyed([(n.name, n.op, n.array) for n in nodes
                       if not is_auto_name(n.name) and not is_kv_node(n) and n.array is not None])
     from .hf import capture
-    return {(name, op, 0): a for (name, op), a in capture(source, ids).items()}
+    return {(name, op, 0): a for (name, op), a in capture(source, ids, gguf_arch=arch).items()}
 
 
 def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None):
@@ -168,7 +169,7 @@ def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None)
     if against not in REFERENCES:
         raise ValueError(f"against must be one of {REFERENCES}, got {against!r}")
     if reference is None:
-        reference = reference_nodes(against, model.source, ids, f32)
+        reference = reference_nodes(against, model.source, ids, f32, model.config.arch)
     with trace(model) as t:
         model.forward(np.asarray(ids))
     report = compare(t.nodes, reference, against, rtol, atol, f32)
