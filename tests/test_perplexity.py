@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import ffnlab
 from ffnlab.cli.main import main
-from ffnlab.evaluation.perplexity import RunningNLL, chunk_nll, make_chunks, perplexity, text_chunks
+from ffnlab.evaluation.perplexity import RunningNLL, chunk_nll, make_chunks, paired_ratio, perplexity, text_chunks
 from mlp_models import TEXT, smollm2, tiny_gguf, write_text
 
 
@@ -56,6 +56,19 @@ def test_standard_error_is_the_delta_method_on_the_mean_nll():
     assert acc.count == 1000
     np.testing.assert_allclose(acc.ppl, np.exp(nll.mean()), rtol=1e-12)
     np.testing.assert_allclose(acc.ppl_stderr, np.exp(nll.mean()) * sem(nll), rtol=1e-9)
+
+
+def test_paired_ratio_is_the_ppl_ratio_with_the_standard_error_of_the_mean_difference():
+    from types import SimpleNamespace
+
+    from scipy.stats import sem
+    r = np.random.default_rng(2)
+    a = r.gamma(2.0, 1.5, size=(4, 50))
+    b = a + r.normal(0.05, 0.1, size=a.shape)                          # "after": slightly worse on each token
+    ratio, se = paired_ratio(SimpleNamespace(nlls=b), SimpleNamespace(nlls=a))
+    np.testing.assert_allclose(ratio, np.exp(b.mean()) / np.exp(a.mean()), rtol=1e-12)
+    np.testing.assert_allclose(se, ratio * sem((b - a).ravel()), rtol=1e-9)
+    assert se / ratio < 0.1 * sem(a.ravel())                          # far tighter than either PPL's own relative error
 
 
 def test_batched_chunks_give_the_same_ppl_as_one_at_a_time():

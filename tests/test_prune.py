@@ -199,6 +199,8 @@ def test_cli_reports_sizes_alignment_and_perplexity(tmp_path, capsys):
     assert r["calib_tokens"] == 4 * 64
     ev = r["eval"]
     assert ev["tokens_scored"] == 4 * 31 and ev["before"]["ppl"] > 1 and ev["after"]["ppl"] > 1
+    assert ev["ppl_ratio"] == pytest.approx(ev["after"]["ppl"] / ev["before"]["ppl"], rel=1e-9)
+    assert 0 < ev["ppl_ratio_stderr"] < 0.5 * ev["ppl_ratio"]
     assert ffnlab.load(out).config.d_ff == 64
 
 

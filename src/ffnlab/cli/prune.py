@@ -44,7 +44,7 @@ def run(args):
 
     from ..errors import UsageError
     from ..evaluation.activations import token_windows
-    from ..evaluation.perplexity import check_ctx, perplexity, text_chunks
+    from ..evaluation.perplexity import check_ctx, paired_ratio, perplexity, text_chunks
     from ..formats.load import load
     from ..progress import Progress
     from ..pruning.gguf_rewrite import write_pruned_gguf
@@ -83,12 +83,14 @@ def run(args):
               "bytes": rep["bytes_before"], "bytes_after": rep["bytes_after"], "fallbacks": rep["fallbacks"]}
     if held_out is not None:
         chunks = text_chunks(model, held_out, args.ctx, args.eval_chunks, args.eval)
-        before = perplexity(model, chunks, args.batch, progress_callback(len(chunks), "PPL before"))
+        before = perplexity(model, chunks, args.batch, progress_callback(len(chunks), "PPL before"), keep_nll=True)
         del model
         pruned = load(args.out)
-        after = perplexity(pruned, chunks, args.batch, progress_callback(len(chunks), "PPL after"))
+        after = perplexity(pruned, chunks, args.batch, progress_callback(len(chunks), "PPL after"), keep_nll=True)
+        ratio, ratio_se = paired_ratio(after, before)
         result["eval"] = {"data": args.eval, "ctx": args.ctx, "n_chunks": before.n_chunks,
-                          "tokens_scored": before.tokens_scored, "before": before.to_dict(), "after": after.to_dict()}
+                          "tokens_scored": before.tokens_scored, "before": before.to_dict(), "after": after.to_dict(),
+                          "ppl_ratio": ratio, "ppl_ratio_stderr": ratio_se}
     if args.json:
         print(json.dumps(result))
         return 0
@@ -107,9 +109,10 @@ def run(args):
     for f in rep["fallbacks"]:
         print(f"note: {f}")
     if held_out is not None:
-        b, a = result["eval"]["before"], result["eval"]["after"]
+        ev = result["eval"]
+        b, a = ev["before"], ev["after"]
         print(f"perplexity on {args.eval} ({b['n_chunks']} chunks of {args.ctx}, {b['tokens_scored']} tokens scored): "
-              f"{b['ppl']:.4f} +/- {b['ppl_stderr']:.4f} -> {a['ppl']:.4f} +/- {a['ppl_stderr']:.4f} "
-              f"({a['ppl'] / b['ppl'] - 1:+.2%})")
+              f"{b['ppl']:.4f} +/- {b['ppl_stderr']:.4f} -> {a['ppl']:.4f} +/- {a['ppl_stderr']:.4f}; "
+              f"paired on the same tokens: {ev['ppl_ratio'] - 1:+.2%} +/- {ev['ppl_ratio_stderr']:.2%}")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -20,7 +20,7 @@ llama-perplexity refuses texts under 2*n_ctx tokens; ffnlab needs one full chunk
 for the chunks both score are the same).
 """
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -39,9 +39,21 @@ class PerplexityResult:
     bos: bool                # first token of each chunk replaced by BOS
     seconds: float
     tokens_per_s: float      # tokens_evaluated / seconds
+    nlls: np.ndarray = field(default=None, repr=False)   # [n_chunks, scored per chunk], when asked for
 
     def to_dict(self):
-        return asdict(self)
+        d = asdict(self)
+        d.pop("nlls")
+        return d
+
+
+def paired_ratio(after, before):
+    """PPL(after) / PPL(before) on the same tokens, and its standard error: exp of the mean
+    per-token nll difference (delta method). Pairing removes the variance the two runs share --
+    which tokens are hard -- so it resolves differences far below either PPL's own +/-."""
+    d = (after.nlls - before.nlls).ravel()
+    r = float(np.exp(d.mean()))
+    return r, r * float(d.std() / np.sqrt(max(len(d) - 1, 1)))
 
 
 def first_scored(n_ctx):
@@ -124,20 +136,25 @@ def text_chunks(model, text, n_ctx, n_chunks=-1, data_name="the data"):
     return make_chunks(ids, n_ctx, n_chunks, bos)
 
 
-def perplexity(model, chunks, batch=4, on_batch=None):
+def perplexity(model, chunks, batch=4, on_batch=None, keep_nll=False):
     """chunks: [n_chunk, n_ctx] -> PerplexityResult. Runs `batch` chunks per forward ([B, n_ctx] ids).
-    on_batch(chunks_done, running: RunningNLL) is called after each batch (progress)."""
+    on_batch(chunks_done, running: RunningNLL) is called after each batch (progress).
+    keep_nll: keep every scored token's nll in result.nlls (for paired comparisons)."""
     from ..model.transformer import forward
 
     n_chunk, n_ctx = chunks.shape
     if batch < 1:
         raise UsageError(f"--batch must be at least 1, got {batch}")
     acc = RunningNLL()
+    kept = []
     t0 = time.perf_counter()
     for i in range(0, n_chunk, batch):
         ids = chunks[i:i + batch]                                      # [B, n_ctx]
         logits, _ = forward(model.params, model.config, ids)           # [B, n_ctx, vocab]
-        acc.add(chunk_nll(logits, ids))
+        nll = chunk_nll(logits, ids)                                   # [B, n_ctx - n_ctx//2 - 1]
+        acc.add(nll)
+        if keep_nll:
+            kept.append(nll)
         del logits
         if on_batch is not None:
             on_batch(min(i + batch, n_chunk), acc)
@@ -146,4 +163,5 @@ def perplexity(model, chunks, batch=4, on_batch=None):
     return PerplexityResult(ppl=acc.ppl, ppl_stderr=acc.ppl_stderr, nll=acc.mean, tokens_scored=acc.count,
                             tokens_evaluated=n_chunk * n_ctx, n_chunks=n_chunk, n_ctx=n_ctx,
                             bos=bool(tok is not None and tok.add_bos and tok.bos_id is not None),
-                            seconds=dt, tokens_per_s=n_chunk * n_ctx / dt if dt > 0 else float("inf"))
+                            seconds=dt, tokens_per_s=n_chunk * n_ctx / dt if dt > 0 else float("inf"),
+                            nlls=np.concatenate(kept) if keep_nll else None)
