@@ -34,9 +34,8 @@ CHAT_PROMPT = {
     "smollm2": "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
     "gemma3": "<start_of_turn>user\nWhat is the boiling point of water?<end_of_turn>\n<start_of_turn>model\n",
 }
-# texts on which transformers itself is further from Q4 llama.cpp than the issue's floors (SmolLM2:
-# min cosine 0.988 and 0.985 at one position each; llama.cpp's 8-bit activations, as the F32 copy
-# of the same weights shows): only "ffnlab is as close as transformers" is asserted on them
+# two more Chinese sentences for the llama.cpp comparison: on them transformers itself is further
+# from the Q4 llama.cpp than the issue's floors (test_vs_llamacpp.py says how that is handled)
 HARD_PROMPTS = {
     "chinese-ai": "人工智能是计算机科学的一个分支。",
     "chinese-beijing": "北京是中华人民共和国的首都，也是全国的政治、文化中心。",
@@ -75,26 +74,31 @@ _READERS = {}
 
 
 def _share_readers():
-    """Replace gguf.GGUFReader by a function that returns the already parsed reader for the two
-    real model files (read-only, same size and mtime) and a fresh one for anything else."""
+    """Make gguf.GGUFReader(path) return the already parsed reader for the two real model files
+    (opened read-only, same size and mtime) and a fresh one for anything else. It stays a class:
+    subclasses of gguf.GGUFReader (ffnlab's error diagnosis) construct as usual."""
     import gguf
 
     if getattr(gguf.GGUFReader, "_ffnlab_shared", False):
         return
     real = gguf.GGUFReader
 
-    def reader(path, mode="r"):
-        st = os.stat(path)
-        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, mode)
-        if mode != "r" or not os.path.basename(path).startswith(("SmolLM2-135M-Instruct", "gemma-3-270m")):
-            return real(path, mode)
-        if key not in _READERS:
-            with _fast_parse():
-                _READERS[key] = real(path, mode)
-        return _READERS[key]
+    class SharedReader(real):
+        _ffnlab_shared = True
 
-    reader._ffnlab_shared = True
-    gguf.GGUFReader = reader
+        def __new__(cls, path, mode="r"):
+            if cls is not SharedReader:
+                return super().__new__(cls)                     # a subclass: an ordinary construction
+            if mode != "r" or not os.path.basename(path).startswith(("SmolLM2-135M-Instruct", "gemma-3-270m")):
+                return real(path, mode)                         # not a SharedReader: __init__ is not rerun
+            st = os.stat(path)
+            key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+            if key not in _READERS:
+                with _fast_parse():
+                    _READERS[key] = real(path, mode)
+            return _READERS[key]
+
+    gguf.GGUFReader = SharedReader
 
 
 def _fast_parse():

@@ -101,7 +101,7 @@ def test_generation_stops_at_max_tokens_and_streams_the_text():
 
 
 def test_generation_refuses_a_prompt_as_long_as_the_context():
-    with pytest.raises(UsageError, match="16 tokens.*context length 16"):
+    with pytest.raises(UsageError, match="16 tokens, the model's context length is 16"):
         generate(ScriptedModel([1], n_ctx=16), list(range(1, 17)), n_predict=4)
 
 

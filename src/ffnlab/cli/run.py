@@ -40,6 +40,7 @@ def run(args):
     from ..errors import UsageError
     from ..generation import SamplingParams, generate
     from ..generation.chat import encode_chat, render_chat
+    from ..generation.generate import check_prompt_fits
     from .common import load_model, read_prompt
 
     _check(args)
@@ -52,6 +53,7 @@ def run(args):
         ids = encode_chat(model.tokenizer, render_chat(model.tokenizer, msgs))
     else:
         ids = model.tokenizer.encode(prompt)
+    check_prompt_fits(model, ids)                       # before the prompt is echoed
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
     stream = None

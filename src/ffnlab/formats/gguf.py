@@ -24,6 +24,14 @@ def _tokenizer_meta(reader):
     return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
+def _gguf_version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return ""
+
+
 def _ggml_shape(shape):
     return "{" + ", ".join(str(n) for n in reversed(shape)) + "}"
 
@@ -53,7 +61,7 @@ def load_gguf(path, dtype=np.float32, progress=None) -> Model:
             a = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError:
             raise ModelFileError(f"{path}: tensor {t.name} has quant type {t.tensor_type.name}, "
-                                 f"which gguf {getattr(gguf, '__version__', '')} cannot dequantize") from None
+                                 f"which gguf {_gguf_version()} cannot dequantize") from None
         except (ValueError, IndexError) as e:
             raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}) is corrupt: {e}") from None
         params[t.name] = np.ascontiguousarray(a.reshape(shape), dtype=dtype)

@@ -68,6 +68,9 @@ def open_gguf(path):
         with _plain_ndarray_views():
             reader = gguf.GGUFReader(path)
     except Exception as e:                   # the reader raises ValueError/IndexError/... on short files
+        short = _tensor_past_the_end(path)
+        if short:
+            raise ModelFileError(f"{path}: truncated: {short}") from None
         raise ModelFileError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})") from None
     size = os.path.getsize(path)
     for t in reader.tensors:
@@ -75,6 +78,34 @@ def open_gguf(path):
             raise ModelFileError(f"{path}: truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes}, "
                                  f"file has {size}")
     return reader
+
+
+def _tensor_past_the_end(path):
+    """After GGUFReader failed: read only the tensor directory and name the first tensor whose data
+    runs past the end of the file (an interrupted download) -> a message, or None.
+    Reaches into GGUFReader's tensor-info fields; if those ever change, the caller's generic message stays."""
+    import gguf
+    import numpy
+
+    found = []
+
+    class _Directory(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):           # map no tensor data
+            size = len(self.data)
+            for f in fields:
+                name = bytes(f.parts[1]).decode("utf-8", "replace")
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(f.parts[4][0]))]
+                end = int(start_offs + f.parts[5][0]) + int(numpy.prod(f.parts[3])) * type_size // block
+                if end > size:
+                    found.append(f"tensor {name} ends at byte {end}, file has {size}")
+                    break
+            self.tensors = []
+
+    try:
+        _Directory(path)
+    except Exception:
+        return None
+    return found[0] if found else None
 
 
 @contextlib.contextmanager

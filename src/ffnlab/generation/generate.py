@@ -33,6 +33,15 @@ class Generation:
     timings: Timings = field(default_factory=Timings)
 
 
+def check_prompt_fits(model, prompt_ids):
+    """A prompt needs at least one free position after it for the first generated token."""
+    n_ctx = model.config.n_ctx
+    if len(prompt_ids) >= n_ctx:
+        where = f"{model.source}: " if getattr(model, "source", None) else ""
+        raise UsageError(f"{where}the prompt has {len(prompt_ids)} tokens, the model's context length is {n_ctx} "
+                         f"(expected at most {n_ctx - 1} prompt tokens)")
+
+
 def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None):
     """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them."""
     params = params or SamplingParams()
@@ -40,8 +49,7 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
     prompt_ids = list(prompt_ids)
     if not prompt_ids:
         raise UsageError("the prompt is empty (no tokens to start from)")
-    if len(prompt_ids) >= cfg.n_ctx:
-        raise UsageError(f"the prompt has {len(prompt_ids)} tokens, more than the model's context length {cfg.n_ctx}")
+    check_prompt_fits(model, prompt_ids)
     n_predict = min(n_predict, cfg.n_ctx - len(prompt_ids))
     rng = np.random.default_rng(None if params.seed < 0 else params.seed)
     kv = model.new_cache(n_ctx=len(prompt_ids) + n_predict)

