@@ -209,8 +209,13 @@ def test_cli_reports_sizes_alignment_and_perplexity(tmp_path, capsys):
     (["--keep", "1.5", "--by", "weight"], "--keep must be in (0, 1], got 1.5"),
     (["--keep", "0.5", "--by", "activation"], "--by activation needs --calib"),
     (["--keep", "0.5", "--by", "weight", "--ctx", "4096"], "longer than the model's context length 128"),
+    (["--keep", "0.5", "--by", "activation", "--calib", "empty.txt"], "the data file is empty"),
+    (["--keep", "0.5", "--by", "weight", "--eval", "latin1.txt"], "not UTF-8 text"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, flags, needle):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 " * 50)
+    flags = [str(tmp_path / f) if f in ("empty.txt", "latin1.txt") else f for f in flags]
     assert main(["prune", "-m", tiny_gguf("f32"), "--out", str(tmp_path / "o.gguf")] + flags) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and err[0].startswith("ffnlab prune: error:")

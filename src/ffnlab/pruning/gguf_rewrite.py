@@ -63,7 +63,9 @@ def _copy_fields(reader, writer, d_ff_key, n_keep):
         vtype, sub = f.types[0], None
         if vtype == T.ARRAY:                                           # an empty array lists no item type:
             sub = f.types[1] if len(f.types) > 1 else T(int(f.parts[3][0]))   # read it from the raw parts
-        value = n_keep if key == d_ff_key else f.contents()
+        value = f.contents()
+        if key == d_ff_key:                                            # one width, or one per layer
+            value = [n_keep] * len(value) if vtype == T.ARRAY else n_keep
         writer.add_key_value(key, value, vtype, sub_type=sub)
 
 
