@@ -80,8 +80,6 @@ def run(args):
 
     scan = scan_layer(model, text, args.layer, args.ctx, args.top, args.batch, args.max_windows, on_batch=on_batch)
     bar.close()
-    if scan.n_tokens == 0:
-        raise DataError(f"{args.data}: no tokens to stream")
     units = [args.neuron] if args.neuron is not None else [int(u) for u in scan.ranking[:args.units]]
     reports = [unit_report(scan, tok, u) for u in units]
     if args.json:

@@ -45,9 +45,12 @@ class TopK:
         ctx = acts[b[..., None], ttc, units[..., None]].astype(np.float32)   # [d_ff, kk, W]
         ctx[~inside | (pos[b[..., None], ttc] < 0)] = np.nan              # outside this window, or BOS
         all_score = np.concatenate([self.score, c_score], axis=1)         # [d_ff, k + kk]
-        keep = np.argpartition(-all_score, self.k - 1, axis=1)[:, :self.k]   # [d_ff, k]
-        merged = lambda old, new: np.take_along_axis(np.concatenate([old, new], axis=1),  # noqa: E731
-                                                     keep.reshape(keep.shape + (1,) * (old.ndim - 2)), axis=1)
+        keep = np.argpartition(-all_score, self.k - 1, axis=1)[:, :self.k]   # [d_ff, k] columns of [old | new]
+
+        def merged(old, new):                                          # [d_ff, k(, W)] + [d_ff, kk(, W)] -> kept
+            both = np.concatenate([old, new], axis=1)
+            return np.take_along_axis(both, keep.reshape(keep.shape + (1,) * (both.ndim - 2)), axis=1)
+
         self.value = merged(self.value, flat[cand, units])
         self.pos = merged(self.pos, pos[b, t])
         self.ctx = merged(self.ctx, ctx)

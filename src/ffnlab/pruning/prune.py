@@ -31,7 +31,8 @@ def kept_width(d_ff, keep):
     if keep == 1.0:
         return d_ff
     n = int(round(keep * d_ff / BLOCK)) * BLOCK
-    return max(BLOCK, min(n, d_ff - d_ff % BLOCK if d_ff >= BLOCK else d_ff))
+    largest = d_ff - d_ff % BLOCK if d_ff >= BLOCK else d_ff            # a multiple of 32 that fits in d_ff
+    return max(min(BLOCK, largest), min(n, largest))
 
 
 def alignment(n):
