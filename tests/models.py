@@ -6,6 +6,7 @@
     llama_cpp("smollm2")              # llama.cpp (llama-cpp-python low-level API) on the same GGUF
     llama_cpp_f32("smollm2")          # llama.cpp on an F32 copy of it (weights dequantized by gguf)
     logits(engine, name, text)        # [T, vocab] float32 for every position, memoised
+    tiny_gguf(path, ...)              # a small random GGUF written with gguf.GGUFWriter
 
 Everything is memoised per process (functools.cache), so test modules that share a model share
 one copy. Loading is slow mainly because gguf.GGUFReader parses the vocabulary in pure Python
@@ -283,3 +284,74 @@ def agreement(a, b) -> dict:
     cos = (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
     return {"argmax": float(np.mean(a.argmax(-1) == b.argmax(-1))), "cos_mean": float(cos.mean()),
             "cos_min": float(cos.min()), "max_abs": float(np.abs(a - b).max())}
+
+
+# --- small GGUFs written here ----------------------------------------------------------------
+
+TINY = dict(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, ffn="swiglu", norm="rmsnorm",
+            positions="rope", vocab_size=258, n_ctx=32, tie_embeddings=True)
+MERGES = ["h e", "l l"]                                          # llama.cpp refuses a BPE without merges
+
+
+def byte_tokens():
+    """GPT-2's byte -> printable-unicode map: the 256 single-byte tokens of a byte-level BPE."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    extra = [b for b in range(256) if b not in keep]
+    table = dict(zip(keep, keep)) | {b: 256 + i for i, b in enumerate(extra)}
+    return [chr(table[b]) for b in range(256)]
+
+
+def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), seed=0, **cfg_overrides):
+    """A small random GGUF: F32 weights shaped by param_shapes(cfg) (matrices N(0, 1/fan_in), norms
+    1 + N(0, 0.2^2), biases and embeddings N(0, 0.3^2), so every part of the model moves the logits),
+    {arch}.* metadata and a byte-level BPE tokenizer (256 byte tokens + the 2 MERGES).
+    cfg: TINY with cfg_overrides; arch: the general.architecture written (may differ from cfg.arch);
+    meta: metadata overrides {key without the arch prefix: value};
+    tensor_types: {tensor name: ggml type} stored as raw zero blocks of that type; drop: tensors left out."""
+    import gguf
+
+    from ffnlab.config import ModelConfig
+    from ffnlab.model.params import param_shapes
+
+    cfg = ModelConfig(**{**TINY, **cfg_overrides})
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    fields = {"context_length": cfg.n_ctx, "embedding_length": cfg.d_model, "feed_forward_length": cfg.d_ff,
+              "block_count": cfg.n_layer, "attention.head_count": cfg.n_head,
+              "attention.head_count_kv": cfg.n_kv_head, "attention.layer_norm_rms_epsilon": 1e-5,
+              "rope.freq_base": 10000.0, **(meta or {})}
+    for key, value in fields.items():
+        if isinstance(value, int):
+            w.add_uint32(f"{arch}.{key}", value)
+        else:
+            w.add_float32(f"{arch}.{key}", value)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    tokens = byte_tokens() + [m.replace(" ", "") for m in MERGES]
+    assert len(tokens) == cfg.vocab_size
+    w.add_token_list(tokens)
+    w.add_token_types([1] * len(tokens))
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    rng = np.random.default_rng(seed)
+    for name, shape in param_shapes(cfg).items():
+        if name in drop:
+            continue
+        qtype = (tensor_types or {}).get(name)
+        if qtype is not None:
+            block, size = gguf.GGML_QUANT_SIZES[qtype]
+            raw = np.zeros((shape[0], shape[1] // block * size), np.uint8)
+            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+            continue
+        if "norm" in name:
+            a = 1.0 + 0.2 * rng.normal(size=shape)
+        elif name.endswith(".bias") or name == "token_embd.weight":
+            a = 0.3 * rng.normal(size=shape)
+        else:
+            a = rng.normal(size=shape) / np.sqrt(shape[1])
+        w.add_tensor(name, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

@@ -13,62 +13,7 @@ import pytest
 
 import models as M
 from ffnlab.cli.main import main
-from ffnlab.config import ModelConfig
-from ffnlab.model.params import param_shapes
-
-TINY = dict(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, ffn="swiglu", norm="rmsnorm",
-            positions="rope", vocab_size=256, n_ctx=32, tie_embeddings=True)
-
-
-def byte_tokens():
-    """GPT-2's byte -> printable-unicode map: the 256 single-byte tokens of a byte-level BPE."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    extra = [b for b in range(256) if b not in keep]
-    table = dict(zip(keep, keep)) | {b: 256 + i for i, b in enumerate(extra)}
-    return [chr(table[b]) for b in range(256)]
-
-
-def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), **cfg_overrides):
-    """A small llama GGUF: random F32 weights shaped by param_shapes(cfg), llama.* metadata,
-    a byte-level tokenizer. meta: metadata overrides {key without the arch prefix: value};
-    tensor_types: {tensor name: ggml type} stored as raw zero blocks of that type."""
-    import gguf
-
-    cfg = ModelConfig(**{**TINY, **cfg_overrides})
-    w = gguf.GGUFWriter(str(path), arch=arch)
-    fields = {"context_length": cfg.n_ctx, "embedding_length": cfg.d_model, "feed_forward_length": cfg.d_ff,
-              "block_count": cfg.n_layer, "attention.head_count": cfg.n_head,
-              "attention.head_count_kv": cfg.n_kv_head, "attention.layer_norm_rms_epsilon": 1e-5,
-              "rope.freq_base": 10000.0, **(meta or {})}
-    for key, value in fields.items():
-        if isinstance(value, int):
-            w.add_uint32(f"{arch}.{key}", value)
-        else:
-            w.add_float32(f"{arch}.{key}", value)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(byte_tokens())
-    w.add_token_types([1] * 256)
-    w.add_token_merges([])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    rng = np.random.default_rng(0)
-    for name, shape in param_shapes(cfg).items():
-        if name in drop:
-            continue
-        qtype = (tensor_types or {}).get(name)
-        if qtype is None:
-            w.add_tensor(name, (0.1 * rng.normal(size=shape)).astype(np.float32))
-        else:
-            block, size = gguf.GGML_QUANT_SIZES[qtype]
-            raw = np.zeros((shape[0], shape[1] // block * size), np.uint8)
-            w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
-
+from models import tiny_gguf
 
 def one_error_line(capsys, *argv):
     """`ffnlab run ARGV` in this process: exit code 1, nothing on stdout, one line on stderr -> that line."""

@@ -20,6 +20,8 @@ logits equal ffnlab's within 1e-3 at every position, the prompts below the floor
 there llama.cpp's fp16 GELU lookup table and its RoPE angles, accumulated in float32 over 128
 frequencies, move the F32 logits by up to 7e-2 at 565 tokens; Gemma's float32 function is checked
 against transformers, past the sliding window too, in test_real_models.py.)
+Architectures without a real file here (qwen2: q/k/v biases, neox RoPE; llama with GQA) are checked
+on small random F32 GGUFs written with gguf.GGUFWriter: llama.cpp's logits within 1e-3 of ffnlab's.
 llama.cpp runs with use_extra_bufts=False, flash attention off and an f32 KV cache (models.LlamaCpp).
 """
 import numpy as np
@@ -88,3 +90,20 @@ def test_f32_copy_gives_llama_cpp_logits_within_1e_3():
         ref = M.llama_cpp_f32(name).logits(ids)
         diff = np.abs(M.logits("ours", name, text) - ref).max(-1)   # [T]
         assert diff.max() <= F32_TOL, f"{name} {label}: max |logit diff| {diff.max():.2e} at position {diff.argmax()}"
+
+
+@pytest.mark.parametrize("arch,extra", [("llama", {}), ("qwen2", dict(attn_bias=True, rope_pairing="neox")),
+                                        ("llama", dict(tie_embeddings=False, n_kv_head=1))],
+                         ids=["llama-gqa", "qwen2-biases", "llama-untied-mqa"])
+def test_small_f32_gguf_gives_llama_cpp_logits(tmp_path, arch, extra):
+    import ffnlab
+    path = M.tiny_gguf(tmp_path / "m.gguf", arch=arch, seed=3, **extra)
+    model = ffnlab.load(path, progress=False)
+    assert model.config.arch == arch and model.config.attn_bias == ("attn_bias" in extra)
+    text = "hello, tiny model! 12345"
+    ids = model.tokenizer.encode(text)
+    lcpp = M.LlamaCpp(path, n_ctx=32)
+    assert lcpp.tokenize(text) == ids and len(ids) == len(text.encode()) - 2     # "he", "ll" merged
+    ref, ours = lcpp.logits(ids), model.forward(ids)
+    assert np.abs(ref).max() > 1.0
+    assert np.abs(ours - ref).max() <= F32_TOL, f"{arch}: max |logit diff| {np.abs(ours - ref).max():.2e}"
