@@ -126,7 +126,8 @@ def main():
         t = time.perf_counter()
         engines.append(cls(path))
         print(f"loaded {cls.name} in {time.perf_counter() - t:.1f} s", flush=True)
-    tok = ffnlab.load(path, progress=False).tokenizer if not engines or engines[0].name != "ffnlab" else engines[0].model.tokenizer
+    ours = [e for e in engines if e.name == "ffnlab"]
+    tok = ours[0].model.tokenizer if ours else ffnlab.load(path, progress=False).tokenizer
     ids = tok.encode(TEXT * (args.T // 40 + 2))[:args.T]
     assert len(ids) == args.T
     for e in engines:                                            # warm-up: page in weights, allocate

