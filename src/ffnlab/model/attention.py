@@ -14,13 +14,14 @@ from .packing import packed
 
 
 class KVCache:
-    """Keys and values of the positions seen so far, per layer: [B, n_ctx, Hkv, hd] each.
+    """Keys and values of the positions seen so far, per layer: [B, Hkv, n_ctx, hd] each.
 
-    Keys are stored after RoPE, so a new token only rotates its own key."""
+    Head-major, so each head's keys are one contiguous [S, hd] block that BLAS multiplies
+    directly. Keys are stored after RoPE, so a new token only rotates its own key."""
 
     def __init__(self, cfg, batch=1, dtype=np.float32, n_ctx=None):
         n_ctx = n_ctx or cfg.n_ctx
-        shape = (batch, n_ctx, cfg.n_kv_head, cfg.head_dim)
+        shape = (batch, cfg.n_kv_head, n_ctx, cfg.head_dim)
         self.k = [np.zeros(shape, dtype) for _ in range(cfg.n_layer)]
         self.v = [np.zeros(shape, dtype) for _ in range(cfg.n_layer)]
         self.n_ctx = n_ctx
@@ -57,10 +58,10 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None, rop
     buf = None if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_w)
     if cfg.fused_qkv:
         qkv = _fused_qkv(x, p, blk, emit)                                          # [B, T, q_dim + 2*kv_dim]
-        parts = dict(zip("qkv", np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)))
+        parts = _split_qkv(qkv, cfg)
     elif buf is not None:
         qkv = linear_forward(x, buf)                                               # one matmul: [B, T, q_dim + 2*kv_dim]
-        parts = dict(zip("qkv", np.split(qkv, [cfg.q_dim, cfg.q_dim + cfg.kv_dim], axis=-1)))
+        parts = _split_qkv(qkv, cfg)
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, post-rope [B,T,h,hd])
     for which in qkv_order(cfg):
         name = node[which]
@@ -93,10 +94,10 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None, rop
     k_all, v_all = k, v
     if kv is not None:
         n0 = kv.n
-        kv.k[il][:B, n0:n0 + T] = k
-        kv.v[il][:B, n0:n0 + T] = v
-        k_all = kv.k[il][:B, :n0 + T]                                            # [B, S, Hkv, hd]
-        v_all = kv.v[il][:B, :n0 + T]
+        kv.k[il][:B, :, n0:n0 + T] = k.transpose(0, 2, 1, 3)                   # [B, T, Hkv, hd] -> head-major
+        kv.v[il][:B, :, n0:n0 + T] = v.transpose(0, 2, 1, 3)
+        k_all = kv.k[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)                  # [B, S, Hkv, hd] view
+        v_all = kv.v[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)
     out, (kq, probs) = attention_forward(q, k_all, v_all, scale, allowed)       # out [B, H, T, hd]
     if emit:
         # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
@@ -119,6 +120,12 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, emit=None, rop
         emit("attn_out", "MUL_MAT", y, (wo, "kqv_out"))
     cache = (x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale)
     return y, cache
+
+
+def _split_qkv(qkv, cfg):
+    """[..., q_dim + 2*kv_dim] -> {"q": [..., q_dim], "k": [..., kv_dim], "v": [..., kv_dim]} (views)"""
+    q_end, k_end = cfg.q_dim, cfg.q_dim + cfg.kv_dim
+    return {"q": qkv[..., :q_end], "k": qkv[..., q_end:k_end], "v": qkv[..., k_end:]}
 
 
 def _fused_qkv(x, p, blk, emit):

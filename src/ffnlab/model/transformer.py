@@ -58,7 +58,8 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
         if cfg.positions == "rope":
             key = (cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
             if key not in ropes:
-                ropes[key] = rope_angles(pos, cfg.head_dim, *key)
+                cos, sin = rope_angles(pos, cfg.head_dim, *key)           # float64 angles, cast once
+                ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
         lemit = tracer.emitter(il) if tracer is not None else None
         x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, lemit, rope, packs)

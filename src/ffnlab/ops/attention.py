@@ -33,6 +33,15 @@ def _group(x, n_kv):
     return x.reshape(B, T, n_kv, H // n_kv, hd).transpose(0, 2, 3, 1, 4)
 
 
+def _rows_contiguous(a):
+    """a with each [S, hd] matrix made of contiguous rows (copied only if it is not already):
+    numpy hands a batched matmul to BLAS only then; a [B, S, Hkv, hd] tensor seen head-major
+    has rows Hkv*hd apart, a head-major KV cache already has them hd apart."""
+    if a.strides[-1] == a.itemsize and a.strides[-2] == a.shape[-1] * a.itemsize:
+        return a
+    return np.ascontiguousarray(a)
+
+
 def attention_forward(q, k, v, scale, allowed):
     """allowed: [T, S] bool from causal_mask, or None -> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])
 
@@ -43,13 +52,13 @@ def attention_forward(q, k, v, scale, allowed):
     S, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv
     qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)             # [B, Hkv, G*T, hd]
-    kt = k.transpose(0, 2, 3, 1)                               # [B, Hkv, hd, S]
-    kq = (qg @ kt).reshape(B, H, T, S)                         # [B, H, T, S] raw scores
+    kh = _rows_contiguous(k.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
+    vt = _rows_contiguous(v.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
+    kq = (qg @ kh.swapaxes(-1, -2)).reshape(B, H, T, S)       # [B, H, T, S] raw scores
     scores = kq * np.asarray(scale, dtype=q.dtype)             # scaled copy; kq itself stays raw for tracing
     if allowed is not None:                                    # None: every key visible (one new token, no window)
         scores[:, :, ~allowed] = -np.inf
     probs = softmax_forward(scores)                            # [B, H, T, S]
-    vt = v.transpose(0, 2, 1, 3)                               # [B, Hkv, S, hd]
     out = (probs.reshape(B, Hkv, G * T, S) @ vt).reshape(B, H, T, hd)
     return out, (kq, probs)
 

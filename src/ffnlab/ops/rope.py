@@ -23,22 +23,18 @@ def _split(x, pairing):
     return x[..., :half], x[..., half:]
 
 
-def _merge(a, b, pairing):
-    out = np.empty(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
-    if pairing == "normal":
-        out[..., 0::2], out[..., 1::2] = a, b
-    else:
-        half = a.shape[-1]
-        out[..., :half], out[..., half:] = a, b
-    return out
-
-
 def rope_forward(x, cos, sin, pairing="normal"):
     """x: [..., T, H, hd], cos/sin: [T, hd/2] -> [..., T, H, hd]"""
-    c = cos[:, None, :].astype(x.dtype)                     # [T, 1, hd/2] broadcast over heads
-    s = sin[:, None, :].astype(x.dtype)
+    c = cos[:, None, :].astype(x.dtype, copy=False)         # [T, 1, hd/2] broadcast over heads
+    s = sin[:, None, :].astype(x.dtype, copy=False)
     x0, x1 = _split(x, pairing)
-    return _merge(x0 * c - x1 * s, x0 * s + x1 * c, pairing)
+    out = np.empty_like(x)
+    y0, y1 = _split(out, pairing)                           # views into out: written in place
+    np.multiply(x0, c, out=y0)
+    y0 -= x1 * s                                            # x0 cos - x1 sin
+    np.multiply(x0, s, out=y1)
+    y1 += x1 * c                                            # x0 sin + x1 cos
+    return out
 
 
 def rope_backward(dy, cos, sin, pairing="normal"):
