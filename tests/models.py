@@ -302,13 +302,14 @@ def byte_tokens():
     return [chr(table[b]) for b in range(256)]
 
 
-def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), seed=0, **cfg_overrides):
+def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), seed=0, extra=None, **cfg_overrides):
     """A small random GGUF: F32 weights shaped by param_shapes(cfg) (matrices N(0, 1/fan_in), norms
     1 + N(0, 0.2^2), biases and embeddings N(0, 0.3^2), so every part of the model moves the logits),
     {arch}.* metadata and a byte-level BPE tokenizer (256 byte tokens + the 2 MERGES).
     cfg: TINY with cfg_overrides; arch: the general.architecture written (may differ from cfg.arch);
     meta: metadata overrides {key without the arch prefix: value};
-    tensor_types: {tensor name: ggml type} stored as raw zero blocks of that type; drop: tensors left out."""
+    tensor_types: {tensor name: ggml type} stored as raw zero blocks of that type; drop: tensors left out;
+    extra: {tensor name: float32 array} written after the model's own tensors."""
     import gguf
 
     from ffnlab.config import ModelConfig
@@ -351,6 +352,8 @@ def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), seed=0,
         else:
             a = rng.normal(size=shape) / np.sqrt(shape[1])
         w.add_tensor(name, a.astype(np.float32))
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, np.asarray(a, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

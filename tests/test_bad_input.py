@@ -136,6 +136,13 @@ def test_missing_metadata_key(tmp_path, capsys):
     assert str(path) in line and "llama.embedding_length" in line
 
 
+def test_rope_frequency_factors_are_refused_not_ignored(tmp_path, capsys):
+    # Llama 3.1/3.2 GGUFs carry rope_freqs.weight; running without it would give wrong logits
+    path = tiny_gguf(tmp_path / "llama31.gguf", extra={"rope_freqs.weight": np.ones(4)})
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "rope_freqs.weight" in line and "does not implement" in line
+
+
 def test_prompt_longer_than_the_context(tmp_path, capsys):
     path = tiny_gguf(tmp_path / "ctx32.gguf")                   # context_length 32, one token per byte
     line = one_error_line(capsys, "-m", path, "-p", "x" * 40, "-n", "4")

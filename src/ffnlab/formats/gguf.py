@@ -16,8 +16,11 @@ from ..progress import Progress
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 
-# tensors llama.cpp may store that do not change the forward of the models ffnlab runs
-IGNORED_TENSORS = ("rope_freqs.weight",)
+# tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
+# because running without them gives plausible but wrong logits
+UNSUPPORTED_TENSORS = {
+    "rope_freqs.weight": "per-dimension RoPE frequency factors (Llama 3.1/3.2 'llama3' rope scaling)",
+}
 
 
 def _tokenizer_meta(reader):
@@ -48,8 +51,9 @@ def load_gguf(path, dtype=np.float32, progress=None) -> Model:
     bar = Progress(len(reader.tensors), "loading", enabled=progress)
     for t in reader.tensors:
         bar.update(1, t.name)
-        if t.name in IGNORED_TENSORS:
-            continue
+        if t.name in UNSUPPORTED_TENSORS:
+            raise ModelFileError(f"{path}: tensor {t.name} holds {UNSUPPORTED_TENSORS[t.name]}, "
+                                 f"which ffnlab does not implement")
         if t.name not in expected:
             raise ModelFileError(f"{path}: unexpected tensor {t.name} for a {cfg.arch} model with this metadata")
         shape = tuple(int(n) for n in reversed(t.shape))          # ggml ne {in, out} -> numpy [out, in]

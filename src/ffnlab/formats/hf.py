@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
-from .hf_config import config_from_hf, load_hf_config
+from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
 from .tokenizer import Tokenizer
 
 _GPT2 = {
@@ -62,7 +62,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
 
     t0 = time.perf_counter()
     d, cfg_path = load_hf_config(path)
-    d = _flat_rope_parameters(d)
+    d = flat_rope_parameters(d)
     cfg = config_from_hf(d, cfg_path)
     scaling = (d.get("rope_scaling") or {}).get("rope_type", (d.get("rope_scaling") or {}).get("type", "default"))
     if scaling not in ("default", "linear"):
@@ -104,18 +104,6 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     m = Model(cfg, params, _hf_tokenizer(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
-
-
-def _flat_rope_parameters(d):
-    """transformers 5 writes rope_theta / rope scaling inside "rope_parameters" ({"rope_theta": 5e5,
-    "rope_type": "default"}); older files have top-level rope_theta / rope_scaling. -> the old form"""
-    rp = d.get("rope_parameters")
-    if not isinstance(rp, dict) or not isinstance(rp.get("rope_theta"), (int, float)):
-        return d                                    # absent, or per-layer-type (Gemma 3: not loaded here)
-    d = {**d, "rope_theta": d.get("rope_theta") or rp["rope_theta"]}
-    if rp.get("rope_type", "default") != "default" and not d.get("rope_scaling"):
-        d["rope_scaling"] = rp
-    return d
 
 
 def _hf_tokenizer(path, config):

@@ -52,6 +52,7 @@ def config_from_hf(d: dict, path="config.json", name="") -> ModelConfig:
     """d: the parsed config.json; path: where it came from (for messages) -> ModelConfig"""
     if "text_config" in d and d.get("model_type") == "gemma3":
         d = {**d["text_config"], "model_type": "gemma3_text"}    # multimodal Gemma 3: the LM is text_config
+    d = flat_rope_parameters(d)
     model_type = d.get("model_type")
     if model_type is None:
         raise ConfigError(f"{path}: missing field 'model_type'")
@@ -69,6 +70,18 @@ def config_from_hf(d: dict, path="config.json", name="") -> ModelConfig:
     if model_type == "bert":
         return _bert(d, req, path, name)
     return _decoder(d, req, model_type, path, name)
+
+
+def flat_rope_parameters(d):
+    """transformers 5 writes rope_theta / rope scaling inside "rope_parameters" ({"rope_theta": 5e5,
+    "rope_type": "default"}); older files have top-level rope_theta / rope_scaling. -> the old form"""
+    rp = d.get("rope_parameters")
+    if not isinstance(rp, dict) or not isinstance(rp.get("rope_theta"), (int, float)):
+        return d                                    # absent, or per-layer-type (Gemma 3: not loaded here)
+    d = {**d, "rope_theta": d.get("rope_theta") or rp["rope_theta"]}
+    if rp.get("rope_type", "default") != "default" and not d.get("rope_scaling"):
+        d["rope_scaling"] = rp
+    return d
 
 
 def hf_extra_params(d: dict) -> dict:
