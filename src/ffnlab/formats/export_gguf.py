@@ -19,6 +19,8 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from .export_targets import config_mismatches
+from .gguf_write import finish_atomically, writer_class
 
 Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
 
@@ -33,15 +35,7 @@ def gguf_arch(cfg) -> str:
         want = dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_bias=False, attn_out_bias=False,
                     fused_qkv=False)
         arch = "llama"
-    for k, v in want.items():
-        if getattr(cfg, k) != v:
-            why.append(f"{k}={getattr(cfg, k)!r} (needs {v!r})")
-    for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
-              "attn_scale"):
-        if getattr(cfg, k):
-            why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
-    if cfg.rope_scale != 1.0:
-        why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    why += config_mismatches(cfg, want)
     if arch == "gpt2" and cfg.n_kv_head != cfg.n_head:
         why.append("grouped-query attention (gpt2 needs n_kv_head == n_head)")
     if cfg.q_dim != cfg.d_model:
@@ -140,22 +134,6 @@ def _copied_tokenizer_fields(src) -> list:
 
 
 # --- writing --------------------------------------------------------------------------------
-def _writer_class():
-    import gguf
-
-    class Writer(gguf.GGUFWriter):
-        """GGUFWriter refuses empty arrays, but the format has them (a count of 0) and llama.cpp
-        reads them; the byte tokenizer's merge list is one, and llama.cpp requires the key."""
-
-        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
-            if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0 and sub_type is not None:
-                head = self._pack("I", vtype) if add_vtype else b""
-                return bytes(head + self._pack("I", sub_type) + self._pack("Q", 0))
-            return super()._pack_val(val, vtype, add_vtype, sub_type)
-
-    return Writer
-
-
 def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
     """Write cfg + params + tokenizer as a GGUF file llama.cpp loads. qtype: f32 | q8_0"""
     import gguf
@@ -169,7 +147,7 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
     if not os.path.isdir(d):
         raise UsageError(f"{out_path}: the directory {d} does not exist")
     tmp = out_path + f".tmp-{os.getpid()}"
-    w = _writer_class()(tmp, arch)
+    w = writer_class()(tmp, arch)
     w.add_name(cfg.name or "ffnlab-trained")
     w.add_file_type(int(file_type))
     w.add_context_length(cfg.n_ctx)
@@ -195,14 +173,5 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, a)
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out_path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    finish_atomically(w, tmp, out_path)
     return out_path

@@ -22,6 +22,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from .export_targets import config_mismatches
 
 HF_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 HF_LLAMA_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
@@ -43,15 +44,7 @@ def hf_family(cfg) -> str:
             why.append(f"ffn={cfg.ffn!r}: Llama's MLP is gated ({', '.join(HF_LLAMA_ACT)}); a dense MLP needs learned "
                        f"positions, LayerNorm and biases (GPT-2)")
         want = dict(norm="rmsnorm", ffn_bias=False, attn_bias=False, attn_out_bias=False, fused_qkv=False)
-    for k, v in want.items():
-        if getattr(cfg, k) != v:
-            why.append(f"{k}={getattr(cfg, k)!r} (needs {v!r})")
-    for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
-              "attn_scale"):
-        if getattr(cfg, k):
-            why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
-    if cfg.rope_scale != 1.0:
-        why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    why += config_mismatches(cfg, want)
     if family == "gpt2" and cfg.q_dim != cfg.d_model:
         why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
     if why:

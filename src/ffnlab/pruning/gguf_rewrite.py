@@ -73,7 +73,7 @@ def write_pruned_gguf(src, out, keep_idx, qtype="q8_0"):
     """-> report dict (types written, fallbacks, bytes and parameter counts before/after)."""
     import gguf
 
-    from ..formats.export_gguf import _writer_class
+    from ..formats.gguf_write import finish_atomically, writer_class
     from ..formats.gguf_meta import get_key, open_gguf
 
     if qtype not in TYPES:
@@ -89,7 +89,7 @@ def write_pruned_gguf(src, out, keep_idx, qtype="q8_0"):
     keep_idx = np.asarray(keep_idx)
     n_keep = int(keep_idx.shape[1])
     tmp = out + f".tmp-{os.getpid()}"
-    w = _writer_class()(tmp, arch)
+    w = writer_class()(tmp, arch)
     _copy_fields(reader, w, f"{arch}.feed_forward_length", n_keep)
     written, fallbacks, params_before, params_after = {}, [], 0, 0
     for t in reader.tensors:
@@ -120,15 +120,6 @@ def write_pruned_gguf(src, out, keep_idx, qtype="q8_0"):
         w.add_tensor(t.name, data, raw_dtype=raw)
         params_after += int(t.n_elements) // d_ff * n_keep                # one axis of every FFN tensor is d_ff
         written[t.name] = name
-    try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    finish_atomically(w, tmp, out)
     return {"types": written, "fallbacks": fallbacks, "params_before": params_before, "params_after": params_after,
             "bytes_before": os.path.getsize(src), "bytes_after": os.path.getsize(out)}

@@ -1,0 +1,15 @@
+"""What an export target (llama.cpp's GGUF architectures, transformers' classes) can represent."""
+
+
+def config_mismatches(cfg, want) -> list:
+    """Why a config cannot be written as a target architecture: each field of `want` it differs
+    in, and each Gemma-style feature (q/k norms, post norms, embedding scale, sliding window,
+    softcap, custom attention scale, RoPE scaling) it uses. [] when it fits."""
+    why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
+              "attn_scale"):
+        if getattr(cfg, k):
+            why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
+    if cfg.rope_scale != 1.0:
+        why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    return why
