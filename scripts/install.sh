@@ -27,3 +27,5 @@ if [ "${1:-}" = "--test" ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
   CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
     CMAKE_BUILD_PARALLEL_LEVEL=2 $PIP --no-cache-dir llama-cpp-python
 fi
+# pyenv: make the new `ffnlab` console script visible on PATH (a no-op elsewhere)
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
