@@ -43,7 +43,7 @@ import numpy as np  # noqa: E402  (after the thread variables)
 
 import ffnlab  # noqa: E402
 from ffnlab.model import attention, block, ffn, transformer  # noqa: E402
-from ffnlab.trace import Tracer  # noqa: E402
+from ffnlab.tracing import Tracer  # noqa: E402
 
 HOOK_NAMES = {"emit", "lemit"}
 

@@ -21,7 +21,7 @@ from ffnlab.model.block import block_backward, block_forward
 from ffnlab.model.params import param_shapes
 from ffnlab.model.transformer import backward, forward
 from ffnlab.ops import causal_mask, cross_entropy_backward, cross_entropy_forward
-from ffnlab.trace import Tracer
+from ffnlab.tracing import Tracer
 from test_ops import FP32
 
 LOGITS_ABS = 1e-5

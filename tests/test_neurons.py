@@ -18,7 +18,7 @@ from ffnlab.cli.main import main
 from ffnlab.evaluation.activations import token_windows
 from ffnlab.evaluation.neurons import BEFORE, StreamingHistogram, scan_layer, unit_report, window_text
 from ffnlab.model.transformer import forward
-from ffnlab.trace.tracer import Tracer
+from ffnlab.tracing.tracer import Tracer
 from mlp_models import TEXT, tiny_gguf, write_text
 
 CHROMIUM = "/usr/bin/chromium"

@@ -15,9 +15,9 @@ import ffnlab
 from export_helpers import GPT2, LLAMA, config, lively_params
 from ffnlab.cli.main import main
 from ffnlab.formats.export_gguf import export_gguf
-from ffnlab.trace import NonFiniteError, Node
-from ffnlab.trace.dump import load_dump
-from ffnlab.trace.format import ggml_line, ggml_sum, logical_line, values_block
+from ffnlab.tracing import NonFiniteError, Node
+from ffnlab.tracing.dump import load_dump
+from ffnlab.tracing.format import ggml_line, ggml_sum, logical_line, values_block
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
 # llama.cpp common/debug.cpp, common_debug_cb_eval:

@@ -14,12 +14,12 @@ import pytest
 import ffnlab
 from export_helpers import GPT2, config, lively_params
 from ffnlab.formats.export_gguf import export_gguf
-from ffnlab.trace.format import eval_callback_line, ggml_line
-from ffnlab.trace.verify import keyed
+from ffnlab.tracing.format import eval_callback_line, ggml_line
+from ffnlab.tracing.verify import keyed
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
-from ffnlab.trace.llamacpp import capture, ffnlab_only, is_auto_name, is_kv_node  # noqa: E402
+from ffnlab.tracing.llamacpp import capture, ffnlab_only, is_auto_name, is_kv_node  # noqa: E402
 from models import model_path, ours  # noqa: E402
 
 PROMPT = "How are"
@@ -106,7 +106,7 @@ def test_gpt2_values_match_llama_cpp_including_strided_qkv_views(gpt2_path):
     """The tiny GPT-2 GGUF is F32, so llama.cpp does not round activations: every node agrees
     to its fp16 KV cache and fp16 GELU table. Qcur/Kcur/Vcur are non-contiguous views into
     wqkv_b in llama.cpp and are read through their strides."""
-    from ffnlab.trace.verify import compare
+    from ffnlab.tracing.verify import compare
     model = ffnlab.load(gpt2_path, progress=False)
     ids = model.tokenizer.encode(PROMPT)
     ref = keyed([(n.name, n.op, n.array) for n in capture(gpt2_path, ids)

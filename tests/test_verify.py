@@ -16,7 +16,7 @@ from export_helpers import GPT2, config, lively_params
 from ffnlab.cli.main import main
 from ffnlab.formats.export_gguf import export_gguf
 from ffnlab.model import transformer
-from ffnlab.trace.verify import default_rtol, reference_nodes, summary_lines, verify
+from ffnlab.tracing.verify import default_rtol, reference_nodes, summary_lines, verify
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 from models import hf, model_path, ours, prompt_ids
 
@@ -28,7 +28,7 @@ def test_hf_values_go_to_gguf_row_order_like_the_converter():
     """HF's q for one token [heads, hd] -> GGUF order must be what convert_hf_to_gguf's permute()
     does to the weight rows (export_gguf.neox_to_normal_rows), applied to the product."""
     from ffnlab.formats.export_gguf import neox_to_normal_rows
-    from ffnlab.trace.hf import permute_heads
+    from ffnlab.tracing.hf import permute_heads
     rng = np.random.default_rng(0)
     H, hd, d = 3, 8, 5
     w_hf, x = rng.normal(size=(H * hd, d)), rng.normal(size=d)
@@ -41,7 +41,7 @@ def test_hf_values_go_to_gguf_row_order_like_the_converter():
 def reference(name, against, text, f32=False):
     ids = list(prompt_ids(name, text))
     if against == "hf":
-        from ffnlab.trace.hf import capture
+        from ffnlab.tracing.hf import capture
         return {(n, op, 0): a for (n, op), a in capture(model_path(name), ids, hf_model=hf(name)).items()}
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
     return reference_nodes("llama.cpp", model_path(name), ids, f32=f32)

@@ -2,6 +2,6 @@
 from .config import ConfigError, ModelConfig
 from .formats.load import load
 from .model import Model
-from . import trace             # ffnlab.trace(model, filter=...): see trace/__init__.py
+from .tracing import trace      # with ffnlab.trace(model, filter=...) as t: ...  (tracing/api.py)
 
 __version__ = "0.1.0"

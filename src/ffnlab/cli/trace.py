@@ -44,9 +44,9 @@ def run(args):
     import numpy as np
 
     from ..errors import UsageError
-    from ..trace import NonFiniteError, Tracer
-    from ..trace.dump import Dumper
-    from ..trace.format import ggml_line, logical_line, node_record, values_block
+    from ..tracing import NonFiniteError, Tracer
+    from ..tracing.dump import Dumper
+    from ..tracing.format import ggml_line, logical_line, node_record, values_block
     from .common import load_model, read_prompt
 
     if args.filter is not None:

@@ -28,7 +28,7 @@ def run(args):
     import numpy as np
 
     from ..errors import UsageError
-    from ..trace.verify import report_dict, summary_lines, table_lines, verify
+    from ..tracing.verify import report_dict, summary_lines, table_lines, verify
     from .common import load_model, read_prompt
     from .trace import json_safe
 

@@ -53,7 +53,7 @@ def stream_activations(model, windows, layers, batch, on_acts, on_batch=None):
     on_acts(layer, acts [B, T, d_ff] float32, first window index) for each layer in `layers`.
     on_batch(windows done) after each batch."""
     from ..model.transformer import forward
-    from ..trace import Tracer
+    from ..tracing import Tracer
 
     cfg = model.config
     node = activation_node(cfg)

@@ -23,7 +23,7 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
     """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), cache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
-    tracer: observes every named node (see trace/); None costs one `if` per node.
+    tracer: observes every named node (see tracing/); None costs one `if` per node.
     train: keep the activations for backward().
     packs: packed q/k/v and gate/up buffers (model/packing.py) for faster inference.
     last_only: compute logits for the last position only (generation: the LM head is the

@@ -103,7 +103,7 @@ class _Found(Exception):
 def first_nonfinite_node(params, cfg, x):
     """Re-run the forward with a tracer and stop at the first node holding NaN/Inf.
     -> 'name (OP)' or None when every node is finite."""
-    from ..trace.tracer import Tracer
+    from ..tracing.tracer import Tracer
 
     def check(node):
         if not np.all(np.isfinite(node.array)):
