@@ -3,7 +3,6 @@ matter (init-scale weights would leave attention uniform and logits near zero)."
 import numpy as np
 
 from ffnlab.config import ModelConfig
-from ffnlab.model.params import param_shapes
 from ffnlab.training.checkpoint import save_model
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
@@ -21,19 +20,8 @@ def config(base, **kw):
 
 def lively_params(cfg, seed=0):
     """Matrices N(0, 1/fan_in), norms 1 + N(0, 0.2^2), biases N(0, 0.2^2), embeddings N(0, 0.3^2)."""
-    r = np.random.default_rng(seed)
-    p = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith(".bias"):
-            a = 0.2 * r.normal(size=shape)
-        elif "norm" in name:
-            a = 1.0 + 0.2 * r.normal(size=shape)
-        elif name in ("token_embd.weight", "position_embd.weight"):
-            a = 0.3 * r.normal(size=shape)
-        else:
-            a = r.normal(size=shape) / np.sqrt(shape[1])
-        p[name] = a.astype(np.float32)
-    return p
+    from test_model_vs_torch import random_params
+    return random_params(cfg, np.float32, seed)
 
 
 def make_checkpoint(path, cfg, tok=None, tok_meta=None, seed=0):

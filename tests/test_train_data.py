@@ -4,7 +4,7 @@ import pytest
 
 from ffnlab.cli.main import main
 from ffnlab.config import ModelConfig
-from ffnlab.errors import DataError, UsageError
+from ffnlab.errors import DataError
 from ffnlab.formats.checkpoint import load_checkpoint
 from ffnlab.model import Model
 from ffnlab.training.data import TokenData, byte_tokenizer, encode, make_tokenizer, sample_batch, train_bpe_tokenizer

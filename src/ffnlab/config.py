@@ -7,7 +7,7 @@ the GGUF metadata key each field comes from is given in formats/gguf_config.py.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 from .errors import FfnlabError
 

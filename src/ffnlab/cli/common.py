@@ -1,7 +1,4 @@
 """Flags and helpers shared by the subcommands that run a model."""
-import os
-import sys
-
 from ..errors import UsageError
 
 

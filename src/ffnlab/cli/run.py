@@ -56,16 +56,11 @@ def run(args):
     check_prompt_fits(model, ids)                       # before the prompt is echoed
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
-    stream = None
     if not args.json:
         if not args.chat:
             sys.stdout.write(prompt)
         sys.stdout.flush()
-
-        def stream(_id, piece):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    out = generate(model, ids, args.n_predict, params, stream)
+    out = generate(model, ids, args.n_predict, params, None if args.json else _stream)
     t = out.timings
     load_ms = 1000 * getattr(model, "load_seconds", 0.0)
     if args.json:
@@ -79,6 +74,11 @@ def run(args):
         sys.stdout.flush()
     _perf(load_ms, t)
     return 0
+
+
+def _stream(_id, piece):
+    sys.stdout.write(piece)
+    sys.stdout.flush()
 
 
 def _perf(load_ms, t):

@@ -137,7 +137,6 @@ def _copied_tokenizer_fields(src) -> list:
 def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
     """Write cfg + params + tokenizer as a GGUF file llama.cpp loads. qtype: f32 | q8_0"""
     import gguf
-    from gguf import GGUFValueType as T
 
     if qtype not in ("f32", "q8_0"):
         raise UsageError(f"--type must be f32 or q8_0, got {qtype!r}")

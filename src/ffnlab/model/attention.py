@@ -154,7 +154,7 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     """dy: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
     x, q_pre, k_pre, qn_cache, kn_cache, q, k, v, cos, sin, probs, merged, scale = cache
     B, T, _ = x.shape
-    H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    H, hd = cfg.n_head, cfg.head_dim
     blk = f"blk.{il}."
     g = {}
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"

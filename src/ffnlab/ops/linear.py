@@ -3,9 +3,6 @@
 Weights are stored [out, in], like nn.Linear and like the numpy view of a GGUF tensor
 (whose ggml ne order is {in, out}).
 """
-import numpy as np
-
-
 def linear_forward(x, w, b=None):
     """x: [..., in], w: [out, in], b: [out] or None -> y: [..., out]"""
     # one 2-D GEMM over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs

@@ -16,7 +16,6 @@ from its last checkpoint reproduces the uninterrupted run's losses bit for bit.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
