@@ -28,21 +28,53 @@ GEMMA = ModelConfig(arch="gemma3", n_layer=2, d_model=32, n_head=2, n_kv_head=1,
 GPT2 = ModelConfig(arch="gpt2", n_layer=2, d_model=32, n_head=4, d_ff=64, ffn="gelu_tanh", ffn_bias=True,
                    attn_bias=True, attn_out_bias=True, fused_qkv=True, norm="layernorm", positions="learned",
                    vocab_size=50, n_ctx=64)
+QWEN2 = ModelConfig(arch="qwen2", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=48, ffn="swiglu",
+                    attn_bias=True, norm="rmsnorm", positions="rope", rope_pairing="neox", vocab_size=50, n_ctx=64)
 IDS = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 23, 8]
 
 
 # --- KV cache ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cfg", [LLAMA, GEMMA, GPT2], ids=["llama", "gemma3-swa", "gpt2"])
-def test_cached_steps_equal_a_full_recompute(cfg):
-    """Prefill 5 tokens, then one token per step: each step's logits equal the full forward's row
-    at that position (the Gemma case runs 9 steps past its window of 4)."""
-    model = Model.random(cfg, seed=1)
+@pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed"])
+@pytest.mark.parametrize("cfg", [LLAMA, GEMMA, GPT2, QWEN2], ids=["llama", "gemma3-swa", "gpt2", "qwen2"])
+def test_cached_steps_equal_a_full_recompute(cfg, packed):
+    """Prefill 5 tokens, then one token per step (model/decode.py's one-token path): each step's
+    logits equal the full forward's row at that position (the Gemma case runs 9 steps past its
+    window of 4), with q/k/v and gate/up as separate matrices and packed into one."""
+    model = Model(cfg, Model.random(cfg, seed=1).params, pack_weights=packed)
     full = model.forward(IDS)                                    # [T, vocab]
     assert np.abs(full).max() > 0.1
     kv = model.new_cache(n_ctx=len(IDS))
     steps = [model.forward_last(IDS[:5], kv)] + [model.forward_last([t], kv) for t in IDS[5:]]
     np.testing.assert_allclose(np.stack(steps), full[4:], rtol=0, atol=1e-5)
+
+
+def test_one_token_path_equals_the_general_forward():
+    """decode_step against forward() on the same cache state, step by step, to float32 rounding;
+    a batch-2 cache and an attached tracer take the general path."""
+    from ffnlab.model.transformer import forward
+    model = Model(LLAMA, Model.random(LLAMA, seed=4).params, pack_weights=True)
+    kv_fast, kv_ref = model.new_cache(n_ctx=len(IDS)), model.new_cache(n_ctx=len(IDS))
+    model.forward_last(IDS[:3], kv_fast), model.forward_last(IDS[:3], kv_ref)
+    for t in IDS[3:]:
+        fast = model.forward_last([t], kv_fast)
+        ref = forward(model.params, model.config, [[t]], kv=kv_ref, last_only=True, packs=model.packs)[0][0, -1]
+        np.testing.assert_allclose(fast, ref, rtol=0, atol=2e-6)
+    assert kv_fast.n == kv_ref.n == len(IDS)
+    np.testing.assert_allclose(kv_fast.k[1], kv_ref.k[1], rtol=0, atol=1e-6)   # same keys cached
+
+
+def test_one_token_path_sees_replaced_weights():
+    """The decode plan caches the per-layer weights; replacing a params entry rebuilds it."""
+    model = Model(LLAMA, Model.random(LLAMA, seed=5).params, pack_weights=True)
+    kv = model.new_cache(n_ctx=4)
+    before = model.forward_last([1], kv)
+    model.params["blk.1.ffn_down.weight"] = model.params["blk.1.ffn_down.weight"] * 3.0
+    kv.clear()
+    after = model.forward_last([1], kv)
+    expected = model.forward([1])[0]
+    np.testing.assert_allclose(after, expected, rtol=0, atol=1e-5)
+    assert np.abs(after - before).max() > 1e-3
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 import numpy as np
 
 from .attention import KVCache
+from .decode import decode_step, make_plan, params_key
 from .packing import pack
 from .params import count_params, init_params, param_shapes
 from .transformer import backward, forward
@@ -16,6 +17,7 @@ class Model:
         self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)
         self.source = source          # the file or directory it came from, for messages
         self.tracer = None            # set by ffnlab.trace(model)
+        self._plan = None             # the weights per layer for decode_step, built on first use
 
     @classmethod
     def random(cls, config, seed=0, dtype=np.float32):
@@ -29,9 +31,17 @@ class Model:
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
+        if len(ids) == 1 and self.tracer is None and kv.k[0].shape[0] == 1:
+            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv)   # the fast one-token path
         logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer,
                             last_only=True, packs=self.packs)
         return logits[0, -1]
+
+    def decode_plan(self):
+        """decode_step's per-layer weights, rebuilt whenever a params entry has been replaced."""
+        if self._plan is None or self._plan.key != params_key(self.params):
+            self._plan = make_plan(self.params, self.config, self.packs)
+        return self._plan
 
     def generate(self, prompt, n_predict=64, params=None, on_token=None, **sampling):
         """prompt: text or a list of ids -> Generation (ids, text, stop_reason, timings).

@@ -42,9 +42,9 @@ def layernorm_backward(dy, w, cache, has_bias=True):
 
 def rmsnorm_forward(x, w, eps):
     """x: [..., D], w: [D] or None -> y: [..., D], cache (x_hat, rstd)"""
-    # sum of squares as a dot product per row: one BLAS-backed call instead of square + mean
-    # (np.mean's Python wrapper is most of an RMSNorm's cost when a token is decoded)
-    ms = np.einsum("...i,...i->...", x, x)[..., None] / x.shape[-1]   # [..., 1] mean square
+    # sum of squares as a dot product per row: one call instead of square + mean (np.mean's
+    # Python wrapper, and einsum's, are most of an RMSNorm's cost when a token is decoded)
+    ms = np.vecdot(x, x)[..., None] / x.shape[-1]        # [..., 1] mean square
     rstd = 1.0 / np.sqrt(ms + eps)                        # [..., 1]
     x_hat = x * rstd                                      # [..., D]
     y = x_hat * w if w is not None else x_hat

@@ -1,0 +1,209 @@
+"""One decoding step: a single new token against the KV cache, in as few NumPy calls as possible.
+
+The same math as forward() (model/transformer.py) for T = 1, written for one vector:
+  x = embed(tok)
+  per layer:  h = x + [post_attn_norm](wo @ attend(rope(q), rope(k) + cache, v + cache))
+              x = h + [post_ffn_norm](down @ ffn(ffn_norm(h)))
+  logits = head @ output_norm(x)
+Decoding a token streams every weight once (~540 MB of float32 for SmolLM2), so its time is the
+matrix-vector products plus the cost of every Python and NumPy call in between, and a call
+costs several microseconds when the weights have just swept the CPU caches. forward() pays for
+generality (batches, masks, GQA reshapes, tensor names, tracer hooks, backward caches). Here the
+weights of each layer are looked up once into a Layer (cached on the Model), there is no batch
+axis and no mask (a sliding window is a slice of the cache), RMSNorm's scale is a Python float,
+RoPE rotates q and k together as complex numbers, and attention is one [Hkv, G, S] product:
+~30 calls per layer where forward() makes ~70.
+
+Model.forward_last uses it for one token when no tracer is attached; tests/test_generation.py
+checks it against the full forward for every architecture.
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..ops.activations import ACTIVATIONS
+from ..ops.norms import layernorm_forward
+from ..ops.rope import rope_angles, rope_forward
+from ..ops.softmax import softmax_forward
+from .ffn import FFN_ACT
+from .packing import packed
+from .transformer import lm_head_name
+
+
+class Layer(NamedTuple):
+    """One block's weights for decoding (None where the architecture has no such tensor)."""
+    attn_norm: tuple                 # (weight, bias or None)
+    qkv: np.ndarray | None           # [q_dim + 2*kv_dim, d_model]: packed or GPT-2's fused matrix
+    q: np.ndarray | None             # the separate projections when there is no qkv matrix
+    k: np.ndarray | None
+    v: np.ndarray | None
+    qkv_b: np.ndarray | None         # [q_dim + 2*kv_dim] biases (Qwen2, GPT-2)
+    q_norm: np.ndarray | None        # [hd] Gemma 3 per-head norms
+    k_norm: np.ndarray | None
+    wo: np.ndarray                   # [d_model, q_dim]
+    wo_b: np.ndarray | None
+    post_attn_norm: tuple | None
+    ffn_norm: tuple
+    gate_up: np.ndarray | None       # [2*d_ff, d_model] packed (gated FFNs)
+    gate: np.ndarray | None
+    up: np.ndarray
+    down: np.ndarray                 # [d_model, d_ff]
+    gate_b: np.ndarray | None
+    up_b: np.ndarray | None
+    down_b: np.ndarray | None
+    post_ffn_norm: tuple | None
+    window: int                      # sliding window (0: attends to every cached position)
+    rope: tuple | None               # (theta, scale)
+
+
+class Plan(NamedTuple):
+    key: tuple                       # ids of the params arrays it was built from
+    layers: list
+    output_norm: tuple
+    head: np.ndarray                 # [vocab, d_model]
+
+
+def params_key(p):
+    return tuple(map(id, p.values()))
+
+
+def make_plan(p, cfg, packs=None) -> Plan:
+    def norm(name):
+        return (p[name + ".weight"], p.get(name + ".bias")) if name + ".weight" in p else None
+
+    layers = []
+    for il in range(cfg.n_layer):
+        blk = f"blk.{il}."
+        qkv_names = [blk + f"attn_{w}.weight" for w in "qkv"]
+        qkv = p[blk + "attn_qkv.weight"] if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_names)
+        biases = [p.get(blk + f"attn_{w}.bias") for w in "qkv"]
+        qkv_b = p.get(blk + "attn_qkv.bias") if cfg.fused_qkv else (
+            np.concatenate(biases) if all(b is not None for b in biases) else None)
+        gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
+        layers.append(Layer(
+            attn_norm=norm(blk + "attn_norm"), qkv=qkv,
+            q=None if qkv is not None else p[qkv_names[0]], k=None if qkv is not None else p[qkv_names[1]],
+            v=None if qkv is not None else p[qkv_names[2]], qkv_b=qkv_b,
+            q_norm=p.get(blk + "attn_q_norm.weight"), k_norm=p.get(blk + "attn_k_norm.weight"),
+            wo=p[blk + "attn_output.weight"], wo_b=p.get(blk + "attn_output.bias"),
+            post_attn_norm=norm(blk + "post_attention_norm") if cfg.post_attn_norm else None,
+            ffn_norm=norm(blk + "ffn_norm"), gate_up=gate_up, gate=p.get(blk + "ffn_gate.weight"),
+            up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"], gate_b=p.get(blk + "ffn_gate.bias"),
+            up_b=p.get(blk + "ffn_up.bias"), down_b=p.get(blk + "ffn_down.bias"),
+            post_ffn_norm=norm(blk + "post_ffw_norm") if cfg.post_ffn_norm else None,
+            window=cfg.sliding_window if cfg.is_sliding(il) else 0,
+            rope=(cfg.layer_rope_theta(il), cfg.layer_rope_scale(il)) if cfg.positions == "rope" else None))
+    return Plan(params_key(p), layers, norm("output_norm"), p[lm_head_name(cfg)])
+
+
+def decode_step(p, cfg, plan: Plan, tok, kv):
+    """tok: int, kv: KVCache (batch 1) -> logits [vocab] of the token at position kv.n"""
+    n = kv.n
+    if n + 1 > kv.n_ctx:
+        raise ValueError(f"{n + 1} positions exceed the context length {kv.n_ctx}")
+    x = p["token_embd.weight"][tok]                                   # [d_model]
+    if cfg.embed_scale:
+        x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)
+    if cfg.positions == "learned":
+        x = x + p["position_embd.weight"][n]
+    act = ACTIVATIONS[FFN_ACT[cfg.ffn][0]][0]
+    rotations = {}                                                    # (theta, scale) -> this position's rotation
+    for il, L in enumerate(plan.layers):
+        if L.rope is not None and L.rope not in rotations:
+            rotations[L.rope] = _rotation(n, cfg, L.rope, x.dtype)
+        a = _attention(_norm(x, L.attn_norm, cfg), L, cfg, n, kv.k[il][0], kv.v[il][0], rotations.get(L.rope))
+        if L.post_attn_norm:
+            a = _norm(a, L.post_attn_norm, cfg)
+        h = x + a                                                     # [d_model] residual
+        f = _ffn(_norm(h, L.ffn_norm, cfg), L, cfg, act)
+        if L.post_ffn_norm:
+            f = _norm(f, L.post_ffn_norm, cfg)
+        x = h + f                                                     # [d_model] residual
+    kv.n = n + 1
+    logits = plan.head @ _norm(x, plan.output_norm, cfg)             # [vocab, d_model] @ [d_model]
+    if cfg.final_logit_softcap:
+        c = cfg.final_logit_softcap
+        logits = np.tanh(logits / c) * c
+    return logits
+
+
+def _rotation(n, cfg, key, dtype):
+    """RoPE at position n: cos + i sin [hd/2] for adjacent pairs (one complex multiply rotates
+    a head), or (cos, sin) [1, hd/2] for the op's neox pairing."""
+    cos, sin = rope_angles([n], cfg.head_dim, *key)                  # [1, hd/2] float64
+    if cfg.rope_pairing == "normal":
+        return (cos[0] + 1j * sin[0]).astype(np.result_type(dtype, np.complex64))
+    return cos.astype(dtype), sin.astype(dtype)
+
+
+def _norm(x, wb, cfg):
+    """x: [D] or [h, D] -> the block's norm with (weight, bias)"""
+    w, b = wb
+    if cfg.norm == "layernorm":
+        return layernorm_forward(x, w, b, cfg.norm_eps)[0]
+    if x.ndim == 1:                                                   # x / rms(x), the rms as a Python float
+        return (x * x.dtype.type(1.0 / math.sqrt(float(x @ x) / x.shape[0] + cfg.norm_eps))) * w
+    ms = np.vecdot(x, x)[..., None] / x.shape[-1]                    # per head (Gemma 3's q/k norms)
+    return (x * (1.0 / np.sqrt(ms + cfg.norm_eps))) * w
+
+
+def _attention(x, L, cfg, n, K, V, rot):
+    """x: [d_model] (attn_norm output), K/V: this layer's cache [Hkv, n_ctx, hd] -> [d_model];
+    writes position n's key and value into K and V."""
+    H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
+    if L.qkv is not None:
+        qkv = L.qkv @ x                                               # [q_dim + 2*kv_dim]: one product
+    else:
+        qkv = np.concatenate([L.q @ x, L.k @ x, L.v @ x])
+    if L.qkv_b is not None:
+        qkv += L.qkv_b
+    qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads
+    v = qkv[(H + Hkv) * hd:].reshape(Hkv, hd)
+    if L.q_norm is not None:                                          # Gemma 3: RMS-norm each head
+        qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg), _norm(qk[H:], (L.k_norm, None), cfg)])
+    if rot is not None:
+        if cfg.rope_pairing == "normal":                              # (x0, x1) pairs as x0 + i x1, rotated
+            qk = (qk.view(rot.dtype) * rot).view(qk.dtype)
+        else:
+            qk = rope_forward(qk[None], *rot, "neox")[0]
+    q, k = qk[:H], qk[H:]
+    scale = cfg.scale
+    if cfg.arch == "gemma3":                                          # as forward(): q scaled after RoPE
+        q = q * np.asarray(scale, dtype=q.dtype)
+        scale = 1.0
+    K[:, n], V[:, n] = k, v
+    lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window is a slice
+    kq = q.reshape(Hkv, H // Hkv, hd) @ K[:, lo:n + 1].swapaxes(-1, -2)   # [Hkv, G, hd] @ [Hkv, hd, S] -> [Hkv, G, S]
+    if scale != 1.0:
+        kq *= np.asarray(scale, dtype=kq.dtype)
+    out = softmax_forward(kq) @ V[:, lo:n + 1]                        # [Hkv, G, S] @ [Hkv, S, hd] -> [Hkv, G, hd]
+    y = L.wo @ out.reshape(H * hd)                                    # [d_model, q_dim] @ [q_dim]
+    if L.wo_b is not None:
+        y += L.wo_b
+    return y
+
+
+def _ffn(x, L, cfg, act):
+    """x: [d_model] (ffn_norm output) -> [d_model]; model/ffn.py's math for one vector."""
+    if cfg.gated:
+        if L.gate_up is not None:
+            gu = L.gate_up @ x                                        # [2*d_ff]: gate rows, then up rows
+            gate, up = gu[:cfg.d_ff], gu[cfg.d_ff:]
+        else:
+            gate, up = L.gate @ x, L.up @ x
+        if L.gate_b is not None:
+            gate = gate + L.gate_b
+        if L.up_b is not None:
+            up = up + L.up_b
+        h = act(gate)
+        h *= up                                                       # [d_ff] act(gate) * up
+    else:
+        up = L.up @ x                                                 # [d_ff]
+        if L.up_b is not None:
+            up += L.up_b
+        h = act(up)
+    y = L.down @ h                                                    # [d_model, d_ff] @ [d_ff]
+    if L.down_b is not None:
+        y += L.down_b
+    return y
