@@ -28,7 +28,7 @@ from ..ops.rope import rope_angles, rope_forward
 from ..ops.softmax import softmax_forward
 from .ffn import FFN_ACT
 from .packing import packed
-from .transformer import lm_head_name
+from .params import lm_head_name
 
 
 class Layer(NamedTuple):

@@ -10,6 +10,11 @@ import math
 import numpy as np
 
 
+def lm_head_name(cfg):
+    """The LM head's tensor: the token embedding itself when the two are tied."""
+    return "token_embd.weight" if cfg.tie_embeddings else "output.weight"
+
+
 def param_shapes(cfg) -> dict:
     """-> {tensor name: numpy shape}, in GGUF file order"""
     D, F, V = cfg.d_model, cfg.d_ff, cfg.vocab_size

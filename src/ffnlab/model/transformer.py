@@ -13,10 +13,7 @@ from ..ops.embedding import embedding_backward
 from ..ops.linear import linear_backward, linear_forward
 from ..ops.rope import rope_angles
 from .block import block_backward, block_forward, norm_backward, norm_forward
-
-
-def lm_head_name(cfg):
-    return "token_embd.weight" if cfg.tie_embeddings else "output.weight"
+from .params import lm_head_name
 
 
 def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, packs=None):
