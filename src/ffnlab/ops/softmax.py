@@ -8,7 +8,8 @@ def softmax_forward(x):
     (fully masked) would give nan either way; callers never produce them (causal rows always
     see their own position)."""
     m = x.max(axis=-1, keepdims=True)
-    e = np.exp(x - m)
+    e = x - m
+    np.exp(e, out=e)                              # in place: one temporary, not two
     e /= e.sum(axis=-1, keepdims=True)            # in place: e is ours (attention rows are large)
     return e
 
