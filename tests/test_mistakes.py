@@ -78,14 +78,14 @@ def test_catches_head_width_taken_as_d_model_over_n_head():
 def test_catches_mask_applied_after_softmax():
     check_attention()
     bad = mutated(ops_attention, (
-        "    scores[:, :, ~allowed] = -np.inf\n    probs = softmax_forward(scores)",
-        "    probs = softmax_forward(scores)\n    probs[:, :, ~allowed] = 0.0"))
+        "        np.copyto(scores, -np.inf, where=~allowed)\n    probs = softmax_forward(scores)",
+        "        pass\n    probs = softmax_forward(scores)\n    if allowed is not None:\n        np.copyto(probs, 0.0, where=~allowed)"))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
 
 def test_catches_mask_with_zero_instead_of_neg_inf():
-    bad = mutated(ops_attention, ("scores[:, :, ~allowed] = -np.inf", "scores[:, :, ~allowed] = 0.0"))
+    bad = mutated(ops_attention, ("np.copyto(scores, -np.inf, where=~allowed)", "np.copyto(scores, 0.0, where=~allowed)"))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
@@ -125,13 +125,13 @@ def test_catches_wrong_gelu_tanh_coefficient():
 # --- 7. softmax overflow ---------------------------------------------------------------------
 def test_catches_softmax_without_max_subtraction():
     check_softmax()
-    bad = mutated(softmax, ("e = np.exp(x - m)", "e = np.exp(x)"))
+    bad = mutated(softmax, ("e = x - m", "e = x.copy()"))
     with np.errstate(over="ignore", invalid="ignore"):
         with pytest.raises(AssertionError, match="non-finite"):
             check_softmax(bad.softmax_forward)
 
 
 def test_mutations_leave_the_real_modules_alone():
-    mutated(softmax, ("e = np.exp(x - m)", "e = np.exp(x)"))
+    mutated(softmax, ("e = x - m", "e = x.copy()"))
     x = np.array([[1000.0, 0.0]], dtype=np.float32)
     assert np.array_equal(softmax.softmax_forward(x), [[1.0, 0.0]])

@@ -13,8 +13,9 @@ Activation working set ("peak activation of one layer's forward"): what an eager
 forward holds at its worst moment inside one block when it keeps every intermediate the
 backward needs, as ffnlab (model/block.py) and PyTorch autograd do. It is the sum of
   kept:       the arrays the block keeps for its backward, listed in layer_kept() below;
-  transient:  what lives only for a moment: the attention's score buffers (raw q.k, scaled,
-              exponentiated, next to the kept probabilities), the activation function's scratch
+  transient:  what lives only for a moment: the attention's score buffers (raw q.k and the
+              scaled scores, next to the kept probabilities, which the softmax exponentiates
+              in place), the activation function's scratch
               array on [B, T, d_ff], and the block's residual-stream locals (layer_peak_bytes).
 A training forward keeps every layer's `kept` set at once (model_forward_bytes, train=True).
 Sizes are in the compute dtype; fp32 for ffnlab.
@@ -67,8 +68,9 @@ def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
     """-> {"kept", "transient", "peak"} in bytes for one block's forward (its input not included).
 
     The peak is the largest of three moments, in the order the block runs:
-      softmax:     what is kept up to the scores, plus raw q.k, the scaled scores, their exp and the
-                   probabilities ([B,H,T,S] each) and the grouped copy of q;
+      softmax:     what is kept up to the scores, plus raw q.k, the scaled scores and the
+                   probabilities ([B,H,T,S] each; ops/softmax.py exponentiates in place) and the
+                   grouped copy of q;
       activation:  everything before the MLP's product, the MLP inputs (gate and up, or up), the
                    activation's scratch array (tanh-GELU: x^2, SiLU: exp(-|x|); none for ReLU and
                    erf-GELU) and its output, and the block's locals (attention output, x + attn);
@@ -79,7 +81,7 @@ def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
     kept = sum(k.values())
     probs = k["attention probabilities [B,H,T,S]"]
     before_scores = _kept_before_mlp(cfg, B, T, S) - probs - k["attention output (merged heads)"]
-    softmax = before_scores + 4 * probs + BT * q
+    softmax = before_scores + 3 * probs + BT * q
     act_product = BT * F if cfg.gated else 0                           # act*up is made after the scratch is freed
     activation = kept - act_product + _ACT_TEMPS[cfg.ffn] * BT * F + 2 * BT * D
     end = kept + 4 * BT * D

@@ -57,7 +57,8 @@ def attention_forward(q, k, v, scale, allowed):
     kq = (qg @ kh.swapaxes(-1, -2)).reshape(B, H, T, S)       # [B, H, T, S] raw scores
     scores = kq * np.asarray(scale, dtype=q.dtype)             # scaled copy; kq itself stays raw for tracing
     if allowed is not None:                                    # None: every key visible (one new token, no window)
-        np.copyto(scores, -np.inf, where=~allowed)             # a masked copy: ~2x faster than scores[..., ~allowed] =
+        # a masked copy (where=): twice as fast as boolean-index assignment scores[:, :, ~allowed]
+        np.copyto(scores, -np.inf, where=~allowed)
     probs = softmax_forward(scores)                            # [B, H, T, S]
     out = (probs.reshape(B, Hkv, G * T, S) @ vt).reshape(B, H, T, hd)
     return out, (kq, probs)
