@@ -35,13 +35,21 @@ IDS = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 23, 8]
 
 # --- KV cache ------------------------------------------------------------------------------------
 
+def with_random_biases(params, seed=0):
+    """init_params zeroes every bias, which would hide a bias the one-token path forgets."""
+    rng = np.random.default_rng(seed)
+    for name in [n for n in params if n.endswith(".bias")]:
+        params[name] = rng.normal(0.0, 0.5, params[name].shape).astype(params[name].dtype)
+    return params
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["separate", "packed"])
 @pytest.mark.parametrize("cfg", [LLAMA, GEMMA, GPT2, QWEN2], ids=["llama", "gemma3-swa", "gpt2", "qwen2"])
 def test_cached_steps_equal_a_full_recompute(cfg, packed):
     """Prefill 5 tokens, then one token per step (model/decode.py's one-token path): each step's
     logits equal the full forward's row at that position (the Gemma case runs 9 steps past its
     window of 4), with q/k/v and gate/up as separate matrices and packed into one."""
-    model = Model(cfg, Model.random(cfg, seed=1).params, pack_weights=packed)
+    model = Model(cfg, with_random_biases(Model.random(cfg, seed=1).params), pack_weights=packed)
     full = model.forward(IDS)                                    # [T, vocab]
     assert np.abs(full).max() > 0.1
     kv = model.new_cache(n_ctx=len(IDS))
@@ -62,6 +70,17 @@ def test_one_token_path_equals_the_general_forward():
         np.testing.assert_allclose(fast, ref, rtol=0, atol=2e-6)
     assert kv_fast.n == kv_ref.n == len(IDS)
     np.testing.assert_allclose(kv_fast.k[1], kv_ref.k[1], rtol=0, atol=1e-6)   # same keys cached
+
+
+def test_one_token_path_with_only_some_qkv_biases():
+    """A q and v bias without a k bias (an edited checkpoint): the one-token path adds zeros for k."""
+    params = with_random_biases(Model.random(QWEN2, seed=6).params)
+    del params["blk.0.attn_k.bias"]
+    model = Model(QWEN2, params, pack_weights=True)
+    full = model.forward(IDS[:6])
+    kv = model.new_cache(n_ctx=6)
+    steps = [model.forward_last(IDS[:3], kv)] + [model.forward_last([t], kv) for t in IDS[3:6]]
+    np.testing.assert_allclose(np.stack(steps), full[2:], rtol=0, atol=1e-5)
 
 
 def test_one_token_path_sees_replaced_weights():

@@ -78,8 +78,14 @@ def make_plan(p, cfg, packs=None) -> Plan:
         qkv_names = [blk + f"attn_{w}.weight" for w in "qkv"]
         qkv = p[blk + "attn_qkv.weight"] if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_names)
         biases = [p.get(blk + f"attn_{w}.bias") for w in "qkv"]
-        qkv_b = p.get(blk + "attn_qkv.bias") if cfg.fused_qkv else (
-            np.concatenate(biases) if all(b is not None for b in biases) else None)
+        if cfg.fused_qkv:
+            qkv_b = p.get(blk + "attn_qkv.bias")
+        elif any(b is not None for b in biases):                      # one vector; zeros where a bias is absent
+            dims = (cfg.q_dim, cfg.kv_dim, cfg.kv_dim)
+            qkv_b = np.concatenate([b if b is not None else np.zeros(d, p[qkv_names[0]].dtype)
+                                    for b, d in zip(biases, dims)])
+        else:
+            qkv_b = None
         gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
         layers.append(Layer(
             attn_norm=norm(blk + "attn_norm"), qkv=qkv,
