@@ -23,8 +23,10 @@ def test_pack_keeps_tensor_values_and_shares_memory():
     packs = pack(p, CFG)
     for k in p:
         assert np.array_equal(p[k], before[k]), k
-    buf = packs[(0, "gate_up")]
-    assert p["blk.0.ffn_gate.weight"].base is buf and p["blk.0.ffn_up.weight"].base is buf
+    buf, views = packs[(0, "gate_up")]
+    assert views[0] is p["blk.0.ffn_gate.weight"] and views[1] is p["blk.0.ffn_up.weight"]
+    assert np.shares_memory(p["blk.0.ffn_gate.weight"], buf) and np.shares_memory(p["blk.0.ffn_up.weight"], buf)
+    assert buf.flags.f_contiguous and p["blk.0.ffn_down.weight"].flags.c_contiguous   # tall: column-major
 
 
 def test_replaced_tensor_disables_its_pack():

@@ -1,22 +1,30 @@
-"""Packed projections for fast inference.
+"""Inference weight layout: packed projections, column-major tall matrices, huge pages.
 
 Decoding one token is a chain of matrix-vector products, bound by how fast the weights stream
-from memory. One product over a [q+k+v, d_model] matrix streams faster than three small ones
-(and costs one Python call, not three), and the same holds for gate and up. pack() copies each
-layer's q/k/v rows and gate/up rows into one buffer and makes the params entries views of it,
-so nothing is stored twice and the named tensors stay what they were.
+from memory (~540 MB of float32 per SmolLM2 token). pack() lays the matrices a decode step
+reads out for streaming, without changing a single value or tensor name:
 
-If a params entry is later replaced by another array, packed() notices (the entry is no longer
-a view of the buffer) and the model falls back to the separate products.
-
-Memory order. The packed buffers and the LM head are stored column-major (Fortran order): still
-[out, in] arrays with the same values, but each input feature's weights for all outputs lie
-together. For these tall matrices ([960, 576] q/k/v, [3072, 576] gate/up, [49152, 576] head on
-SmolLM2) OpenBLAS's matrix-vector kernel for that layout streams 20-35% more GB/s, and a decoded
-token is ~10% faster (bench/RESULTS.md); attn_output and ffn_down, square and wide, stream
-faster row-major and stay so. Prefill's GEMMs run as fast either way (bench runs 4-6: 360-405
-tokens/s, against 360-431 before).
+- Packing. One product over a [q+k+v, d_model] matrix streams faster than three small ones
+  (and costs one Python call, not three), and the same holds for gate and up. Each layer's
+  q/k/v rows and gate/up rows are copied into one buffer and the params entries become views
+  of it, so nothing is stored twice. If a params entry is later replaced by another array,
+  packed() notices (the entry is no longer the view pack() made) and the model falls back to
+  the separate products.
+- Memory order. Tall matrices (more rows than columns: packed q/k/v [960, 576], gate/up
+  [3072, 576], the LM head [49152, 576] on SmolLM2) are stored column-major (Fortran order):
+  still [out, in] arrays with the same values, but each input feature's weights for all
+  outputs lie together. OpenBLAS's matrix-vector kernel streams that layout 20-35% faster for
+  tall shapes; the square attn_output and the wide ffn_down stream faster row-major and stay so.
+  Prefill's GEMMs run as fast either way (bench runs 4-6: 360-405 tokens/s, against 360-431).
+- Huge pages. All these matrices live in one anonymous memory mapping that the kernel is asked
+  (madvise MADV_HUGEPAGE) to back with 2 MB pages: a 4 KB page is 1,024 floats, so a token's
+  sweep over the weights would otherwise walk ~130,000 page-table entries, and the hardware
+  prefetcher stops at every 4 KB boundary. Where the platform has no such advice, it is
+  ordinary memory.
+Together with model/decode.py these make decoding ~25% faster (bench/RESULTS.md).
 """
+import mmap
+
 import numpy as np
 
 from .params import lm_head_name
@@ -26,33 +34,57 @@ GATE_UP = ("ffn_gate.weight", "ffn_up.weight")
 
 
 def pack(params, cfg) -> dict:
-    """-> {(layer, "qkv"|"gate_up"): buffer}; rewrites params entries as views into the buffers
-    (and the LM head as a column-major copy)."""
-    packs = {}
+    """-> {(layer, "qkv"|"gate_up"): (buffer, views)}; moves the matrices a decode step reads into
+    one huge-page block and rewrites their params entries as views into it (same values)."""
+    groups = []                                 # (pack key or None, tensor names stacked by rows)
+
+    def add(key, parts):
+        names = [f"blk.{il}.{n}" for n in parts]
+        if all(n in params for n in names):
+            groups.append((key, names))
+            return True
+        return False
+
     for il in range(cfg.n_layer):
-        for kind, parts in (("qkv", QKV), ("gate_up", GATE_UP)):
-            names = [f"blk.{il}.{n}" for n in parts]
-            if not all(n in params for n in names):
-                continue                      # fused GPT-2 qkv, dense FFN: nothing to pack
-            rows = sum(params[n].shape[0] for n in names)
-            buf = np.empty((rows, cfg.d_model), params[names[0]].dtype, order="F")   # [sum(out), d_model]
-            np.concatenate([params[n] for n in names], axis=0, out=buf)
-            row = 0
-            for n in names:
-                rows = params[n].shape[0]
-                params[n] = buf[row:row + rows]
-                row += rows
-            packs[(il, kind)] = buf
-    head = lm_head_name(cfg)
-    params[head] = np.asfortranarray(params[head])             # [vocab, d_model], column-major
+        add((il, "qkv"), QKV) or add(None, ("attn_qkv.weight",))        # GPT-2 files fuse q/k/v already
+        add(None, ("attn_output.weight",))
+        add((il, "gate_up"), GATE_UP) or add(None, ("ffn_up.weight",))  # dense FFN: up alone
+        add(None, ("ffn_down.weight",))
+    groups.append((None, [lm_head_name(cfg)]))
+    sizes = [sum(params[n].size for n in names) for _, names in groups]
+    starts = np.cumsum([0] + [-(-n // 16) * 16 for n in sizes])         # each matrix 64-byte aligned (float32)
+    arena = _huge_page_array(int(starts[-1]), params[lm_head_name(cfg)].dtype)
+    packs = {}
+    for (key, names), size, start in zip(groups, sizes, starts):
+        rows, cols = sum(params[n].shape[0] for n in names), params[names[0]].shape[1]
+        flat = arena[start:start + size]
+        buf = flat.reshape(cols, rows).T if rows > cols else flat.reshape(rows, cols)   # [rows, cols]: tall ones column-major
+        np.concatenate([params[n] for n in names], axis=0, out=buf)
+        views, row = [], 0
+        for n in names:
+            params[n] = buf[row:row + params[n].shape[0]]
+            row += params[n].shape[0]
+            views.append(params[n])
+        if key is not None:
+            packs[key] = (buf, tuple(views))
     return packs
 
 
 def packed(packs, params, il, kind, names):
-    """The packed buffer for these tensors, if params still holds views of it; else None."""
+    """The packed buffer for these tensors, if params still holds the views pack() made; else None."""
     if not packs:
         return None
-    buf = packs.get((il, kind))
-    if buf is None or any(params[n].base is not buf for n in names):
+    entry = packs.get((il, kind))
+    if entry is None or any(params[n] is not v for n, v in zip(names, entry[1])):
         return None
-    return buf
+    return entry[0]
+
+
+def _huge_page_array(n, dtype):
+    """A 1-D array of n elements in an anonymous mapping advised to use transparent huge pages."""
+    nbytes = n * np.dtype(dtype).itemsize
+    if nbytes == 0 or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return np.empty(n, dtype)
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(m, dtype, count=n)                    # the array keeps the mapping alive
