@@ -3,7 +3,7 @@ params entry replaced after packing makes the model fall back to the separate ma
 import numpy as np
 
 from ffnlab import Model, ModelConfig
-from ffnlab.model.packing import pack, packed
+from ffnlab.model.packing import BLAS_THREADED_MIN, pack, packed
 from ffnlab.model.params import init_params
 
 CFG = ModelConfig(n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=64, ffn="swiglu", vocab_size=50, n_ctx=16)
@@ -13,7 +13,7 @@ def test_packed_logits_match_unpacked():
     ids = np.array([3, 1, 4, 1, 5, 9, 2, 6])
     plain = Model(CFG, init_params(CFG, seed=1))
     fast = Model(CFG, init_params(CFG, seed=1), pack_weights=True)
-    assert fast.packs and len(fast.packs) == 2 * CFG.n_layer
+    assert sorted(fast.packs) == sorted((il, k) for il in range(CFG.n_layer) for k in ("qkv", "attn_output", "gate_up"))
     np.testing.assert_allclose(fast.forward(ids), plain.forward(ids), rtol=0, atol=1e-6)
 
 
@@ -27,6 +27,23 @@ def test_pack_keeps_tensor_values_and_shares_memory():
     assert views[0] is p["blk.0.ffn_gate.weight"] and views[1] is p["blk.0.ffn_up.weight"]
     assert np.shares_memory(p["blk.0.ffn_gate.weight"], buf) and np.shares_memory(p["blk.0.ffn_up.weight"], buf)
     assert buf.flags.f_contiguous and p["blk.0.ffn_down.weight"].flags.c_contiguous   # tall: column-major
+
+
+def test_padded_matrix_runs_on_the_threshold_and_keeps_its_values():
+    """A matrix under BLAS_THREADED_MIN but within 1.5x of it gets zero rows up to it (so OpenBLAS
+    splits its gemv across threads); the params entry stays the real rows, and decoding gives
+    the unpadded model's logits."""
+    cfg = ModelConfig(n_layer=1, d_model=576, n_head=9, n_kv_head=3, d_ff=64, ffn="swiglu", vocab_size=50, n_ctx=8)
+    plain = Model(cfg, init_params(cfg, seed=4))
+    fast = Model(cfg, init_params(cfg, seed=4), pack_weights=True)
+    buf, (view,) = fast.packs[(0, "attn_output")]
+    assert buf.shape == (800, 576) and buf.size >= BLAS_THREADED_MIN and not buf[576:].any()
+    assert view.shape == (576, 576) and np.array_equal(view, plain.params["blk.0.attn_output.weight"])
+    kv = fast.new_cache(n_ctx=4)
+    fast.forward_last([1, 2], kv)
+    np.testing.assert_allclose(fast.forward_last([3], kv), plain.forward([1, 2, 3])[-1], rtol=0, atol=1e-5)
+    small = Model(CFG, init_params(CFG, seed=4), pack_weights=True)     # 32 x 32: far below, not padded
+    assert small.packs[(0, "attn_output")][0].shape == (32, 32)
 
 
 def test_replaced_tensor_disables_its_pack():

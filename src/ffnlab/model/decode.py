@@ -41,7 +41,7 @@ class Layer(NamedTuple):
     qkv_b: np.ndarray | None         # [q_dim + 2*kv_dim] biases (Qwen2, GPT-2)
     q_norm: np.ndarray | None        # [hd] Gemma 3 per-head norms
     k_norm: np.ndarray | None
-    wo: np.ndarray                   # [d_model, q_dim]
+    wo: np.ndarray                   # [d_model (+ zero rows, see packing.py), q_dim]
     wo_b: np.ndarray | None
     post_attn_norm: tuple | None
     ffn_norm: tuple
@@ -92,7 +92,8 @@ def make_plan(p, cfg, packs=None) -> Plan:
             q=None if qkv is not None else p[qkv_names[0]], k=None if qkv is not None else p[qkv_names[1]],
             v=None if qkv is not None else p[qkv_names[2]], qkv_b=qkv_b,
             q_norm=p.get(blk + "attn_q_norm.weight"), k_norm=p.get(blk + "attn_k_norm.weight"),
-            wo=p[blk + "attn_output.weight"], wo_b=p.get(blk + "attn_output.bias"),
+            wo=_first(packed(packs, p, il, "attn_output", (blk + "attn_output.weight",)), p[blk + "attn_output.weight"]),
+            wo_b=p.get(blk + "attn_output.bias"),
             post_attn_norm=norm(blk + "post_attention_norm") if cfg.post_attn_norm else None,
             ffn_norm=norm(blk + "ffn_norm"), gate_up=gate_up, gate=p.get(blk + "ffn_gate.weight"),
             up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"], gate_b=p.get(blk + "ffn_gate.bias"),
@@ -101,6 +102,10 @@ def make_plan(p, cfg, packs=None) -> Plan:
             window=cfg.sliding_window if cfg.is_sliding(il) else 0,
             rope=(cfg.layer_rope_theta(il), cfg.layer_rope_scale(il)) if cfg.positions == "rope" else None))
     return Plan(params_key(p), layers, norm("output_norm"), p[lm_head_name(cfg)])
+
+
+def _first(*arrays):
+    return next(a for a in arrays if a is not None)
 
 
 def decode_step(p, cfg, plan: Plan, tok, kv):
@@ -184,7 +189,7 @@ def _attention(x, L, cfg, n, K, V, rot):
     if scale != 1.0:
         kq *= np.asarray(scale, dtype=kq.dtype)
     out = softmax_forward(kq) @ V[:, lo:n + 1]                        # [Hkv, G, S] @ [Hkv, S, hd] -> [Hkv, G, hd]
-    y = L.wo @ out.reshape(H * hd)                                    # [d_model, q_dim] @ [q_dim]
+    y = (L.wo @ out.reshape(H * hd))[:cfg.d_model]                    # [d_model, q_dim] @ [q_dim]
     if L.wo_b is not None:
         y += L.wo_b
     return y

@@ -16,6 +16,11 @@ reads out for streaming, without changing a single value or tensor name:
   outputs lie together. OpenBLAS's matrix-vector kernel streams that layout 20-35% faster for
   tall shapes; the square attn_output and the wide ffn_down stream faster row-major and stay so.
   Prefill's GEMMs run as fast either way (bench runs 4-6: 360-405 tokens/s, against 360-431).
+- Threading. OpenBLAS runs a matrix-vector product of fewer than 460,800 elements on one
+  thread (interface/gemv.c: 115,200 x GEMM_MULTITHREAD_THRESHOLD), so SmolLM2's [576, 576]
+  attn_output streamed at half the speed of the rest. A matrix that is at least 2/3 of that size
+  gets zero rows below it up to it: the product runs on both cores, and the extra outputs (zeros)
+  are sliced off. Its params entry is a view of the real rows.
 - Huge pages. All these matrices live in one anonymous memory mapping that the kernel is asked
   (madvise MADV_HUGEPAGE) to back with 2 MB pages: a 4 KB page is 1,024 floats, so a token's
   sweep over the weights would otherwise walk ~130,000 page-table entries, and the hardware
@@ -29,13 +34,14 @@ import numpy as np
 
 from .params import lm_head_name
 
+BLAS_THREADED_MIN = 460_800     # elements from which OpenBLAS splits a gemv across threads
 QKV = ("attn_q.weight", "attn_k.weight", "attn_v.weight")
 GATE_UP = ("ffn_gate.weight", "ffn_up.weight")
 
 
 def pack(params, cfg) -> dict:
-    """-> {(layer, "qkv"|"gate_up"): (buffer, views)}; moves the matrices a decode step reads into
-    one huge-page block and rewrites their params entries as views into it (same values)."""
+    """-> {(layer, "qkv"|"gate_up"|"attn_output"): (buffer, views)}; moves the matrices a decode step
+    reads into one huge-page block and rewrites their params entries as views into it (same values)."""
     groups = []                                 # (pack key or None, tensor names stacked by rows)
 
     def add(key, parts):
@@ -47,19 +53,20 @@ def pack(params, cfg) -> dict:
 
     for il in range(cfg.n_layer):
         add((il, "qkv"), QKV) or add(None, ("attn_qkv.weight",))        # GPT-2 files fuse q/k/v already
-        add(None, ("attn_output.weight",))
+        add((il, "attn_output"), ("attn_output.weight",))
         add((il, "gate_up"), GATE_UP) or add(None, ("ffn_up.weight",))  # dense FFN: up alone
         add(None, ("ffn_down.weight",))
     groups.append((None, [lm_head_name(cfg)]))
-    sizes = [sum(params[n].size for n in names) for _, names in groups]
-    starts = np.cumsum([0] + [-(-n // 16) * 16 for n in sizes])         # each matrix 64-byte aligned (float32)
+    shapes = [_padded_shape(sum(params[n].shape[0] for n in names), params[names[0]].shape[1]) for _, names in groups]
+    starts = np.cumsum([0] + [-(-r * c // 16) * 16 for r, c in shapes])   # each matrix 64-byte aligned (float32)
     arena = _huge_page_array(int(starts[-1]), params[lm_head_name(cfg)].dtype)
     packs = {}
-    for (key, names), size, start in zip(groups, sizes, starts):
-        rows, cols = sum(params[n].shape[0] for n in names), params[names[0]].shape[1]
-        flat = arena[start:start + size]
+    for (key, names), (rows, cols), start in zip(groups, shapes, starts):
+        flat = arena[start:start + rows * cols]
         buf = flat.reshape(cols, rows).T if rows > cols else flat.reshape(rows, cols)   # [rows, cols]: tall ones column-major
-        np.concatenate([params[n] for n in names], axis=0, out=buf)
+        real = sum(params[n].shape[0] for n in names)
+        np.concatenate([params[n] for n in names], axis=0, out=buf[:real])
+        buf[real:] = 0                                                  # padding rows (see Threading)
         views, row = [], 0
         for n in names:
             params[n] = buf[row:row + params[n].shape[0]]
@@ -68,6 +75,13 @@ def pack(params, cfg) -> dict:
         if key is not None:
             packs[key] = (buf, tuple(views))
     return packs
+
+
+def _padded_shape(rows, cols):
+    """[rows, cols], with zero rows added up to BLAS_THREADED_MIN elements when that costs at most 1.5x."""
+    if rows * cols < BLAS_THREADED_MIN <= 1.5 * rows * cols:
+        rows = -(-BLAS_THREADED_MIN // cols)
+    return rows, cols
 
 
 def packed(packs, params, il, kind, names):
