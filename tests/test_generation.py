@@ -14,6 +14,7 @@ import models as M
 from ffnlab.config import ModelConfig
 from ffnlab.errors import UsageError
 from ffnlab.generation import SamplingParams, generate, sample
+from ffnlab.generation.sampling import most_likely
 from ffnlab.generation.chat import encode_chat, render_chat
 from ffnlab.model import Model
 
@@ -209,6 +210,23 @@ LOGITS = np.log(np.array([0.30, 0.22, 0.15, 0.11, 0.08, 0.05, 0.04, 0.03, 0.015,
 def test_candidate_sets_equal_llama_cpp_samplers(kw):
     expected, _ = llama_cpp_survivors(LOGITS, **kw)
     assert drawn(LOGITS, **kw) == expected
+
+
+def test_top_k_by_partition_equals_a_stable_sort():
+    """most_likely() (a partition, O(vocab)) gives the first k of a stable descending argsort,
+    ties at the k-th value broken by lower id, on random logits with and without heavy ties."""
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n, k = int(rng.integers(1, 3000)), int(rng.integers(-1, 60))
+        x = rng.integers(-4, 4, n).astype(np.float64) if trial % 2 else rng.standard_normal(n)
+        full = np.argsort(-x, kind="stable")
+        assert np.array_equal(most_likely(x, k), full if k <= 0 else full[:k]), (n, k)
+
+
+def test_top_k_on_a_real_vocabulary_size_equals_llama_cpp():
+    logits = np.random.default_rng(1).normal(size=4096) * 3
+    expected, _ = llama_cpp_survivors(logits, top_k=40)
+    assert set(most_likely(logits, 40).tolist()) == expected
 
 
 def test_candidate_sets_by_hand():

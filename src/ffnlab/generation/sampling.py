@@ -27,14 +27,25 @@ def apply_repeat_penalty(logits, recent, penalty):
     return logits
 
 
+def most_likely(logits, k):
+    """The ids of the k largest logits, most likely first, ties by lower id (all ids when k <= 0):
+    the first k of a stable descending argsort, found in O(vocab) with a partition instead of
+    sorting the whole vocabulary (~7 ms for 49,152 logits, more than a third of a decode step)."""
+    if k <= 0 or k >= len(logits):
+        return np.argsort(-logits, kind="stable")
+    kth = np.partition(logits, len(logits) - k)[len(logits) - k]   # the k-th largest value
+    above = np.flatnonzero(logits > kth)
+    ties = np.flatnonzero(logits == kth)[:k - len(above)]           # lowest ids first, as a stable sort keeps them
+    ids = np.concatenate([above, ties])
+    return ids[np.argsort(-logits[ids], kind="stable")]
+
+
 def sample(logits, params: SamplingParams, rng, recent=()):
     """logits: [vocab] -> token id"""
     logits = apply_repeat_penalty(np.asarray(logits, dtype=np.float64), recent[-params.repeat_last_n:] if params.repeat_last_n else (), params.repeat_penalty)
     if params.temp <= 0:
         return int(np.argmax(logits))
-    order = np.argsort(-logits, kind="stable")                   # candidates, most likely first
-    if params.top_k > 0:
-        order = order[:params.top_k]
+    order = most_likely(logits, params.top_k)                    # candidates, most likely first
     cand = logits[order]
     p = np.exp(cand - cand[0])
     p /= p.sum()
