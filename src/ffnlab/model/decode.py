@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.activations import ACTIVATIONS
-from ..ops.norms import layernorm_forward
+from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..ops.softmax import softmax_forward
 from .ffn import FFN_ACT
@@ -155,8 +155,7 @@ def _norm(x, wb, cfg):
         return layernorm_forward(x, w, b, cfg.norm_eps)[0]
     if x.ndim == 1:                                                   # x / rms(x), the rms as a Python float
         return (x * x.dtype.type(1.0 / math.sqrt(float(x @ x) / x.shape[0] + cfg.norm_eps))) * w
-    ms = np.vecdot(x, x)[..., None] / x.shape[-1]                    # per head (Gemma 3's q/k norms)
-    return (x * (1.0 / np.sqrt(ms + cfg.norm_eps))) * w
+    return rmsnorm_forward(x, w, cfg.norm_eps)[0]                     # per head (Gemma 3's q/k norms)
 
 
 def _attention(x, L, cfg, n, K, V, rot):
