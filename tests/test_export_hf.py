@@ -10,6 +10,7 @@ from export_helpers import GPT2, LLAMA, PROMPT, config, make_checkpoint
 from ffnlab.cli.main import main
 from ffnlab.model.transformer import forward
 from ffnlab.training.data import tokenizer_meta, train_bpe_tokenizer
+from tolerances import f32_atol
 
 HF_TOL = 1e-4
 
@@ -54,7 +55,8 @@ def test_hf_export_gives_the_same_logits_in_transformers(case, tmp_path):
     err = np.abs(theirs - ours).max()
     assert err <= HF_TOL, f"{case}: max |transformers - ffnlab| = {err:.2e}; " + drift(params, cfg, ids, ours, theirs)
     back = ffnlab.load(str(tmp_path / "hf"))                   # ffnlab reads its own export
-    assert np.abs(back.forward(ids) - ours).max() <= 1e-5
+    # both float32 forwards of the same weights, summed in different orders (tests/tolerances.py)
+    assert np.abs(back.forward(ids) - ours).max() <= f32_atol(cfg, ours)
     hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert hf_tok.encode(PROMPT, add_special_tokens=False) == tok.encode(PROMPT)
 
