@@ -73,7 +73,7 @@ def test_table_reads_the_forward_arrays(monkeypatch):
 
 @pytest.mark.parametrize("argv,msg", [([], "give --preset NAME"), (["--d-model", "8"], "give --preset NAME"),
                                       (["--d-model", "8", "--d-ff", "16", "--ffn", "tanh"], "--ffn must be one of"),
-                                      (["--preset", "gpt2", "-T", "0"], "-T must be a positive"),
+                                      (["--preset", "gpt2", "-T", "0"], "-T must be > 0"),
                                       (["--preset", "no-such-model"], "no-such-model")])
 def test_bad_input_is_one_line(capsys, argv, msg):
     assert main(["shapes", *argv]) == 1

@@ -141,3 +141,27 @@ def test_cli_verify_rejects_f32_for_hf(gpt2_gguf, capsys):
     rc = main(["verify", "-m", gpt2_gguf, "-p", SHORT, "--against", "hf", "--f32"])
     err = capsys.readouterr().err
     assert rc == 1 and err.strip() == "ffnlab verify: error: --f32 applies to --against llama.cpp only"
+
+
+@pytest.fixture(scope="module")
+def gpt2_gguf_for_hf(tmp_path_factory):
+    pytest.importorskip("transformers")
+    cfg = config(GPT2)
+    tok = byte_tokenizer()
+    return export_gguf(cfg, lively_params(cfg), tok, tokenizer_meta(tok, "byte"),
+                       str(tmp_path_factory.mktemp("gguf") / "gpt2.gguf"))
+
+
+def test_cli_verify_against_hf_maps_gpt2_node_by_node(gpt2_gguf_for_hf, capsys):
+    """transformers loads ffnlab's GPT-2 export (n_positions taken from the file, not its default
+    1024) and every GPT-2 node with an HF module boundary is compared: the fused qkv and its views,
+    attention inside, the biased LayerNorms and the GELU MLP."""
+    rc = main(["verify", "-m", gpt2_gguf_for_hf, "-p", SHORT, "--against", "hf", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["passed"] is True
+    compared = {n["name"] for n in doc["nodes"] if n["ok"] is not None}
+    for il in (0, 1):
+        for node in ("attn_norm", "wqkv_b", "Qcur", "Kcur", "Vcur", "kq", "kq_soft_max", "kqv", "kqv_out",
+                     "attn_out", "ffn_inp", "ffn_norm", "ffn_up_b", "ffn_gelu", "ffn_out", "l_out"):
+            assert f"{node}-{il}" in compared
+    assert {"embd", "pos_embd", "inpL", "result_norm", "result_output"} <= compared

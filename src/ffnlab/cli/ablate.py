@@ -14,6 +14,7 @@ def _list(kind):
 
 
 def add_arguments(p):
+    from .common import positive
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
@@ -22,12 +23,12 @@ def add_arguments(p):
                    help="comma-separated widths as multiples of d_model: d_ff = mult * d_model (default 1,2,4,8)")
     p.add_argument("--match-params", action="store_true",
                    help="gated FFNs get 2/3 of the width (mult 4 -> 8/3 d_model) so each mult has equal parameters")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per variant (default 2)")
-    p.add_argument("--jobs", type=int, default=1, help="runs trained in parallel processes (default 1)")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads per run (default 1)")
-    p.add_argument("--n-layer", type=int, default=2, help="blocks (default 2)")
-    p.add_argument("--d-model", type=int, default=64, help="residual width (default 64)")
-    p.add_argument("--n-head", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--seeds", type=positive("--seeds"), default=2, help="seeds per variant (default 2)")
+    p.add_argument("--jobs", type=positive("--jobs"), default=1, help="runs trained in parallel processes (default 1)")
+    p.add_argument("--threads", type=positive("--threads"), default=1, help="BLAS threads per run (default 1)")
+    p.add_argument("--n-layer", type=positive("--n-layer"), default=2, help="blocks (default 2)")
+    p.add_argument("--d-model", type=positive("--d-model"), default=64, help="residual width (default 64)")
+    p.add_argument("--n-head", type=positive("--n-head"), default=4, help="attention heads (default 4)")
     p.add_argument("--steps", type=int, default=300, help="optimizer steps per run (default 300)")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")

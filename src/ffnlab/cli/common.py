@@ -29,13 +29,49 @@ def read_prompt(args):
     return args.prompt
 
 
+# --- argparse types that check a number's range and name the flag (UsageError: one line) --------
+def _number(name, s, kind):
+    try:
+        return kind(s)
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise UsageError(f"{name} must be {what}, got {s!r}") from None
+
+
 def positive(name):
+    """> 0 (a count or a size)."""
     def parse(s):
-        try:
-            v = int(s)
-        except ValueError:
-            raise UsageError(f"{name} must be an integer, got {s!r}") from None
+        v = _number(name, s, int)
         if v <= 0:
             raise UsageError(f"{name} must be > 0, got {v}")
+        return v
+    return parse
+
+
+def nonneg(name, kind=int):
+    """>= 0"""
+    def parse(s):
+        v = _number(name, s, kind)
+        if not v >= 0:
+            raise UsageError(f"{name} must be >= 0, got {v}")
+        return v
+    return parse
+
+
+def count_or_all(name):
+    """> 0, or -1 for all (llama.cpp's convention for --chunks)."""
+    def parse(s):
+        v = _number(name, s, int)
+        if v <= 0 and v != -1:
+            raise UsageError(f"{name} must be > 0, or -1 for all, got {v}")
+        return v
+    return parse
+
+
+def positive_float(name):
+    def parse(s):
+        v = _number(name, s, float)
+        if not (v > 0 and v < float("inf")):
+            raise UsageError(f"{name} must be a positive number, got {s}")
         return v
     return parse

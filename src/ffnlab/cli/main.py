@@ -43,9 +43,22 @@ def build_parser():
     return parser
 
 
+def _command_name(argv):
+    """The subcommand named in argv (for error lines raised before argparse has finished)."""
+    commands = _commands()
+    return next((a for a in argv if a in commands), "")
+
+
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except FfnlabError as e:                       # a flag's own type check (common.positive, ...)
+        if "--debug" in argv:
+            raise
+        print(f"ffnlab {_command_name(argv)}: error: {e}", file=sys.stderr)
+        return 1
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

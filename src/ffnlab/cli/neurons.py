@@ -7,7 +7,7 @@ HELP = "MLP hidden units of one layer: their top-activating text windows, histog
 
 
 def add_arguments(p):
-    from .common import add_model_argument, positive
+    from .common import add_model_argument, count_or_all, positive
     add_model_argument(p)
     p.add_argument("--layer", type=int, required=True, help="block index L (its activation node ffn_swiglu-L / "
                                                              "ffn_geglu-L / ffn_gelu-L is recorded)")
@@ -18,7 +18,7 @@ def add_arguments(p):
                    help="without --neuron: how many units to list, ranked by mean |activation| (default 10)")
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
-    p.add_argument("--max-windows", type=int, default=-1, help="stop after this many windows; -1 = the whole file (default)")
+    p.add_argument("--max-windows", type=count_or_all("--max-windows"), default=-1, help="stop after this many windows; -1 = the whole file (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained page to browse every unit")
     p.add_argument("--hist", metavar="OUT.png", help="write a histogram of the listed units' activations (PNG)")

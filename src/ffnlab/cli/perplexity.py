@@ -7,14 +7,14 @@ HELP = "perplexity on a text file, chunked and scored like llama.cpp's llama-per
 
 
 def add_arguments(p):
-    from .common import add_model_argument, positive
+    from .common import add_model_argument, count_or_all, positive
     add_model_argument(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to score")
     p.add_argument("--ctx", type=positive("--ctx"), default=512,
                    help="chunk length in tokens; the second half of each chunk is scored (default 512, as llama.cpp)")
     p.add_argument("--batch", type=positive("--batch"), default=4,
                    help="chunks evaluated together in one [B, ctx] forward (default 4)")
-    p.add_argument("--chunks", type=int, default=-1, help="score at most this many chunks; -1 = all (default)")
+    p.add_argument("--chunks", type=count_or_all("--chunks"), default=-1, help="score at most this many chunks; -1 = all (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 

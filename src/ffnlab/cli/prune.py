@@ -9,7 +9,7 @@ HELP = "drop the least important MLP hidden units of every layer and write a sma
 
 def add_arguments(p):
     from ..pruning.gguf_rewrite import TYPES
-    from .common import add_model_argument, positive
+    from .common import add_model_argument, count_or_all, positive
     add_model_argument(p)
     p.add_argument("--keep", type=float, required=True,
                    help="fraction of MLP hidden units to keep per layer, in (0, 1]; rounded to a multiple of 32")
@@ -21,8 +21,8 @@ def add_arguments(p):
                    help="type of the pruned MLP tensors (default q8_0); other tensors are copied byte for byte")
     p.add_argument("--eval", help="held-out UTF-8 text: perplexity before and after, llama-perplexity's convention")
     p.add_argument("--ctx", type=positive("--ctx"), default=256, help="calibration window / perplexity chunk length (default 256)")
-    p.add_argument("--calib-chunks", type=int, default=16, help="calibration windows of --ctx tokens; -1 = all (default 16)")
-    p.add_argument("--eval-chunks", type=int, default=8, help="perplexity chunks; -1 = all (default 8)")
+    p.add_argument("--calib-chunks", type=count_or_all("--calib-chunks"), default=16, help="calibration windows of --ctx tokens; -1 = all (default 16)")
+    p.add_argument("--eval-chunks", type=count_or_all("--eval-chunks"), default=8, help="perplexity chunks; -1 = all (default 8)")
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 

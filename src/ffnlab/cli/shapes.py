@@ -7,16 +7,17 @@ HELP = "print the MLP (FFN) shape table of a config: every intermediate, weight 
 
 
 def add_arguments(p):
+    from .common import positive
     p.add_argument("--preset", metavar="NAME",
                    help="a preset model: gpt2, llama (Llama 2 7B), smollm2, gemma3, or any alias / HF repo id "
                         "that `ffnlab compare --list` shows")
-    p.add_argument("--d-model", type=int, metavar="N", help="residual width (overrides the preset's)")
-    p.add_argument("--d-ff", type=int, metavar="N", help="MLP hidden width (overrides the preset's)")
+    p.add_argument("--d-model", type=positive("--d-model"), metavar="N", help="residual width (overrides the preset's)")
+    p.add_argument("--d-ff", type=positive("--d-ff"), metavar="N", help="MLP hidden width (overrides the preset's)")
     p.add_argument("--ffn", metavar="KIND", help="gelu | gelu_tanh | relu | swiglu | geglu (default: the preset's, "
                                                   "else gelu_tanh)")
     p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
                    help="biases on up/gate/down (default: the preset's, else yes for dense and no for gated kinds)")
-    p.add_argument("-T", type=int, metavar="N", dest="T", help="show shapes for N tokens instead of the symbol T")
+    p.add_argument("-T", type=positive("-T"), metavar="N", dest="T", help="show shapes for N tokens instead of the symbol T")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
 
 

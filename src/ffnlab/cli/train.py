@@ -3,14 +3,14 @@ COMMAND = "train"
 HELP = "train a small model from scratch on a text file (checkpoints resume bit-exactly)"
 
 MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help)
-    "--n-layer": ("n_layer", int, "number of transformer blocks"),
-    "--d-model": ("d_model", int, "residual stream width"),
-    "--n-head": ("n_head", int, "attention heads"),
-    "--n-kv-head": ("n_kv_head", int, "key/value heads (fewer than --n-head: grouped-query attention)"),
-    "--d-ff": ("d_ff", int, "MLP hidden width (default: 4*d_model dense, 8/3*d_model gated)"),
+    "--n-layer": ("n_layer", "positive", "number of transformer blocks"),
+    "--d-model": ("d_model", "positive", "residual stream width"),
+    "--n-head": ("n_head", "positive", "attention heads"),
+    "--n-kv-head": ("n_kv_head", "positive", "key/value heads (fewer than --n-head: grouped-query attention)"),
+    "--d-ff": ("d_ff", "positive", "MLP hidden width (default: 4*d_model dense, 8/3*d_model gated)"),
     "--ffn": ("ffn", str, "MLP kind: gelu | gelu_tanh | relu | swiglu | geglu"),
     "--norm": ("norm", str, "layernorm | rmsnorm"),
-    "--n-ctx": ("n_ctx", int, "context length (learned position table size); must be >= --seq-len"),
+    "--n-ctx": ("n_ctx", "positive", "context length (learned position table size); must be >= --seq-len"),
 }
 
 SETTING_FLAGS = {  # flag -> (TrainSettings field, type, help)
@@ -22,12 +22,17 @@ SETTING_FLAGS = {  # flag -> (TrainSettings field, type, help)
     "--min-lr-frac": ("min_lr_frac", float, "final learning rate as a fraction of --lr (default 0.1)"),
     "--weight-decay": ("weight_decay", float, "AdamW decoupled weight decay on matrices (default 0.1)"),
     "--grad-clip": ("grad_clip", float, "max global gradient norm, 0 = off (default 1.0)"),
-    "--seed": ("seed", int, "seed for the init and the batch order (default 0)"),
+    "--seed": ("seed", "nonneg", "seed for the init and the batch order (default 0)"),
     "--eval-every": ("eval_every", int, "evaluate train/val loss every N steps (default 100)"),
     "--eval-batches": ("eval_batches", int, "batches per evaluation (default 4)"),
     "--ckpt-every": ("ckpt_every", int, "checkpoint every N steps, 0 = only at the end (default 100)"),
     "--val-frac": ("val_frac", float, "held-out fraction at the end of the data (default 0.1)"),
 }
+
+
+def _flag_type(flag, typ):
+    from .common import nonneg, positive
+    return {"positive": positive, "nonneg": nonneg}[typ](flag) if isinstance(typ, str) else typ
 
 
 def add_arguments(p):
@@ -37,12 +42,12 @@ def add_arguments(p):
                    help="continue the checkpoint in --out (unset flags take its values); starts fresh if there is none")
     p.add_argument("--preset", default=None, help="tiny-gpt2 | tiny-llama (default tiny-llama)")
     for flag, (_, typ, hlp) in MODEL_FLAGS.items():
-        p.add_argument(flag, type=typ, default=None, help=hlp)
+        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
     p.add_argument("--tokenizer", default=None,
                    help="byte (default, vocab 256) | bpe (trained on --data) | path of a GGUF/HF model whose tokenizer to use")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary size of --tokenizer bpe (default 1024)")
     for flag, (_, typ, hlp) in SETTING_FLAGS.items():
-        p.add_argument(flag, type=typ, default=None, help=hlp)
+        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
     p.add_argument("--decay-embeddings", action="store_true", default=None,
                    help="apply weight decay to the embedding tables too")
     p.add_argument("--quiet", action="store_true", help="no progress output")

@@ -66,8 +66,9 @@ def _register_capture(torch, records):
     AttentionMaskInterface.register(CAPTURE, eager_mask)
 
 
-def load_hf(path):
-    """The GGUF file as a transformers model in float32."""
+def load_hf(path, **config):
+    """The GGUF file as a transformers model in float32. config: HF config fields its GGUF
+    reader does not take from the file (GPT-2's n_positions)."""
     try:
         import torch
         import transformers
@@ -83,44 +84,14 @@ def load_hf(path):
         # its GGUF loader draws a tqdm bar that ignores disable_progress_bar(): keep stderr clean
         with contextlib.redirect_stderr(io.StringIO()):
             return AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                        gguf_file=os.path.basename(path), dtype=torch.float32)
-    except (ValueError, KeyError, OSError) as e:
+                                                        gguf_file=os.path.basename(path), dtype=torch.float32, **config)
+    except (ValueError, KeyError, OSError, RuntimeError) as e:      # RuntimeError: its size-mismatch report
         raise UsageError(f"{path}: transformers cannot load this GGUF: {e}") from None
 
 
-def capture(path, ids, hf_model=None, gguf_arch=None):
-    """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}.
-    gguf_arch: the file's general.architecture (default: HF's model type, the same for llama)."""
-    import torch
-
-    model = hf_model if hf_model is not None else load_hf(path)
-    mtype = model.config.model_type
-    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3"):
-        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
-                         "(supported: llama, qwen2, gemma3)")
-    gemma = mtype.startswith("gemma3")
-    permuted = gguf_to_hf_permuted(gguf_arch or mtype, path)
+def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
+    """Llama, Qwen2 and Gemma 3: separate q/k/v projections, a gated MLP."""
     inner = model.model
-    out, attn, hooks = {}, {}, []
-
-    def arr(t):
-        a = t.detach().to(torch.float32).numpy()
-        return a[0] if a.ndim >= 2 and a.shape[0] == 1 else a    # drop the batch of 1
-
-    def hook_out(name, op, transform=None):
-        def f(_mod, _inp, output):
-            a = arr(output[0] if isinstance(output, tuple) else output)
-            out[(name, op)] = transform(a) if transform else a
-        return f
-
-    def hook_in(name, op):
-        def f(_mod, inputs, _output):
-            out[(name, op)] = arr(inputs[0])
-        return f
-
-    def on(mod, fn):
-        hooks.append(mod.register_forward_hook(fn))
-
     for il, layer in enumerate(inner.layers):
         sa, mlp = layer.self_attn, layer.mlp
         hd = sa.head_dim
@@ -159,6 +130,78 @@ def capture(path, ids, hf_model=None, gguf_arch=None):
     on(inner.norm, hook_out("result_norm", "MUL"))
     on(model.lm_head, hook_out("result_output", "MUL_MAT"))
 
+
+def _gpt2_hooks(model, on, hook_in, hook_out, out):
+    """GPT-2: one fused c_attn (llama.cpp's wqkv_b, then views Q, K, V), LayerNorms with bias
+    (the ADD after norm and norm_w), c_fc -> GELU -> c_proj."""
+    inner = model.transformer
+    on(inner.wte, hook_out("embd", "GET_ROWS"))
+    on(inner.wpe, hook_out("pos_embd", "GET_ROWS"))
+    for il, layer in enumerate(inner.h):
+        sa, mlp = layer.attn, layer.mlp
+        H, hd = sa.num_heads, sa.head_dim
+        if il == 0:
+            on(layer, hook_in("inpL", "ADD"))
+
+        def split(a, il=il, H=H, hd=hd):                               # [T, 3*D] -> views [T, H, hd]
+            for part, node in zip(np.split(a, 3, axis=-1), ("Qcur", "Kcur", "Vcur")):
+                out[(f"{node}-{il}", "VIEW")] = part.reshape(part.shape[0], H, hd)
+            return a
+        on(layer.ln_1, hook_out(f"attn_norm-{il}", "ADD"))
+        on(sa.c_attn, hook_out(f"wqkv_b-{il}", "ADD", split))
+        on(sa.c_proj, hook_in(f"kqv_out-{il}", "CONT"))
+        on(sa.c_proj, hook_out(f"attn_out-{il}", "ADD"))
+        on(layer.ln_2, hook_in(f"ffn_inp-{il}", "ADD"))
+        on(layer.ln_2, hook_out(f"ffn_norm-{il}", "ADD"))
+        on(mlp.c_fc, hook_out(f"ffn_up_b-{il}", "ADD"))
+        on(mlp.c_proj, hook_in(f"ffn_gelu-{il}", "GELU"))
+        on(mlp.c_proj, hook_out(f"ffn_out-{il}", "ADD"))
+        on(layer, hook_out(f"l_out-{il}", "ADD"))
+    on(inner.ln_f, hook_out("result_norm", "ADD"))
+    on(model.lm_head, hook_out("result_output", "MUL_MAT"))
+
+
+def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None):
+    """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}.
+    gguf_arch: the file's general.architecture (default: HF's model type, the same for llama).
+    n_ctx: the file's context length; transformers' GGUF reader leaves GPT-2's n_positions at
+    1024 whatever the file says, so a smaller position table would not load without it."""
+    import torch
+
+    if hf_model is None:
+        hf_model = load_hf(path, **({"n_positions": n_ctx} if gguf_arch == "gpt2" and n_ctx else {}))
+    model = hf_model
+    mtype = model.config.model_type
+    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3", "gpt2"):
+        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
+                         "(supported: gpt2, llama, qwen2, gemma3)")
+    gemma = mtype.startswith("gemma3")
+    permuted = gguf_to_hf_permuted(gguf_arch or mtype, path)
+    out, attn, hooks = {}, {}, []
+
+    def arr(t):
+        a = t.detach().to(torch.float32).numpy()
+        return a[0] if a.ndim >= 2 and a.shape[0] == 1 else a    # drop the batch of 1
+
+    def hook_out(name, op, transform=None):
+        def f(_mod, _inp, output):
+            a = arr(output[0] if isinstance(output, tuple) else output)
+            out[(name, op)] = transform(a) if transform else a
+        return f
+
+    def hook_in(name, op):
+        def f(_mod, inputs, _output):
+            out[(name, op)] = arr(inputs[0])
+        return f
+
+    def on(mod, fn):
+        hooks.append(mod.register_forward_hook(fn))
+
+    if mtype == "gpt2":
+        _gpt2_hooks(model, on, hook_in, hook_out, out)
+    else:
+        _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out)
+
     _register_capture(torch, attn)
     previous = model.config._attn_implementation
     model.set_attn_implementation(CAPTURE)
@@ -171,7 +214,7 @@ def capture(path, ids, hf_model=None, gguf_arch=None):
         model.set_attn_implementation(previous)
 
     if gemma:
-        out[("embd", "GET_ROWS")] = inner.embed_tokens.weight.detach()[list(map(int, ids))].numpy()
+        out[("embd", "GET_ROWS")] = model.model.embed_tokens.weight.detach()[list(map(int, ids))].numpy()
     for il, r in attn.items():
         q = arr(r["q"]).transpose(1, 0, 2)               # [H, T, hd] -> [T, H, hd]
         k = arr(r["k"]).transpose(1, 0, 2)               # [Hkv, S, hd] -> [S, Hkv, hd]
@@ -183,9 +226,10 @@ def capture(path, ids, hf_model=None, gguf_arch=None):
             out[(f"Qcur-{il}", "ROPE")] = q
             out[(f"Qcur_scaled-{il}", "SCALE")] = q * np.float32(r["scaling"])
             raw = raw * np.float32(r["scaling"])
-        else:
+        elif mtype != "gpt2":                             # GPT-2 has no RoPE: its Q/K are the views
             out[(f"Qcur-{il}", "ROPE")] = q
-        out[(f"Kcur-{il}", "ROPE")] = k
+        if mtype != "gpt2":
+            out[(f"Kcur-{il}", "ROPE")] = k
         out[(f"kq-{il}", "MUL_MAT")] = raw
         out[(f"kq_soft_max-{il}", "SOFT_MAX")] = arr(r["probs"])
         out[(f"kqv-{il}", "MUL_MAT")] = arr(r["out"])

@@ -142,10 +142,11 @@ def compare(nodes, reference, against, rtol=None, atol=None, f32=False):
     return report
 
 
-def reference_nodes(against, source, ids, f32=False, arch=None):
+def reference_nodes(against, source, ids, f32=False, arch=None, n_ctx=None):
     """Run the reference on ids -> {(name, op, k): array} for the named nodes it computes.
     f32 (llama.cpp): run it on an F32 copy of the GGUF, with an F32 KV cache.
-    arch (hf): the GGUF's architecture, which decides whether Q/K rows are permuted."""
+    arch (hf): the GGUF's architecture, which decides whether Q/K rows are permuted.
+    n_ctx (hf): the file's context length (transformers does not read GPT-2's from the GGUF)."""
     if against == "llama.cpp":
         import os
         import tempfile
@@ -159,7 +160,7 @@ def reference_nodes(against, source, ids, f32=False, arch=None):
         return keyed([(n.name, n.op, n.array) for n in nodes
                       if not is_auto_name(n.name) and not is_kv_node(n) and n.array is not None])
     from .hf import capture
-    return {(name, op, 0): a for (name, op), a in capture(source, ids, gguf_arch=arch).items()}
+    return {(name, op, 0): a for (name, op), a in capture(source, ids, gguf_arch=arch, n_ctx=n_ctx).items()}
 
 
 def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None):
@@ -169,7 +170,7 @@ def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None)
     if against not in REFERENCES:
         raise ValueError(f"against must be one of {REFERENCES}, got {against!r}")
     if reference is None:
-        reference = reference_nodes(against, model.source, ids, f32, model.config.arch)
+        reference = reference_nodes(against, model.source, ids, f32, model.config.arch, model.config.n_ctx)
     with trace(model) as t:
         model.forward(np.asarray(ids))
     report = compare(t.nodes, reference, against, rtol, atol, f32)
