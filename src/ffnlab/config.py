@@ -16,6 +16,12 @@ GATED_FFN_KINDS = ("swiglu", "geglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
+RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")   # others (bert, phi3, custom) are sizing only
+# Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
+# before its tensors are checked (a block count of 2^32-1 must fail, not hang).
+MAX_DIM = 1 << 31
+MAX_LAYERS = 1 << 16
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 class ConfigError(FfnlabError, ValueError):
@@ -58,6 +64,7 @@ class ModelConfig:
     name: str = ""                   # human-readable model name, for reports only
 
     def __post_init__(self):
+        self._check_types()
         if self.n_kv_head == 0:
             self.n_kv_head = self.n_head
         if self.head_dim == 0:
@@ -66,12 +73,28 @@ class ModelConfig:
             self.head_dim = self.d_model // self.n_head
         self.validate()
 
+    def _check_types(self) -> None:
+        """Every field has the type its default has (a bool is not an int here, an int is a float), so
+        that a string, a list or a null from a file fails here, naming the field, and not as a
+        TypeError deep in the model."""
+        for f in fields(self):
+            v, want = getattr(self, f.name), type(f.default)
+            ok = isinstance(v, want) and not (want is int and isinstance(v, bool))
+            if want is float and isinstance(v, int) and not isinstance(v, bool):
+                ok = True
+                setattr(self, f.name, float(v))
+            if not ok:
+                raise ConfigError(f"{f.name} must be {_TYPE_NAMES[want]}, got {v!r:.60}")
+
     def validate(self) -> None:
         def need(cond, msg):
             if not cond:
                 raise ConfigError(msg)
+        self._check_types()
         for f in ("n_layer", "d_model", "n_head", "n_kv_head", "head_dim", "d_ff", "vocab_size", "n_ctx"):
-            need(isinstance(getattr(self, f), int) and getattr(self, f) > 0, f"{f} must be a positive integer, got {getattr(self, f)!r}")
+            v = getattr(self, f)
+            need(0 < v <= MAX_DIM, f"{f} must be a positive integer of at most {MAX_DIM}, got {v!r}")
+        need(self.n_layer <= MAX_LAYERS, f"n_layer must be at most {MAX_LAYERS}, got {self.n_layer}")
         need(self.ffn in FFN_KINDS, f"ffn must be one of {', '.join(FFN_KINDS)}, got {self.ffn!r}")
         need(self.norm in NORM_KINDS, f"norm must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}")
         need(self.positions in POSITION_KINDS, f"positions must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
@@ -79,7 +102,16 @@ class ModelConfig:
         need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         need(self.positions != "rope" or self.head_dim % 2 == 0, f"RoPE needs an even head_dim, got {self.head_dim}")
         need(not self.fused_qkv or self.n_kv_head == self.n_head, "fused_qkv needs n_kv_head == n_head")
-        need(self.norm_eps > 0, f"norm_eps must be > 0, got {self.norm_eps}")
+        # floats that change the math: a NaN, an infinity or a non-positive base gives NaN logits
+        need(math.isfinite(self.norm_eps) and self.norm_eps > 0, f"norm_eps must be finite and > 0, got {self.norm_eps}")
+        need(math.isfinite(self.rope_theta) and self.rope_theta > 0, f"rope_theta must be finite and > 0, got {self.rope_theta}")
+        for f in ("rope_theta_local", "attn_scale", "final_logit_softcap"):
+            v = getattr(self, f)
+            need(math.isfinite(v) and v >= 0, f"{f} must be finite and >= 0 (0: unused), got {v}")
+        need(math.isfinite(self.rope_scale) and self.rope_scale > 0, f"rope_scale must be finite and > 0, got {self.rope_scale}")
+        for f in ("sliding_window", "sliding_window_pattern"):
+            v = getattr(self, f)
+            need(0 <= v <= MAX_DIM, f"{f} must be an integer in [0, {MAX_DIM}], got {v}")
 
     # --- derived quantities -------------------------------------------------------------
     @property

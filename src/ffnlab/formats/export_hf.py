@@ -125,6 +125,7 @@ def tokenizer_config(tok, n_ctx) -> dict:
 
 def export_hf(cfg, params, tok, out_dir):
     """Write an HF model directory (created if needed) for cfg + params + tokenizer."""
+    from .hf_tokenizer import tokenizer_json
     from safetensors.numpy import save_file
 
     family = hf_family(cfg)
@@ -135,7 +136,7 @@ def export_hf(cfg, params, tok, out_dir):
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config(cfg, family, tok), f, indent=2)
     save_file(hf_tensors(cfg, params, family), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-    tok.tk.save(os.path.join(out_dir, "tokenizer.json"))
+    tokenizer_json(tok).save(os.path.join(out_dir, "tokenizer.json"))     # its post_processor adds BOS/EOS
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(tok, cfg.n_ctx), f, indent=2)
     return out_dir

@@ -13,7 +13,7 @@ from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
-from .gguf_meta import config_from_gguf, file_type_name, open_gguf
+from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from .gguf_tokenizer import tokenizer_from_gguf
 
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
@@ -21,10 +21,6 @@ from .gguf_tokenizer import tokenizer_from_gguf
 UNSUPPORTED_TENSORS = {
     "rope_freqs.weight": "per-dimension RoPE frequency factors (Llama 3.1/3.2 'llama3' rope scaling)",
 }
-
-
-def _tokenizer_meta(reader):
-    return {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
 
 
 def _gguf_version():
@@ -74,7 +70,7 @@ def load_gguf(path, dtype=np.float32, progress=None) -> Model:
     if missing:
         raise ModelFileError(f"{path}: missing tensor {missing[0]} (expected {len(expected)} tensors for a "
                              f"{cfg.arch} model, {len(missing)} missing)")
-    tok = tokenizer_from_gguf(_tokenizer_meta(reader), path)
+    tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
     m = Model(cfg, params, tok, source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)

@@ -26,8 +26,10 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..config import ModelConfig
+from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .gguf_check import check_gguf
+from .jsonfile import check_regular_file
 
 ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")
 _ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "gemma2": "gelu_tanh", "gemma3": "gelu_tanh"}
@@ -54,58 +56,20 @@ class TensorInfo:
 
 def open_gguf(path):
     """-> gguf.GGUFReader. Missing file, wrong magic, or a truncated/corrupt file raise
-    ModelFileError naming the file."""
+    ModelFileError naming the file; the structure is checked (gguf_check.py) before the reader runs."""
     import gguf
 
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise ModelFileError(f"{path}: no such file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ModelFileError(f"{path}: not a GGUF file (first bytes {magic!r}, expected b'GGUF')")
+    check_regular_file(path, "GGUF file")
+    check_gguf(path)
     try:
         with _plain_ndarray_views():
             reader = gguf.GGUFReader(path)
-    except Exception as e:                   # the reader raises ValueError/IndexError/... on short files
-        short = _tensor_past_the_end(path)
-        if short:
-            raise ModelFileError(f"{path}: truncated: {short}") from None
-        raise ModelFileError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})") from None
-    size = os.path.getsize(path)
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise ModelFileError(f"{path}: truncated: tensor {t.name} ends at byte {t.data_offset + t.n_bytes}, "
-                                 f"file has {size}")
+    except Exception as e:                   # what the check above does not foresee, still one line
+        raise ModelFileError(f"{path}: corrupt GGUF ({type(e).__name__}: {str(e)[:200]})") from None
     return reader
-
-
-def _tensor_past_the_end(path):
-    """After GGUFReader failed: read only the tensor directory and name the first tensor whose data
-    runs past the end of the file (an interrupted download) -> a message, or None.
-    Reaches into GGUFReader's tensor-info fields; if those ever change, the caller's generic message stays."""
-    import gguf
-    import numpy
-
-    found = []
-
-    class _Directory(gguf.GGUFReader):
-        def _build_tensors(self, start_offs, fields):           # map no tensor data
-            size = len(self.data)
-            for f in fields:
-                name = bytes(f.parts[1]).decode("utf-8", "replace")
-                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(f.parts[4][0]))]
-                end = int(start_offs + f.parts[5][0]) + int(numpy.prod(f.parts[3])) * type_size // block
-                if end > size:
-                    found.append(f"tensor {name} ends at byte {end}, file has {size}")
-                    break
-            self.tensors = []
-
-    try:
-        _Directory(path)
-    except Exception:
-        return None
-    return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -137,6 +101,19 @@ def _plain_ndarray_views():
         gguf_reader.np = numpy
 
 
+def field_value(field, path):
+    """A GGUFReader field's Python value; invalid UTF-8 in it is a ModelFileError naming the key."""
+    try:
+        return field.contents()
+    except UnicodeDecodeError as e:
+        raise ModelFileError(f"{path}: GGUF metadata key '{field.name}' holds invalid UTF-8 ({e.reason})") from None
+
+
+def tokenizer_meta(reader, path) -> dict:
+    """The tokenizer.* keys -> {key: Python value} (lists as lists), for gguf_tokenizer.py."""
+    return {k: field_value(f, path) for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+
+
 def tensor_infos(reader) -> list[TensorInfo]:
     """The tensor directory, in file order. Sizes come from the directory, not the data."""
     return [TensorInfo(t.name, tuple(int(n) for n in t.shape), t.tensor_type.name, int(t.n_elements),
@@ -154,18 +131,34 @@ def metadata(reader) -> dict:
         if field.types and field.types[0] == gguf.GGUFValueType.ARRAY:
             out[key] = f"[{len(field.data)} items]"
         else:
-            out[key] = field.contents()
+            out[key] = field_value(field, "GGUF")
     return out
 
 
-def get_key(reader, key, path, default=...):
-    """One metadata value; a missing key raises ModelFileError naming it (unless a default is given)."""
+def get_key(reader, key, path, default=..., kind=None, lo=None, hi=None):
+    """One metadata value; a missing key raises ModelFileError naming it (unless a default is given).
+    kind (int, float, str, bool, list): the value must be one (an int is a float; a bool is neither),
+    finite and within [lo, hi] -- so head_count 0, a NaN epsilon or a string block count fail here."""
     field = reader.fields.get(key)
     if field is None:
         if default is ...:
             raise ModelFileError(f"{path}: missing GGUF metadata key '{key}'")
         return default
-    return field.contents()
+    v = field_value(field, path)
+    if kind is None:
+        return v
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    ok = (number and (kind is float or isinstance(v, int))) if kind in (int, float) else isinstance(v, kind)
+    if not ok:
+        raise ModelFileError(f"{path}: GGUF metadata key '{key}' must be {_KIND[kind]}, found {str(v)[:60]!r}")
+    if kind in (int, float):
+        if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise ModelFileError(f"{path}: GGUF metadata key '{key}' = {v} is outside [{lo}, {hi}]")
+        v = float(v) if kind is float else v
+    return v
+
+
+_KIND = {int: "an integer", float: "a number", str: "a string", bool: "a bool", list: "an array"}
 
 
 def file_type_name(reader) -> str:
@@ -184,23 +177,29 @@ def file_type_name(reader) -> str:
 def config_from_gguf(reader, path) -> ModelConfig:
     """A GGUFReader's metadata + tensor names -> ModelConfig (what llama.cpp would build)."""
     path = os.fspath(path)
-    arch = get_key(reader, "general.architecture", path)
+    arch = get_key(reader, "general.architecture", path, kind=str)
     if arch not in ARCHS:
         raise ModelFileError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
     names = {t.name for t in reader.tensors}
     shapes = {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors}
 
-    def key(k, default=...):
-        return get_key(reader, f"{arch}.{k}", path, default)
+    def key(k, default=..., kind=int, lo=1, hi=MAX_DIM):
+        return get_key(reader, f"{arch}.{k}", path, default, kind, lo, hi)
 
-    d_model, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+    d_model, n_head = key("embedding_length"), key("attention.head_count")
+    n_layer = key("block_count", hi=MAX_LAYERS)
+    _check_blocks(names, n_layer, path)                          # before any per-layer shape is built
     d_ff = get_key(reader, f"{arch}.feed_forward_length", path)
-    if not isinstance(d_ff, int):                               # a per-layer list: ffnlab needs one width
-        widths = set(int(x) for x in d_ff)
+    if isinstance(d_ff, list):                                   # a per-layer list: ffnlab needs one width
+        if not d_ff or not all(type(x) is int for x in d_ff):
+            raise ModelFileError(f"{path}: {arch}.feed_forward_length must be integers, found {str(d_ff)[:60]}")
+        widths = set(d_ff)
         if len(widths) != 1:
             raise ModelFileError(f"{path}: {arch}.feed_forward_length varies per layer ({sorted(widths)}); "
                                  f"ffnlab needs one d_ff")
         d_ff = widths.pop()
+    else:
+        d_ff = key("feed_forward_length")
     eps_key = "attention.layer_norm_epsilon" if arch == "gpt2" else "attention.layer_norm_rms_epsilon"
     has = lambda t: f"blk.0.{t}" in names                       # noqa: E731
     act = _ACTIVATION[arch]
@@ -208,30 +207,44 @@ def config_from_gguf(reader, path) -> ModelConfig:
     if arch != "gpt2" and not gated:
         raise ModelFileError(f"{path}: missing tensor blk.0.ffn_gate.weight ({arch} has a gated FFN)")
     kw = dict(
-        arch=arch, n_layer=int(key("block_count")), d_model=d_model, n_head=n_head,
-        n_kv_head=int(key("attention.head_count_kv", n_head)),
-        head_dim=int(key("attention.key_length", d_model // n_head)),
+        arch=arch, n_layer=n_layer, d_model=d_model, n_head=n_head,
+        n_kv_head=key("attention.head_count_kv", n_head),
+        head_dim=key("attention.key_length", d_model // n_head),
         d_ff=d_ff, ffn=_GATED_KIND[act] if gated else act,
         ffn_bias=has("ffn_up.bias"), attn_bias=has("attn_q.bias") or has("attn_qkv.bias"),
         attn_out_bias=has("attn_output.bias"), fused_qkv=has("attn_qkv.weight"),
-        norm="layernorm" if has("attn_norm.bias") else "rmsnorm", norm_eps=float(key(eps_key)),
+        norm="layernorm" if has("attn_norm.bias") else "rmsnorm", norm_eps=key(eps_key, kind=float, lo=1e-30, hi=1.0),
         post_attn_norm=has("post_attention_norm.weight"), post_ffn_norm=has("post_ffw_norm.weight"),
         qk_norm=has("attn_q_norm.weight"),
         positions="learned" if "position_embd.weight" in names else "rope",
         rope_pairing="normal" if arch == "llama" else "neox",
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        vocab_size=_vocab_size(reader, arch, shapes, path), n_ctx=int(key("context_length")),
+        rope_theta=key("rope.freq_base", 10000.0, float, 1e-30, 1e30),
+        vocab_size=_vocab_size(reader, arch, shapes, path), n_ctx=key("context_length"),
         tie_embeddings="output.weight" not in names,
-        name=str(get_key(reader, "general.name", path, "")))
+        name=get_key(reader, "general.name", path, "", str))
     if arch == "gpt2":
         kw["rope_pairing"] = "normal"                           # unused: GPT-2 has learned positions
-    scaling = get_key(reader, f"{arch}.rope.scaling.type", path, "linear")
-    factor = float(get_key(reader, f"{arch}.rope.scaling.factor", path, 0.0) or 0.0)
+    scaling = get_key(reader, f"{arch}.rope.scaling.type", path, "linear", str)
+    factor = key("rope.scaling.factor", 0.0, float, 0.0, 1e30)
     if scaling == "linear" and factor > 0:
         kw["rope_scale"] = factor
     if arch in ("gemma2", "gemma3"):
         kw.update(_gemma(reader, arch, path, kw))
-    return ModelConfig(**kw)
+    try:
+        return ModelConfig(**kw)
+    except ConfigError as e:                 # e.g. embedding_length not a multiple of head_count
+        raise ModelFileError(f"{path}: the metadata describes no valid model: {e}") from None
+
+
+def _check_blocks(names, n_layer, path):
+    """Every blk.N tensor has N < block_count, and blk.{block_count-1} exists: checked against the
+    tensor names, so a block count of 2^32-1 fails before any per-layer shape is built."""
+    layers = {int(n.split(".")[1]) for n in names if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    if layers and max(layers) >= n_layer:
+        raise ModelFileError(f"{path}: tensor blk.{max(layers)}.* but block_count is {n_layer}")
+    if layers and n_layer - 1 not in layers:
+        raise ModelFileError(f"{path}: block_count is {n_layer} but the file has no tensors for "
+                             f"blk.{n_layer - 1} (its highest block is {max(layers)})")
 
 
 def _gemma(reader, arch, path, kw) -> dict:
@@ -247,14 +260,14 @@ def _gemma(reader, arch, path, kw) -> dict:
     out = {"embed_scale": True,
            "attn_scale": 1.0 / math.sqrt(kw["d_model"] / kw["n_head"] if big else kw["head_dim"]),
            # Gemma 3 files must carry the window; llama.cpp defaults Gemma 2's to 4096
-           "sliding_window": int(get_key(reader, f"{arch}.attention.sliding_window", path,
-                                         4096 if arch == "gemma2" else ...)),
+           "sliding_window": get_key(reader, f"{arch}.attention.sliding_window", path,
+                                     4096 if arch == "gemma2" else ..., int, 1, MAX_DIM),
            "sliding_window_pattern": 2,
-           "final_logit_softcap": float(get_key(reader, f"{arch}.final_logit_softcapping", path, 0.0))}
+           "final_logit_softcap": get_key(reader, f"{arch}.final_logit_softcapping", path, 0.0, float, 0.0, 1e30)}
     if arch == "gemma3":
         out["sliding_window_pattern"] = _swa_pattern(get_key(reader, f"{arch}.attention.sliding_window_pattern",
                                                              path, 6), kw["n_layer"], path)
-        out["rope_theta_local"] = float(get_key(reader, f"{arch}.rope.freq_base_swa", path, 10000.0))
+        out["rope_theta_local"] = get_key(reader, f"{arch}.rope.freq_base_swa", path, 10000.0, float, 1e-30, 1e30)
     return out
 
 
@@ -262,7 +275,9 @@ def _swa_pattern(value, n_layer, path) -> int:
     """A scalar pattern n, or a per-layer list of 'is sliding' flags that must repeat with one period
     (ModelConfig describes the layers by that period)."""
     if not isinstance(value, (list, tuple)):
-        return int(value)
+        if type(value) is not int or not 0 < value <= MAX_LAYERS:
+            raise ModelFileError(f"{path}: attention.sliding_window_pattern must be a positive integer, found {value!r:.40}")
+        return value
     flags = [bool(v) for v in value]
     for n in range(1, len(flags) + 1):
         if all(f == (il % n < n - 1) for il, f in enumerate(flags)):
@@ -275,9 +290,9 @@ def _vocab_size(reader, arch, shapes, path) -> int:
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is not None:
         return len(tokens.data)
-    v = get_key(reader, f"{arch}.vocab_size", path, None)
+    v = get_key(reader, f"{arch}.vocab_size", path, None, int, 1, MAX_DIM)
     if v is not None:
-        return int(v)
+        return v
     if "token_embd.weight" not in shapes:
         raise ModelFileError(f"{path}: no tokenizer.ggml.tokens, no {arch}.vocab_size and no token_embd.weight")
     return shapes["token_embd.weight"][1]                      # ggml ne = (d_model, vocab)

@@ -8,6 +8,8 @@
 Control and user-defined tokens (token_type 3 and 4) are added as special tokens, so
 "<|im_start|>" in a prompt is one id, as llama.cpp parses it.
 """
+import math
+
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -44,12 +46,56 @@ def _field(meta, key, default=None):
     return default if v is None else v
 
 
+def _typed(meta, key, path, check, want, default=None):
+    """meta[key] if check(value) holds, else a ModelFileError naming the key and what it should be."""
+    v = meta.get(key)
+    if v is None:
+        return default
+    if not check(v):
+        raise ModelFileError(f"{path}: GGUF metadata key '{key}' must be {want}, found {str(v)[:60]!r}")
+    return v
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_tokenizer_meta(meta, path):
+    """Types, lengths and ranges of every tokenizer.ggml.* key used, before `tokenizers` sees any
+    (a malformed merge makes the tokenizers library panic in Rust)."""
+    tokens = _typed(meta, "tokenizer.ggml.tokens", path, lambda v: isinstance(v, list) and v
+                    and all(isinstance(t, str) for t in v), "a non-empty array of strings")
+    n = len(tokens)
+    _typed(meta, "tokenizer.ggml.token_type", path, lambda v: isinstance(v, list) and len(v) == n
+           and all(_is_int(t) for t in v), f"an array of {n} integers (one per token)")
+    _typed(meta, "tokenizer.ggml.scores", path, lambda v: isinstance(v, list) and len(v) == n
+           and all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in v),
+           f"an array of {n} finite numbers (one per token)")
+    for key in ("model", "pre", "chat_template"):
+        _typed(meta, f"tokenizer.{'' if key == 'chat_template' else 'ggml.'}{key}", path,
+               lambda v: isinstance(v, str), "a string")
+    for key in ("add_bos_token", "add_eos_token", "add_space_prefix"):
+        _typed(meta, f"tokenizer.ggml.{key}", path, lambda v: isinstance(v, bool), "a bool")
+    for key in ("bos", "eos", "unknown", "eot", "eom", "padding"):
+        _typed(meta, f"tokenizer.ggml.{key}_token_id", path, lambda v: _is_int(v) and 0 <= v < n,
+               f"a token id in [0, {n})")
+    merges = _typed(meta, "tokenizer.ggml.merges", path, lambda v: isinstance(v, list)
+                    and all(isinstance(m, str) for m in v), "an array of strings", [])
+    vocab = set(tokens)
+    for i, m in enumerate(merges):
+        a, sep, b = m.partition(" ")
+        if not (a and sep and b) or a not in vocab or b not in vocab or a + b not in vocab:
+            raise ModelFileError(f"{path}: tokenizer.ggml.merges[{i}] = {m[:40]!r} is not 'A B' with A, B and AB "
+                                 f"all tokens")
+
+
 def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     """meta: GGUF key -> python value (lists as lists). -> Tokenizer"""
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if kind is None or tokens is None:
         raise ModelFileError(f"{path}: no tokenizer in the GGUF metadata (tokenizer.ggml.model / tokenizer.ggml.tokens missing)")
+    _check_tokenizer_meta(meta, path)
     types = _field(meta, "tokenizer.ggml.token_type", [NORMAL] * len(tokens))
     if kind == "gpt2":
         tk = _byte_level_bpe(meta, tokens, path)
@@ -61,14 +107,16 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     tk.add_special_tokens(specials)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    add_bos = bool(_field(meta, "tokenizer.ggml.add_bos_token", kind == "llama"))
+    # llama.cpp (llama-vocab.cpp): SentencePiece vocabularies add BOS unless the key says otherwise
+    add_bos = _field(meta, "tokenizer.ggml.add_bos_token", kind == "llama")
+    add_eos = _field(meta, "tokenizer.ggml.add_eos_token", False)
     eot = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
     # chat models end a turn with their own token (<|im_end|>, <end_of_turn>): stop there too
     for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>"):
         i = tk.token_to_id(name)
         if i is not None:
             eot.append(i)
-    return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos,
+    return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
                      chat_template=meta.get("tokenizer.chat_template"), eot_ids=eot)
 
 

@@ -9,7 +9,6 @@ HF keeps Q/K rows in rotate_half order (llama.cpp's converter permutes them for 
 Llama runs with the neox pairing here.
 """
 import glob
-import json
 import os
 import re
 import time
@@ -20,7 +19,8 @@ from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
 from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
-from .tokenizer import Tokenizer
+from .hf_tokenizer import tokenizer_from_hf
+from .safetensors_io import read_tensors, safetensors_index
 
 _GPT2 = {
     "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
@@ -58,13 +58,12 @@ def gguf_name(hf_name, arch):
 
 
 def load_hf(path, dtype=np.float32, progress=None) -> Model:
-    from safetensors.numpy import load_file
-
     t0 = time.perf_counter()
     d, cfg_path = load_hf_config(path)
     d = flat_rope_parameters(d)
     cfg = config_from_hf(d, cfg_path)
-    scaling = (d.get("rope_scaling") or {}).get("rope_type", (d.get("rope_scaling") or {}).get("type", "default"))
+    rs = d.get("rope_scaling") if isinstance(d.get("rope_scaling"), dict) else {}
+    scaling = rs.get("rope_type", rs.get("type", "default"))
     if scaling not in ("default", "linear"):
         raise ModelFileError(f"{cfg_path}: rope scaling type {scaling!r} is not supported (ffnlab runs "
                              f"'default' and 'linear' RoPE; anything else would give wrong logits)")
@@ -76,58 +75,48 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelFileError(f"{path}: no *.safetensors weights (ffnlab never unpickles *.bin files)")
-    expected = param_shapes(cfg)
-    params = {}
-    for f in files:
-        try:
-            tensors = load_file(f)
-        except Exception as e:                      # safetensors raises its own error types
-            raise ModelFileError(f"{f}: unreadable safetensors file ({e})") from None
-        for hf_name, a in tensors.items():
-            name = gguf_name(hf_name, cfg.arch)
-            if name is None:
-                continue
-            a = a.astype(dtype)
-            if cfg.arch == "gpt2" and a.ndim == 2 and name != "token_embd.weight" and name != "position_embd.weight":
-                a = a.T                             # Conv1D [in, out] -> [out, in]
-            if name in expected and a.shape != expected[name]:
-                raise ModelFileError(f"{f}: tensor {hf_name} has shape {list(a.shape)}, config.json implies "
-                                     f"{list(expected[name])}")
-            params[name] = np.ascontiguousarray(a)
+    entries = _weight_entries(safetensors_index(files), cfg, cfg_path)   # every check before any read
     if cfg.tie_embeddings:
-        params.pop("output.weight", None)
-    elif "output.weight" not in params:
+        entries.pop("output.weight", None)
+    elif "output.weight" not in entries:
         cfg.tie_embeddings = True                   # some checkpoints omit lm_head when it equals the table
-    missing = [n for n in param_shapes(cfg) if n not in params]
+    missing = [n for n in param_shapes(cfg) if n not in entries]
     if missing:
         raise ModelFileError(f"{path}: missing weight for {missing[0]} ({len(missing)} missing)")
-    m = Model(cfg, params, _hf_tokenizer(path, d), source=path, pack_weights=True)
+    params = {}
+    for e, a in read_tensors(entries.values()):
+        name = gguf_name(e.name, cfg.arch)
+        a = a.astype(dtype)
+        if a.ndim == 2 and _conv1d(cfg, name):
+            a = a.T                                 # Conv1D [in, out] -> [out, in]
+        params[name] = np.ascontiguousarray(a)
+    m = Model(cfg, params, tokenizer_from_hf(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
 
 
-def _hf_tokenizer(path, config):
-    f = os.path.join(path, "tokenizer.json")
-    if not os.path.isfile(f):
-        return None
-    from tokenizers import Tokenizer as HFTokenizer
-    tk = HFTokenizer.from_file(f)
-    tk.post_processor = None                        # BOS is added by Tokenizer.encode, as llama.cpp does
-    tc = {}
-    tcf = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(tcf):
-        with open(tcf, encoding="utf-8") as fh:
-            tc = json.load(fh)
+def _conv1d(cfg, name):
+    """GPT-2's Conv1D layers store [in, out]; its embedding tables do not."""
+    return cfg.arch == "gpt2" and name not in ("token_embd.weight", "position_embd.weight")
 
-    def tok_id(key):
-        v = tc.get(key)
-        if isinstance(v, dict):
-            v = v.get("content")
-        return tk.token_to_id(v) if isinstance(v, str) else None
 
-    bos = tok_id("bos_token") if tok_id("bos_token") is not None else config.get("bos_token_id")
-    eos = tok_id("eos_token") if tok_id("eos_token") is not None else config.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0]
-    add_bos = bool(tc.get("add_bos_token", config.get("model_type") in ("llama", "mistral")))
-    return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos, chat_template=tc.get("chat_template"))
+def _weight_entries(index, cfg, cfg_path) -> dict:
+    """{GGUF name: TensorEntry} for the tensors ffnlab uses, each checked against the shape config.json
+    implies. A tensor of a layer the config does not have (num_hidden_layers smaller than the
+    weights) is an error: running without it would silently drop a layer."""
+    expected = param_shapes(cfg)
+    out = {}
+    for hf_name, e in index.items():
+        name = gguf_name(hf_name, cfg.arch)
+        if name is None:
+            continue
+        if name not in expected and name != "output.weight":
+            raise ModelFileError(f"{e.file}: tensor {hf_name} has no place in the model {cfg_path} describes "
+                                 f"({cfg.n_layer} layers, d_ff {cfg.d_ff})")
+        shape = tuple(reversed(e.shape)) if len(e.shape) == 2 and _conv1d(cfg, name) else e.shape
+        want = expected.get(name, (cfg.vocab_size, cfg.d_model))
+        if shape != tuple(want):
+            raise ModelFileError(f"{e.file}: tensor {hf_name} has shape {list(e.shape)}, config.json implies "
+                                 f"{list(want) if not _conv1d(cfg, name) or len(want) != 2 else list(reversed(want))}")
+        out[name] = e
+    return out

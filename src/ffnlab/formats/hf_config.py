@@ -19,11 +19,11 @@ are not part of ModelConfig either; hf_extra_params() counts them for the sizing
 
 A required field that is missing raises ConfigError naming the field and the file.
 """
-import json
 import os
 
-from ..config import ConfigError, ModelConfig
+from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .jsonfile import field, read_json_object
 
 SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text")
 
@@ -36,50 +36,50 @@ def load_hf_config(path) -> tuple[dict, str]:
     path = os.fspath(path)
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ModelFileError(f"{path}: no such file (expected an HF config.json or a directory holding one)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            d = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise ConfigError(f"{path}: expected a JSON object, found {type(d).__name__}")
-    return d, path
+    return read_json_object(path, "config", max_bytes=16 << 20), path
 
 
 def config_from_hf(d: dict, path="config.json", name="") -> ModelConfig:
     """d: the parsed config.json; path: where it came from (for messages) -> ModelConfig"""
     if "text_config" in d and d.get("model_type") == "gemma3":
-        d = {**d["text_config"], "model_type": "gemma3_text"}    # multimodal Gemma 3: the LM is text_config
+        d = {**field(d, "text_config", dict, path), "model_type": "gemma3_text"}   # multimodal: the LM is text_config
     d = flat_rope_parameters(d)
-    model_type = d.get("model_type")
-    if model_type is None:
-        raise ConfigError(f"{path}: missing field 'model_type'")
+    model_type = field(d, "model_type", str, path)
     if model_type not in SUPPORTED:
         raise ConfigError(f"{path}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED)})")
 
-    def req(key):
-        if key not in d or d[key] is None:
-            raise ConfigError(f"{path}: missing field '{key}' (needed for model_type {model_type})")
-        return d[key]
+    def req(key, kind=int, default=..., lo=1, hi=MAX_DIM):
+        """A field typed and ranged: sizes are positive integers, so a string, a list, a null, a
+        5,000-digit or a negative number fails here naming the field."""
+        try:
+            return field(d, key, kind, path, default, lo=lo if kind in (int, float) else None,
+                         hi=hi if kind in (int, float) else None)
+        except ConfigError as e:
+            if "missing field" in str(e):
+                raise ConfigError(f"{e} (needed for model_type {model_type})") from None
+            raise
 
-    name = name or d.get("_name_or_path", "") or ""
-    if model_type == "gpt2":
-        return _gpt2(d, req, path, name)
-    if model_type == "bert":
-        return _bert(d, req, path, name)
-    return _decoder(d, req, model_type, path, name)
+    name = name or field(d, "_name_or_path", str, path, "") or ""
+    try:
+        if model_type == "gpt2":
+            return _gpt2(d, req, path, name)
+        if model_type == "bert":
+            return _bert(d, req, path, name)
+        return _decoder(d, req, model_type, path, name)
+    except ConfigError as e:                     # ModelConfig's own checks name its fields, not the file
+        raise ConfigError(str(e) if str(e).startswith(f"{path}:") else f"{path}: {e}") from None
 
 
 def flat_rope_parameters(d):
     """transformers 5 writes rope_theta / rope scaling inside "rope_parameters" ({"rope_theta": 5e5,
     "rope_type": "default"}); older files have top-level rope_theta / rope_scaling. -> the old form"""
     rp = d.get("rope_parameters")
-    if not isinstance(rp, dict) or not isinstance(rp.get("rope_theta"), (int, float)):
+    if not isinstance(rp, dict) or type(rp.get("rope_theta")) not in (int, float):
         return d                                    # absent, or per-layer-type (Gemma 3: not loaded here)
     d = {**d, "rope_theta": d.get("rope_theta") or rp["rope_theta"]}
-    if rp.get("rope_type", "default") != "default" and not d.get("rope_scaling"):
+    if rp.get("rope_type", "default") not in ("default", None) and not d.get("rope_scaling"):
         d["rope_scaling"] = rp
     return d
 
@@ -115,63 +115,64 @@ def _dense_act(act, path, key):
 
 def _gpt2(d, req, path, name):
     D = req("n_embd")
-    d_ff = d.get("n_inner") or 4 * D                       # GPT2Config: n_inner None means 4 * n_embd
+    d_ff = req("n_inner", default=None) or 4 * D          # GPT2Config: n_inner None means 4 * n_embd
     return ModelConfig(
-        arch="gpt2", n_layer=req("n_layer"), d_model=D, n_head=req("n_head"), d_ff=d_ff,
-        ffn=_dense_act(d.get("activation_function", "gelu_new"), path, "activation_function"),
+        arch="gpt2", n_layer=req("n_layer", hi=MAX_LAYERS), d_model=D, n_head=req("n_head"), d_ff=d_ff,
+        ffn=_dense_act(req("activation_function", str, "gelu_new"), path, "activation_function"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=True,
-        norm="layernorm", norm_eps=d.get("layer_norm_epsilon", 1e-5), positions="learned",
+        norm="layernorm", norm_eps=req("layer_norm_epsilon", float, 1e-5, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("n_positions"),
-        tie_embeddings=d.get("tie_word_embeddings", True), name=name)
+        tie_embeddings=req("tie_word_embeddings", bool, True), name=name)
 
 
 def _bert(d, req, path, name):
     return ModelConfig(
-        arch="bert", n_layer=req("num_hidden_layers"), d_model=req("hidden_size"),
+        arch="bert", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=req("hidden_size"),
         n_head=req("num_attention_heads"), d_ff=req("intermediate_size"),
-        ffn=_dense_act(d.get("hidden_act", "gelu"), path, "hidden_act"),
+        ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=False,
-        norm="layernorm", norm_eps=d.get("layer_norm_eps", 1e-12), positions="learned",
+        norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-12, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
         tie_embeddings=True, name=name)
 
 
 def _decoder(d, req, model_type, path, name):
     D, n_head = req("hidden_size"), req("num_attention_heads")
-    n_kv = d.get("num_key_value_heads") or n_head
-    head_dim = d.get("head_dim") or D // n_head
+    n_kv = req("num_key_value_heads", default=None) or n_head
+    head_dim = req("head_dim", default=None) or D // n_head
     gemma = model_type.startswith("gemma")
     act_key = "hidden_activation" if gemma and "hidden_activation" in d else "hidden_act"
-    act = d.get(act_key) or ("gelu_pytorch_tanh" if gemma else "silu")
+    act = req(act_key, str, None) or ("gelu_pytorch_tanh" if gemma else "silu")
+    attention_bias = req("attention_bias", bool, False)
     kw = dict(
         arch={"mistral": "llama", "gemma3_text": "gemma3"}.get(model_type, model_type),
-        n_layer=req("num_hidden_layers"), d_model=D, n_head=n_head, n_kv_head=n_kv, head_dim=head_dim,
+        n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head, n_kv_head=n_kv, head_dim=head_dim,
         d_ff=req("intermediate_size"), ffn=_ffn_from_act(act, path, act_key),
-        ffn_bias=bool(d.get("mlp_bias", False)), attn_bias=bool(d.get("attention_bias", False)),
-        attn_out_bias=bool(d.get("attention_bias", False)) and model_type in ("llama", "mistral"),
-        norm="rmsnorm", norm_eps=d.get("rms_norm_eps", 1e-6 if gemma else 1e-5), positions="rope",
-        rope_pairing="normal" if model_type in ("llama", "mistral") else "neox",
-        rope_theta=float(d.get("rope_theta") or 10000.0),
+        ffn_bias=req("mlp_bias", bool, False), attn_bias=attention_bias,
+        attn_out_bias=attention_bias and model_type in ("llama", "mistral"),
+        norm="rmsnorm", norm_eps=req("rms_norm_eps", float, 1e-6 if gemma else 1e-5, lo=1e-30, hi=1.0),
+        positions="rope", rope_pairing="normal" if model_type in ("llama", "mistral") else "neox",
+        rope_theta=req("rope_theta", float, None, lo=1e-30, hi=1e30) or 10000.0,
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
-        tie_embeddings=bool(d.get("tie_word_embeddings", gemma)), name=name)
-    scaling = d.get("rope_scaling") or {}
+        tie_embeddings=req("tie_word_embeddings", bool, gemma), name=name)
+    scaling = req("rope_scaling", dict, None) or {}
     if scaling.get("rope_type", scaling.get("type")) == "linear":
-        kw["rope_scale"] = float(scaling["factor"])
+        kw["rope_scale"] = field(scaling, "factor", float, f"{path}: rope_scaling", lo=1e-30, hi=1e30)
     if model_type == "qwen2":
         kw["attn_bias"] = True                             # Qwen2 always has q/k/v biases (no config flag)
     if model_type == "phi3":
         kw["fused_qkv"] = True                             # qkv_proj: one [q+2kv, hidden] matrix
     if gemma:
         kw.update(post_attn_norm=True, post_ffn_norm=True, embed_scale=True,
-                  attn_scale=float(d.get("query_pre_attn_scalar") or head_dim) ** -0.5,
-                  final_logit_softcap=float(d.get("final_logit_softcapping") or 0.0))
-        if d.get("sliding_window"):
-            kw["sliding_window"] = int(d["sliding_window"])
+                  attn_scale=float(req("query_pre_attn_scalar", float, None, lo=1e-30, hi=1e30) or head_dim) ** -0.5,
+                  final_logit_softcap=req("final_logit_softcapping", float, None, lo=0, hi=1e30) or 0.0)
+        if req("sliding_window", int, None, lo=0):
+            kw["sliding_window"] = d["sliding_window"]
             kw["sliding_window_pattern"] = _sliding_pattern(d, model_type)
     if model_type in ("gemma3", "gemma3_text"):
         kw["qk_norm"] = True
-        kw["rope_theta_local"] = float(d.get("rope_local_base_freq") or 10000.0)
-        kw["rope_theta"] = float(d.get("rope_theta") or 1_000_000.0)
+        kw["rope_theta_local"] = req("rope_local_base_freq", float, None, lo=1e-30, hi=1e30) or 10000.0
+        kw["rope_theta"] = req("rope_theta", float, None, lo=1e-30, hi=1e30) or 1_000_000.0
     return ModelConfig(**kw)
 
 
@@ -181,8 +182,11 @@ def _sliding_pattern(d, model_type):
     if model_type == "gemma2":
         return 2
     types = d.get("layer_types")
-    if types:
+    if isinstance(types, list) and types:
         full = [i for i, t in enumerate(types) if t == "full_attention"]
         if full:
             return full[0] + 1
-    return int(d.get("sliding_window_pattern") or 6)
+    p = d.get("sliding_window_pattern")
+    if p is not None and (type(p) is not int or not 0 < p <= MAX_LAYERS):
+        raise ConfigError(f"field 'sliding_window_pattern' must be a positive integer, found {p!r:.60}")
+    return p or 6

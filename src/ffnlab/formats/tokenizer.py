@@ -8,11 +8,12 @@ from __future__ import annotations
 
 
 class Tokenizer:
-    def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=()):
-        self.tk = tk                            # tokenizers.Tokenizer (no post-processor: BOS is ours)
+    def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=(), add_eos=False):
+        self.tk = tk                            # tokenizers.Tokenizer (no post-processor: BOS/EOS are ours)
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = add_bos                  # prepend BOS when encoding a prompt
+        self.add_eos = add_eos                  # append EOS when encoding a prompt (tokenizers that ask for it)
         self.chat_template = chat_template      # jinja2 source from tokenizer.chat_template
         self.eot_ids = set(eot_ids) | ({eos_id} if eos_id is not None else set())   # ids that end generation
 
@@ -21,9 +22,12 @@ class Tokenizer:
         return self.tk.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """add_bos None: BOS and EOS as the tokenizer's configuration says; False: the text's ids only."""
         ids = self.tk.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
+        if add_bos is not False and self.add_eos and self.eos_id is not None:
+            ids = ids + [self.eos_id]
         return ids
 
     def decode(self, ids, skip_special=False) -> str:

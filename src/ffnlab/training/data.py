@@ -70,22 +70,18 @@ def train_bpe_tokenizer(text: str, vocab_size: int) -> Tokenizer:
 
 def model_tokenizer(path: str) -> Tokenizer:
     """The tokenizer of a GGUF file / HF directory / ffnlab checkpoint, read without its weights."""
-    import json
-
     from ..formats.checkpoint import is_checkpoint, read_tokenizer
     tok = None
     if os.path.isdir(path) and is_checkpoint(path):
         tok = read_tokenizer(path)
     elif os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        from ..formats.hf import _hf_tokenizer
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            tok = _hf_tokenizer(path, json.load(f))
+        from ..formats.hf_config import load_hf_config
+        from ..formats.hf_tokenizer import tokenizer_from_hf
+        tok = tokenizer_from_hf(path, load_hf_config(path)[0])
     elif os.path.isfile(path):
-        from ..formats.gguf_meta import open_gguf
+        from ..formats.gguf_meta import open_gguf, tokenizer_meta
         from ..formats.gguf_tokenizer import tokenizer_from_gguf
-        reader = open_gguf(path)
-        meta = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-        tok = tokenizer_from_gguf(meta, path)
+        tok = tokenizer_from_gguf(tokenizer_meta(open_gguf(path), path), path)
     if tok is None:
         raise UsageError(f"--tokenizer {path}: no tokenizer found (expected a .gguf file, an HF directory with "
                          f"tokenizer.json, or an ffnlab checkpoint)")
