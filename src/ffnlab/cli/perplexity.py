@@ -40,6 +40,7 @@ def progress_callback(n_chunk, label="perplexity", stream=None):
 
 def run(args):
     from ..evaluation.perplexity import perplexity, text_chunks
+    from ..threads import threads
     from ..training.data import read_text
     from .common import load_model
 
@@ -53,9 +54,9 @@ def run(args):
           f"batch {args.batch}", file=sys.stderr)
     r = perplexity(model, chunks, args.batch, progress_callback(n_chunk))
     if args.json:
-        print(json.dumps({"model": model.source, "data": args.data, **r.to_dict()}))
+        print(json.dumps({"model": model.source, "data": args.data, "threads": threads(), **r.to_dict()}))
     else:
         print(f"PPL = {r.ppl:.4f} +/- {r.ppl_stderr:.5f}")
         print(f"tokens scored: {r.tokens_scored} ({r.n_chunks} chunks x {args.ctx - first - 1}), "
-              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s)")
+              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s, {threads()} threads)")
     return 0

@@ -41,6 +41,7 @@ def run(args):
     from ..generation import SamplingParams, generate
     from ..generation.chat import encode_chat, render_chat
     from ..generation.generate import check_prompt_fits
+    from ..threads import report as thread_report
     from .common import load_model, read_prompt
 
     _check(args)
@@ -64,7 +65,7 @@ def run(args):
     t = out.timings
     load_ms = 1000 * getattr(model, "load_seconds", 0.0)
     if args.json:
-        print(json.dumps({"model": model.source, "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
+        print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
                           "text": out.text, "stop_reason": out.stop_reason,
                           "timings": {"load_ms": load_ms, "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
@@ -87,7 +88,9 @@ def _perf(load_ms, t):
         return (ms / n if n else 0.0), (1000.0 * n / ms if ms else 0.0)
     pms, ptps = per(t.prompt_ms, t.prompt_tokens)
     ems, etps = per(t.eval_ms, t.eval_tokens)
+    from ..threads import describe
     err = sys.stderr
+    print(f"ffnlab_perf:          threads = {describe()}", file=err)
     print(f"ffnlab_perf:        load time = {load_ms:10.2f} ms", file=err)
     print(f"ffnlab_perf: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_tokens:5d} tokens "
           f"({pms:8.2f} ms per token, {ptps:8.2f} tokens per second)", file=err)

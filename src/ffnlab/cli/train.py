@@ -51,6 +51,8 @@ def add_arguments(p):
     p.add_argument("--decay-embeddings", action="store_true", default=None,
                    help="apply weight decay to the embedding tables too")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    from .common import add_threads_argument
+    add_threads_argument(p)
 
 
 def run(args):
@@ -95,8 +97,9 @@ def run(args):
     data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=data_path)
     info = data_info(data_path, text, len(ids))
     if not args.quiet:
+        from ..threads import threads
         from ..training.ablate import n_params
-        print(f"model: {cfg.arch} {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.ffn} d_ff {cfg.d_ff}, "
+        print(f"threads: {threads()}; model: {cfg.arch} {cfg.n_layer} layers, d_model {cfg.d_model}, {cfg.ffn} d_ff {cfg.d_ff}, "
               f"{n_params(cfg) / 1e6:.2f}M params; data: {len(data.train)} train / {len(data.val)} val tokens "
               f"({tok_meta['kind']} tokenizer, vocab {tok.vocab_size})", flush=True)
     rec = train(cfg, settings, data, tok, tok_meta, args.out, resume=args.resume, data_info=info,

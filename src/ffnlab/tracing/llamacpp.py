@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
+from ..threads import threads
 
 GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_NAME, GGML_MAX_OP_PARAMS = 4, 10, 64, 64
 
@@ -155,7 +156,7 @@ def capture(path, ids, keep=None, n_threads=None, kv_f32=False):
     if kv_f32:
         cp.type_k = cp.type_v = 0     # GGML_TYPE_F32
     cp.cb_eval_user_data = None
-    cp.n_threads = cp.n_threads_batch = n_threads or os.cpu_count() or 1
+    cp.n_threads = cp.n_threads_batch = n_threads or threads()
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         L.llama_model_free(model)

@@ -1,0 +1,83 @@
+"""How many threads ffnlab's compute uses: one setting for BLAS and for the compiled kernels.
+
+    set_threads(2)        # every BLAS pool loaded now (OpenBLAS under NumPy, MKL/OpenMP under
+                          # torch if loaded), and numba's kernels, now or when numba is imported
+    set_threads(None)     # the default: the cores other processes leave idle (all of them on an
+                          # idle machine, as llama.cpp's -t; fewer on a loaded one)
+    threads()             # -> the number set (the default if set_threads was never called)
+    report()              # -> {"threads": n, "blas": {"openblas": 2}, "numba": 2 | None}
+
+Why one place: NumPy's OpenBLAS starts as many threads as there are cores and its threads
+wait for each other at every product. When another process holds a core, one of them waits for
+a descheduled sibling, and a product that took 0.1 ms can take a scheduler tick (see
+bench/bench_threads.py and bench/RESULTS.md). The number of threads is therefore a user
+setting (-t), printed with every timing, and the same number reaches every library.
+"""
+import os
+import sys
+
+_threads = None          # the number set by set_threads(); None: not set yet
+_limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, as llama.cpp's cpu_get_num_math falls back to)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                       # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """The cores no other process is using: available_cores() minus the 1-minute load average
+    (rounded), at least 1. On an idle machine that is every core (llama.cpp's default); on a
+    loaded one, fewer threads than cores, because a product split across a core another process
+    holds waits for that core's next time slice (bench/RESULTS.md: 2 threads beside one busy
+    process were 5-10x slower than 1 thread on a 2-core machine)."""
+    cores = available_cores()
+    try:
+        busy = int(os.getloadavg()[0] + 0.5)
+    except OSError:                              # no load average on this platform
+        busy = 0
+    return max(1, min(cores, cores - busy))
+
+
+def set_threads(n=None) -> int:
+    """Use n threads for BLAS and compiled kernels; n None or <= 0: default_threads(). -> n"""
+    global _threads, _limiter
+    n = default_threads() if n is None or n <= 0 else int(n)
+    from threadpoolctl import threadpool_limits
+    _limiter = threadpool_limits(limits=n)       # every BLAS / OpenMP library loaded in this process
+    # numba reads NUMBA_NUM_THREADS once, at import: set it for a later import, or tell a loaded numba
+    if "numba" in sys.modules:
+        import numba
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    else:
+        os.environ["NUMBA_NUM_THREADS"] = str(n)
+    # worker processes (ablate, a spawned reference) start with the same number
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+    _threads = n
+    return n
+
+
+def threads() -> int:
+    return _threads if _threads is not None else default_threads()
+
+
+def report() -> dict:
+    """What each library actually uses now: {"threads": n, "blas": {name: n}, "numba": n or None}."""
+    from threadpoolctl import threadpool_info
+    blas = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+    numba_n = None
+    if "numba" in sys.modules:
+        import numba
+        numba_n = numba.get_num_threads()
+    return {"threads": threads(), "blas": blas, "numba": numba_n}
+
+
+def describe() -> str:
+    """One line for the perf output: '2 (openblas 2, numba 2)'."""
+    r = report()
+    parts = [f"{k} {v}" for k, v in r["blas"].items()] + ([f"numba {r['numba']}"] if r["numba"] else [])
+    return f"{r['threads']}" + (f" ({', '.join(parts)})" if parts else "")

@@ -1,0 +1,79 @@
+"""-t/--threads: one setting reaches BLAS (threadpoolctl's view of the loaded OpenBLAS) and numba,
+every command that computes has the flag, and the number used is printed with the timings."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from threadpoolctl import threadpool_info
+
+from ffnlab import threads as T
+from ffnlab.cli.main import build_parser, main
+
+# commands that only read metadata or print tables: nothing to parallelise
+NO_COMPUTE = {"inspect", "analyze", "compare", "shapes", "models", "export"}
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+    env = {k: os.environ.get(k) for k in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                          "MKL_NUM_THREADS")}
+    yield
+    T.set_threads(max(before.values(), default=1))
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def blas_threads():
+    return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+def test_set_threads_reaches_the_loaded_blas():
+    import numpy  # noqa: F401  (OpenBLAS is loaded with NumPy)
+    assert T.set_threads(1) == 1 and set(blas_threads().values()) == {1}
+    assert T.report()["threads"] == 1 and T.report()["blas"] == blas_threads()
+    assert T.set_threads(2) == 2 and set(blas_threads().values()) == {2}
+
+
+def test_numba_imported_later_starts_with_the_same_number():
+    pytest.importorskip("numba")
+    code = ("from ffnlab.threads import set_threads; set_threads(1); import numba; "
+            "print(numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "1"]
+
+
+@pytest.mark.parametrize("load,expected", [(0.0, 2), (0.4, 2), (0.6, 1), (1.0, 1), (7.5, 1)])
+def test_default_leaves_the_cores_other_processes_use(monkeypatch, load, expected):
+    monkeypatch.setattr(T, "available_cores", lambda: 2)
+    monkeypatch.setattr(T.os, "getloadavg", lambda: (load, load, load))
+    assert T.default_threads() == expected
+    assert T.set_threads(0) == expected and T.set_threads(-1) == expected
+
+
+def test_every_command_that_computes_has_t():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for cmd, p in sub.choices.items():
+        flags = {s for a in p._actions for s in a.option_strings}
+        if cmd in NO_COMPUTE:
+            continue
+        assert {"-t", "--threads"} <= flags, f"ffnlab {cmd} has no -t/--threads"
+
+
+def test_run_prints_the_threads_in_json_and_perf_lines(capsys):
+    import mlp_models
+    gguf = mlp_models.tiny_gguf("f32")
+    assert main(["run", "-m", gguf, "-p", "hi", "-n", "2", "--temp", "0", "-t", "1", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["threads"]["threads"] == 1 and set(doc["threads"]["blas"].values()) == {1}
+    line = next(x for x in err.splitlines() if "threads =" in x)
+    assert line.startswith("ffnlab_perf:          threads = 1 (") and "openblas 1" in line
