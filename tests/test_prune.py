@@ -184,6 +184,42 @@ def test_pruned_smollm2_runs_in_llama_cpp_and_ffnlab(tmp_path):
     assert err <= 1.5 * err0 and agree >= 0.85, f"pruned: {err:.2%} (original {err0:.2%}), argmax agreement {agree:.0%}"
 
 
+def test_closest_type_keeps_bits_and_never_grows_a_tensor():
+    """gguf-py writes no K-quant: a cut Q6_K / Q4_K / Q5_K tensor becomes the 32-block type with the
+    fewest bits per weight at or above its own (Q6_K 6.56 -> q8_0 8.5, Q4_K 4.5 -> q4_0 4.5, Q5_K
+    5.5 -> q5_0 5.5) unless that makes it bigger than the source tensor; then the most bits that fit."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
+
+    from ffnlab.pruning.gguf_rewrite import closest_type
+
+    def nbytes(t, rows, cols):
+        block, size = GGML_QUANT_SIZES[t]
+        return rows * cols // block * size
+    src = nbytes(Q.Q6_K, 640, 2048)                                   # Gemma 3's ffn_down, d_ff 2048
+    assert closest_type(Q.Q6_K, 640, 1024, src) == "q8_0"             # half the units: 8.5 bits fit
+    assert closest_type(Q.Q6_K, 640, 2048, src) == "q5_1"             # all units: q8_0 would be 30% bigger
+    assert closest_type(Q.Q4_K, 640, 1024, nbytes(Q.Q4_K, 640, 2048)) == "q4_0"
+    assert closest_type(Q.Q5_K, 640, 1024, nbytes(Q.Q5_K, 640, 2048)) == "q5_0"
+    assert closest_type(Q.Q4_1, 576, 1152, nbytes(Q.Q4_1, 576, 1536)) == "q4_1"   # writable: kept
+
+
+@pytest.mark.slow
+def test_default_type_keeps_smollm2_q4_1_and_shrinks_the_file(tmp_path):
+    """The default (no --type): SmolLM2's Q4_1 MLP stays Q4_1 (up/gate rows byte for byte), so the
+    file shrinks by the dropped units' Q4_1 bytes -- before, the q8_0 default made it 14% bigger."""
+    from ffnlab.formats.load import default_model_path
+    src = default_model_path()
+    keep = np.sort(np.random.default_rng(0).permutation(1536)[:1152])[None].repeat(30, 0)    # [30, 1152]
+    out = str(tmp_path / "smol75.gguf")
+    rep = write_pruned_gguf(src, out, keep)
+    assert rep["conversions"] == [] and set(rep["types"].values()) == {"q4_1"}
+    a = {t.name: t for t in open_gguf(src).tensors}
+    b = {t.name: t for t in open_gguf(out).tensors}
+    assert np.array_equal(b["blk.3.ffn_up.weight"].data, a["blk.3.ffn_up.weight"].data[keep[3]])
+    q4_1_bytes_per_unit = 30 * 3 * 576 // 32 * 20                    # a unit: one row/column of 576 per matrix
+    assert rep["bytes_before"] - rep["bytes_after"] == 384 * q4_1_bytes_per_unit
+
+
 # --- the command ----------------------------------------------------------------------------
 def test_cli_reports_sizes_alignment_and_perplexity(tmp_path, capsys):
     data = write_text(tmp_path, TEXT)

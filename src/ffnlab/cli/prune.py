@@ -17,8 +17,10 @@ def add_arguments(p):
                    help="importance: mean |activation| on --calib text, or ||up_i||*||gate_i||*||down_:,i|| (default activation)")
     p.add_argument("--calib", help="UTF-8 calibration text (needed for --by activation)")
     p.add_argument("--out", required=True, help="output .gguf file")
-    p.add_argument("--type", choices=TYPES, default="q8_0",
-                   help="type of the pruned MLP tensors (default q8_0); other tensors are copied byte for byte")
+    p.add_argument("--type", choices=TYPES, default=None,
+                   help="type of the pruned MLP tensors (default: each tensor's own type, or the closest type "
+                        "gguf-py can write at the new width, said in the report); other tensors are copied byte "
+                        "for byte")
     p.add_argument("--eval", help="held-out UTF-8 text: perplexity before and after, llama-perplexity's convention")
     p.add_argument("--ctx", type=positive("--ctx"), default=256, help="calibration window / perplexity chunk length (default 256)")
     p.add_argument("--calib-chunks", type=count_or_all("--calib-chunks"), default=16, help="calibration windows of --ctx tokens; -1 = all (default 16)")
@@ -33,6 +35,15 @@ def _check(args):
         raise UsageError(f"--keep must be in (0, 1], got {args.keep}")
     if args.by == "activation" and not args.calib:
         raise UsageError("--by activation needs --calib FILE (text to measure activations on)")
+
+
+def _conversion_lines(conversions):
+    """[(tensor, from, to)] -> one line per (kind, from, to): which source types could not be kept."""
+    import re
+    from collections import Counter
+    groups = Counter((re.sub(r"^blk\.\d+\.", "", n), a, b) for n, a, b in conversions)
+    return [f"type: {kind} {a} -> {b} in {n} layers (gguf-py cannot write {a} at the new width; "
+            f"{b} is the closest type that can)" for (kind, a, b), n in groups.items()]
 
 
 def _mb(n):
@@ -77,10 +88,11 @@ def run(args):
     ffn_before = cfg.n_layer * cfg.d_ff * cfg.d_model * (3 if cfg.gated else 2)
     ffn_after = ffn_before // cfg.d_ff * n_keep
     result = {"model": model.source, "out": args.out, "by": args.by, "keep": args.keep, "calib_tokens": n_tokens,
-              "d_ff": cfg.d_ff, "d_ff_after": n_keep, "alignment": alignment(n_keep), "type": args.type,
+              "d_ff": cfg.d_ff, "d_ff_after": n_keep, "alignment": alignment(n_keep), "type": args.type or "source",
               "score_kept": kept_share, "mlp_params": ffn_before, "mlp_params_after": ffn_after,
               "params": rep["params_before"], "params_after": rep["params_after"],
-              "bytes": rep["bytes_before"], "bytes_after": rep["bytes_after"], "fallbacks": rep["fallbacks"]}
+              "bytes": rep["bytes_before"], "bytes_after": rep["bytes_after"], "fallbacks": rep["fallbacks"],
+              "conversions": [{"tensor": n, "from": a, "to": b} for n, a, b in rep["conversions"]]}
     if held_out is not None:
         chunks = text_chunks(model, held_out, args.ctx, args.eval_chunks, args.eval)
         before = perplexity(model, chunks, args.batch, progress_callback(len(chunks), "PPL before"), keep_nll=True)
@@ -104,8 +116,10 @@ def run(args):
     print(f"all parameters: {rep['params_before']:,} -> {rep['params_after']:,} "
           f"(-{1 - rep['params_after'] / rep['params_before']:.1%})")
     print(f"file: {_mb(rep['bytes_before'])} -> {_mb(rep['bytes_after'])} "
-          f"({(rep['bytes_after'] - rep['bytes_before']) / rep['bytes_before']:+.1%}); MLP tensors as {args.type}, "
-          f"the rest copied byte for byte")
+          f"({(rep['bytes_after'] - rep['bytes_before']) / rep['bytes_before']:+.1%}); MLP tensors "
+          f"{'as ' + args.type if args.type else 'in their source types'}, the rest copied byte for byte")
+    for line in _conversion_lines(rep["conversions"]):
+        print(line)
     for f in rep["fallbacks"]:
         print(f"note: {f}")
     if held_out is not None:
