@@ -10,13 +10,13 @@ Every file is written atomically, so whatever a reader finds is complete.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from ..config import ConfigError, ModelConfig
+from ..config import RUNNABLE_ARCHS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .jsonfile import check_regular_file, field, read_json_object
 
 FORMAT = "ffnlab-checkpoint"
 VERSION = 1
@@ -31,14 +31,10 @@ def is_checkpoint(path) -> bool:
 
 def read_meta(path) -> dict:
     f = os.path.join(path, META_FILE)
-    try:
-        with open(f, encoding="utf-8") as fh:
-            meta = json.load(fh)
-    except FileNotFoundError:
-        raise ModelFileError(f"{path}: not an ffnlab checkpoint (no {META_FILE})") from None
-    except (OSError, ValueError) as e:
-        raise ModelFileError(f"{f}: unreadable checkpoint metadata ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not os.path.lexists(f):
+        raise ModelFileError(f"{path}: not an ffnlab checkpoint (no {META_FILE})")
+    meta = read_json_object(f, "checkpoint metadata", 64 << 20)
+    if meta.get("format") != FORMAT:
         raise ModelFileError(f"{f}: format is {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r}")
     if meta.get("version") != VERSION:
         raise ModelFileError(f"{f}: checkpoint version {meta.get('version')!r}, this ffnlab reads version {VERSION}")
@@ -47,55 +43,68 @@ def read_meta(path) -> dict:
 
 def read_config(path, meta=None) -> ModelConfig:
     meta = meta or read_meta(path)
+    f = os.path.join(path, META_FILE)
     try:
-        return ModelConfig.from_dict(meta["config"])
+        cfg = ModelConfig.from_dict(field(meta, "config", dict, f, error=ModelFileError))
     except (KeyError, TypeError) as e:
-        raise ModelFileError(f"{os.path.join(path, META_FILE)}: missing or malformed 'config' ({e})") from None
+        raise ModelFileError(f"{f}: missing or malformed 'config' ({e})") from None
     except ConfigError as e:
-        raise ModelFileError(f"{os.path.join(path, META_FILE)}: {e}") from None
+        raise ModelFileError(f"{f}: {e}") from None
+    if cfg.arch not in RUNNABLE_ARCHS:
+        raise ModelFileError(f"{f}: arch {cfg.arch!r} is not one ffnlab runs ({', '.join(RUNNABLE_ARCHS)})")
+    return cfg
 
 
 def read_weights(path, cfg: ModelConfig) -> dict:
     """model.safetensors -> {GGUF name: float32 array}, checked against param_shapes(cfg)."""
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
     from ..model.params import param_shapes
+    from .safetensors_io import read_tensors, safetensors_index
 
     f = os.path.join(path, WEIGHTS_FILE)
-    if not os.path.isfile(f):
+    if not os.path.lexists(f):
         raise ModelFileError(f"{path}: checkpoint has no {WEIGHTS_FILE}")
-    try:
-        arrays = load_file(f)
-    except (SafetensorError, OSError, ValueError) as e:
-        raise ModelFileError(f"{f}: unreadable safetensors file ({e})") from None
+    index = safetensors_index([f])                      # headers only: checked before any data is read
     want = param_shapes(cfg)
     for name, shape in want.items():
-        if name not in arrays:
+        if name not in index:
             raise ModelFileError(f"{f}: tensor {name} is missing (expected shape {list(shape)})")
-        if tuple(arrays[name].shape) != tuple(shape):
-            raise ModelFileError(f"{f}: tensor {name} has shape {list(arrays[name].shape)}, expected {list(shape)}")
-    extra = sorted(set(arrays) - set(want))
+        if tuple(index[name].shape) != tuple(shape):
+            raise ModelFileError(f"{f}: tensor {name} has shape {list(index[name].shape)}, expected {list(shape)}")
+    extra = sorted(set(index) - set(want))
     if extra:
         raise ModelFileError(f"{f}: unexpected tensor {extra[0]} for this config")
-    return {n: np.ascontiguousarray(arrays[n], dtype=np.float32) for n in want}
+    return {e.name: np.ascontiguousarray(a, dtype=np.float32) for e, a in read_tensors(index[n] for n in want)}
 
 
 def read_tokenizer(path, meta=None):
     from ..training.data import byte_tokenizer, tokenizer_from_json
 
     meta = meta or read_meta(path)
-    tmeta = meta.get("tokenizer") or {}
+    mf = os.path.join(path, META_FILE)
+    tmeta = field(meta, "tokenizer", dict, mf, {}, error=ModelFileError)
+    _check_tokenizer_meta(tmeta, f"{mf}: tokenizer")
     f = os.path.join(path, TOKENIZER_FILE)
-    if os.path.isfile(f):
+    if os.path.lexists(f):
+        check_regular_file(f, "tokenizer")
         try:
             with open(f, encoding="utf-8") as fh:
-                return tokenizer_from_json(fh.read(), tmeta)
+                tok = tokenizer_from_json(fh.read(), tmeta)
         except Exception as e:   # tokenizers raises its own Exception type for bad JSON
-            raise ModelFileError(f"{f}: unreadable tokenizer ({e})") from None
+            raise ModelFileError(f"{f}: unreadable tokenizer ({str(e)[:200]})") from None
+        for key in ("bos_id", "eos_id"):
+            if tmeta.get(key) is not None and tmeta[key] >= tok.vocab_size:
+                raise ModelFileError(f"{mf}: tokenizer {key} {tmeta[key]} is outside the vocabulary of {tok.vocab_size}")
+        return tok
     if tmeta.get("kind") == "byte":
         return byte_tokenizer()
     raise ModelFileError(f"{path}: checkpoint has no {TOKENIZER_FILE} (tokenizer kind {tmeta.get('kind')!r})")
+
+
+def _check_tokenizer_meta(tmeta, where):
+    """The tokenizer facts ffnlab.json keeps: ids are integers, flags booleans, the template a string."""
+    for key, kind in (("kind", str), ("bos_id", int), ("eos_id", int), ("add_bos", bool), ("add_eos", bool),
+                      ("chat_template", str)):
+        field(tmeta, key, kind, where, None, lo=0 if kind is int else None, error=ModelFileError)
 
 
 def load_checkpoint(path):

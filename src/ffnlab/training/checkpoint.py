@@ -22,12 +22,14 @@ import fnmatch
 import glob
 import json
 import os
+import re
 import signal
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import ModelFileError, UsageError
 from ..formats.checkpoint import FORMAT, META_FILE, TOKENIZER_FILE, VERSION, WEIGHTS_FILE
+from ..formats.jsonfile import field, read_json_object
 
 TRAINER_FILE = "trainer.json"
 
@@ -124,19 +126,69 @@ def save_state(out, step, params, opt, rng, trainer: dict):
         os.unlink(tmp)
 
 
+STATE_FILE_RE = re.compile(r"state-\d{6,}\.safetensors")
+
+
 def read_trainer(out) -> dict | None:
-    """The last committed trainer record, or None when OUT has none."""
+    """The last committed trainer record, checked field by field, or None when OUT has none."""
     f = os.path.join(out, TRAINER_FILE)
-    if not os.path.isfile(f):
+    if not os.path.lexists(f):
         return None
-    with open(f, encoding="utf-8") as fh:
-        return json.load(fh)
+    rec = read_json_object(f, "trainer record", 256 << 20)
+
+    def need(key, kind, **kw):
+        return field(rec, key, kind, f, error=ModelFileError, **kw)
+
+    need("step", int, lo=0)
+    need("train_seconds", float, lo=0)
+    need("rng", dict)
+    field(need("optimizer", dict), "t", int, f"{f}: optimizer", error=ModelFileError, lo=0)
+    history = need("history", dict)
+    for key in ("train", "grad_norm", "eval"):
+        field(history, key, list, f"{f}: history", error=ModelFileError)
+    # the state file is a bare name inside OUT: a path, or '..', would read another file
+    if not STATE_FILE_RE.fullmatch(need("state_file", str)):
+        raise ModelFileError(f"{f}: field 'state_file' must name a state-NNNNNN.safetensors file inside "
+                             f"{out}, found {rec['state_file'][:80]!r}")
+    return rec
+
+
+def read_resume_meta(out) -> dict:
+    """ffnlab.json of a checkpoint being resumed: its config and its training settings, checked."""
+    from ..formats.checkpoint import read_meta
+    meta = read_meta(out)
+    f = os.path.join(out, META_FILE)
+    field(meta, "config", dict, f, error=ModelFileError)
+    train = field(meta, "train", dict, f, error=ModelFileError)
+    field(train, "settings", dict, f"{f}: train", error=ModelFileError)
+    field(train, "data", dict, f"{f}: train", {}, error=ModelFileError)
+    return meta
 
 
 def load_state(out, record, params, opt, rng):
-    """Restore weights, AdamW moments and the batch RNG from a committed record (in place)."""
-    from safetensors.numpy import load_file
-    arrays = load_file(os.path.join(out, record["state_file"]))
+    """Restore weights, AdamW moments and the batch RNG from a committed record (in place). Every
+    array is checked against the model being resumed before anything is replaced."""
+    from ..formats.safetensors_io import read_tensors, safetensors_index
+
+    f = os.path.join(out, record["state_file"])
+    if not os.path.lexists(f):
+        raise ModelFileError(f"{os.path.join(out, TRAINER_FILE)}: its state file {record['state_file']} is missing")
+    index = safetensors_index([f])
+    want = {**{n: a.shape for n, a in params.items()},
+            **{f"adam.{k}.{n}": a.shape for n, a in params.items() for k in ("m", "v")}}
+    for name, shape in want.items():
+        if name not in index:
+            raise ModelFileError(f"{f}: tensor {name} is missing (a state file of another model?)")
+        if tuple(index[name].shape) != tuple(shape):
+            raise ModelFileError(f"{f}: tensor {name} has shape {list(index[name].shape)}, the model being "
+                                 f"resumed has {list(shape)}")
+    arrays = {e.name: a for e, a in read_tensors(index[n] for n in want)}
+    probe = np.random.default_rng()
+    try:
+        probe.bit_generator.state = record["rng"]
+    except (TypeError, ValueError, KeyError) as e:
+        raise ModelFileError(f"{os.path.join(out, TRAINER_FILE)}: field 'rng' is not a {type(probe.bit_generator).__name__} "
+                             f"state ({e})") from None
     for n in params:
         params[n] = np.array(arrays[n], dtype=params[n].dtype)
     opt.load_state(arrays, record["optimizer"])

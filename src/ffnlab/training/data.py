@@ -92,13 +92,14 @@ def tokenizer_from_json(text: str, meta: dict) -> Tokenizer:
     """Rebuild a Tokenizer from tokenizer.json text and the facts kept next to it in ffnlab.json."""
     from tokenizers import Tokenizer as HFTokenizer
     return Tokenizer(HFTokenizer.from_str(text), bos_id=meta.get("bos_id"), eos_id=meta.get("eos_id"),
-                     add_bos=bool(meta.get("add_bos", False)), chat_template=meta.get("chat_template"))
+                     add_bos=bool(meta.get("add_bos", False)), chat_template=meta.get("chat_template"),
+                     add_eos=bool(meta.get("add_eos", False)))
 
 
 def tokenizer_meta(tok: Tokenizer, kind: str, source: str = "") -> dict:
     """What ffnlab.json records about a tokenizer (tokenizer.json holds the rest)."""
     return {"kind": kind, "source": source, "bos_id": tok.bos_id, "eos_id": tok.eos_id,
-            "add_bos": bool(tok.add_bos), "chat_template": tok.chat_template}
+            "add_bos": bool(tok.add_bos), "add_eos": bool(tok.add_eos), "chat_template": tok.chat_template}
 
 
 def make_tokenizer(spec: str, text: str, vocab_size: int = 1024) -> tuple[Tokenizer, dict]:

@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from ..errors import FfnlabError, UsageError
-from ..formats.checkpoint import read_meta
 from ..model.params import init_params
 from ..model.transformer import backward, forward
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
@@ -184,7 +183,7 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
         raise UsageError(f"--out {out} already holds a checkpoint at step {record['step']}; "
                          f"add --resume to continue it or choose another --out")
     if record is not None:
-        meta = read_meta(out)
+        meta = ckpt.read_resume_meta(out)
         _check_same("model", meta["config"], cfg.to_dict(), out)
         _check_same("setting", meta["train"]["settings"], asdict(settings), out)
         _check_same("data", meta["train"].get("data", {}), {"sha256": (data_info or {}).get("sha256")}, out)
