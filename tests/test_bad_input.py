@@ -185,3 +185,154 @@ def test_debug_shows_the_traceback_and_plain_runs_do_not(tmp_path):
     debug = subprocess.run(cmd + ["--debug", "run", "-m", path, "-p", "hi"], capture_output=True, text=True, env=env)
     assert debug.returncode != 0 and "Traceback (most recent call last)" in debug.stderr
     assert "ModelFileError" in debug.stderr
+
+
+# --- the fuzzing run's findings (issue 11), one test per family; tests/test_fuzz_*.py sweeps them ------
+def test_nan_weight_stops_generation_naming_the_first_non_finite_node(tmp_path, capsys):
+    """NaN in a weight: the logits go NaN; run stops with the node where it started (the tracer's
+    finite sentinel on a re-run) and the weight, instead of sampling garbage."""
+    path = tiny_gguf(tmp_path / "m.gguf")
+    import gguf
+    r = gguf.GGUFReader(path)
+    t = next(t for t in r.tensors if t.name == "blk.1.ffn_down.weight")
+    with open(path, "r+b") as f:
+        f.seek(t.data_offset + 4 * 7)
+        f.write(np.float32(np.nan).tobytes())
+    assert main(["run", "-m", path, "-p", "hi", "-n", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "hi" and len(err.splitlines()) == 1, (out, err)          # the prompt echo, no token after it
+    assert path in err and "first non-finite node: ffn_out-1 (MUL_MAT)" in err and "blk.1.ffn_down.weight" in err
+
+
+@pytest.mark.parametrize("meta, words", [
+    ({"rope.freq_base": 0.0}, ["rope.freq_base", "= 0.0 is outside"]),
+    ({"rope.freq_base": float("nan")}, ["rope.freq_base", "nan"]),
+    ({"attention.head_count": 0}, ["attention.head_count", "= 0 is outside"]),
+    ({"attention.layer_norm_rms_epsilon": float("inf")}, ["layer_norm_rms_epsilon", "inf"]),
+    ({"block_count": 2**32 - 1}, ["block_count", "4294967295"]),
+    ({"block_count": 1}, ["tensor blk.1.", "block_count is 1"]),
+])
+def test_gguf_metadata_of_the_wrong_value_is_refused_at_load(tmp_path, capsys, meta, words):
+    path = tiny_gguf(tmp_path / "m.gguf", meta=meta)
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and all(w in line for w in words), line
+
+
+def test_gguf_string_where_a_number_belongs(tmp_path, capsys):
+    import gguf
+    path = str(tmp_path / "m.gguf")
+    tiny_gguf(path, drop=())
+    w = gguf.GGUFWriter(str(tmp_path / "s.gguf"), arch="llama")
+    r = gguf.GGUFReader(path)
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        if k == "llama.embedding_length":
+            w.add_string(k, "thirty-two")
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    line = one_error_line(capsys, "-m", str(tmp_path / "s.gguf"), "-p", "hi")
+    assert "llama.embedding_length" in line and "must be an integer" in line and "thirty-two" in line
+
+
+def test_gguf_array_count_past_the_end_fails_fast(tmp_path, capsys):
+    """A 49-byte file whose one array claims 2^40 elements: gguf-py would read past the end one
+    element at a time (and hang); the bounded walk refuses it from the header."""
+    import struct
+    key = b"general.tags"
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 2**40)
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(data)
+    line = one_error_line(capsys, "-m", str(path), "-p", "hi")
+    assert "general.tags" in line and "truncated or corrupt" in line
+
+
+def test_gguf_overlapping_tensor_offsets_are_refused(tmp_path, capsys):
+    """Two tensors pointing at the same bytes load silently in a reader that trusts offsets;
+    llama.cpp requires each to start where the previous (padded) one ends."""
+    import gguf
+    path = tiny_gguf(tmp_path / "m.gguf")
+    r = gguf.GGUFReader(path)
+    second = r.tensors[1]
+    off_field = second.field.parts[-1]                         # the u64 offset in the directory
+    pos = int(off_field.ctypes.data - r.data.ctypes.data)
+    with open(path, "r+b") as f:
+        f.seek(pos)
+        f.write(np.uint64(0).tobytes())
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert f"tensor {second.name} has data offset 0, expected" in line
+
+
+def hf_dir(tmp_path, n_layer=1, **config):
+    """A tiny Llama HF directory (transformers-free): config.json + model.safetensors from ffnlab's params."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from ffnlab.config import ModelConfig
+    from ffnlab.model.params import init_params
+    cfg = ModelConfig(arch="llama", n_layer=2, d_model=32, n_head=4, d_ff=64, vocab_size=64, n_ctx=32,
+                      tie_embeddings=False)
+    p = init_params(cfg, seed=0)
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+    hf = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    tensors = {}
+    for n, a in p.items():
+        if n in names:
+            tensors[names[n]] = a
+        else:
+            _, il, short, kind = n.split(".")
+            tensors[f"model.layers.{il}.{hf[short]}.{kind}"] = a
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    d = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": n_layer,
+         "num_attention_heads": 4, "vocab_size": 64, "max_position_embeddings": 32, **config}
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    return tensors
+
+
+def test_hf_config_with_fewer_layers_than_the_weights(tmp_path, capsys):
+    hf_dir(tmp_path, n_layer=1)
+    line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
+    assert "model.layers.1." in line and "1 layers" in line
+
+
+def test_hf_tie_word_embeddings_as_a_string_is_not_true(tmp_path, capsys):
+    hf_dir(tmp_path, n_layer=2, tie_word_embeddings="false")
+    line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
+    assert "'tie_word_embeddings' must be true or false" in line and '"false"' in line
+
+
+def test_hf_second_shard_redefining_a_tensor(tmp_path, capsys):
+    from safetensors.numpy import save_file
+    tensors = hf_dir(tmp_path, n_layer=2)
+    save_file({"model.norm.weight": tensors["model.norm.weight"] * 2}, str(tmp_path / "z-extra.safetensors"))
+    line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
+    assert "model.norm.weight is also defined in" in line
+
+
+def test_hf_fifo_named_model_safetensors_does_not_block(tmp_path, capsys):
+    hf_dir(tmp_path, n_layer=2)
+    os.remove(tmp_path / "model.safetensors")
+    os.mkfifo(tmp_path / "model.safetensors")
+    line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
+    assert "model.safetensors: the safetensors file is not a regular file" in line
+
+
+def test_chat_template_that_loops_forever_is_stopped(tmp_path, capsys, monkeypatch):
+    from ffnlab.generation import chat
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 0.5)
+    tok = type("T", (), {"chat_template": "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+                         "bos_id": None, "eos_id": None, "token_text": lambda self, i: ""})()
+    from ffnlab.errors import UsageError
+    with pytest.raises(UsageError, match="ran longer than 0.5 s"):
+        chat.render_chat(tok, [{"role": "user", "content": "hi"}])
+    tok.chat_template = '{{ "x" * 10**10 }}'
+    with pytest.raises(UsageError, match="repeats a value"):
+        chat.render_chat(tok, [{"role": "user", "content": "hi"}])

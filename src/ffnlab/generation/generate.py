@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
+from ..tracing.finite import check_logits
 from .sampling import SamplingParams, sample
 
 
@@ -57,6 +58,7 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
     tok = model.tokenizer
     t0 = time.perf_counter()
     logits = model.forward_last(prompt_ids, kv)                        # prefill: [vocab] for the last position
+    check_logits(model, logits, prompt_ids)                            # NaN/Inf: name the first bad node
     out.timings.prompt_tokens, out.timings.prompt_ms = len(prompt_ids), 1000 * (time.perf_counter() - t0)
     history = list(prompt_ids)
     t1 = time.perf_counter()
@@ -75,6 +77,7 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
             text_so_far = text
         if step + 1 < n_predict:
             logits = model.forward_last([nxt], kv)                     # one token against the cache
+            check_logits(model, logits, history)
     else:
         out.stop_reason = "length"
     t2 = time.perf_counter()

@@ -36,10 +36,10 @@ class NonFiniteError(FfnlabError):
     """A node of the forward pass holds NaN or Inf. .node: the trace Node; .stats: its
     array_stats; .inputs: [(source name, array_stats or None)]."""
 
-    def __init__(self, node, stats, inputs):
+    def __init__(self, node, stats, inputs, context=""):
         self.node, self.stats, self.inputs = node, stats, inputs
         what = ", ".join(f"{stats[k]} {k}" for k in ("nan", "inf") if stats[k])
-        super().__init__(f"first non-finite node: {node.name} ({node.op}) holds {what}")
+        super().__init__(f"{context}first non-finite node: {node.name} ({node.op}) holds {what}")
 
     def report(self):
         """Lines: the node, then each input's statistics."""
@@ -47,3 +47,26 @@ class NonFiniteError(FfnlabError):
         for name, st in self.inputs:
             lines.append(f"  input {name}: {format_stats(st)}")
         return lines
+
+
+def check_logits(model, logits, ids):
+    """Stop generation at NaN/Inf logits, naming where they started: the sequence so far is run
+    again with the tracer's finite sentinel, which raises NonFiniteError at the first node holding
+    one (as training does when its loss diverges). logits: [vocab]; ids: every token fed so far."""
+    if np.isfinite(logits).all():
+        return
+    from .api import trace
+
+    n_bad = int((~np.isfinite(logits)).sum())
+    where = f"{model.source}: " if getattr(model, "source", None) else ""
+    context = f"{where}the logits after token {len(ids)} hold {n_bad} NaN/Inf values; "
+    bad = [n for n, p in model.params.items() if isinstance(p, np.ndarray) and not np.isfinite(p).all()]
+    if bad:
+        context += f"non-finite weights: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
+    try:
+        with np.errstate(all="ignore"), trace(model, filter="^$", keep=False, check_finite=True):
+            model.forward(list(ids))
+    except NonFiniteError as e:
+        raise NonFiniteError(e.node, e.stats, e.inputs, context) from None
+    raise FfnlabError(f"{context}a traced forward of the same tokens is finite at every node "
+                      f"(the one-token path diverged from it)")
