@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import torch_reference as R
 from ffnlab.config import ModelConfig
-from ffnlab.model.ffn import FFN_ACT, FFNWeights, ffn_backward, ffn_forward
+from ffnlab.model.ffn import FFN_KINDS, FFNWeights, ffn_backward, ffn_forward, ffn_forward_one
 from test_gradcheck import FD_TOL, numerical_grad
 from test_ops import FP32
 
@@ -23,7 +23,7 @@ FIELDS = {"up": "ffn_up.weight", "down": "ffn_down.weight", "gate": "ffn_gate.we
 
 def make_weights(kind, bias, d_model=16, d_ff=40, dtype=np.float32, seed=0):
     r = np.random.default_rng(seed)
-    gated = FFN_ACT[kind][1]
+    gated = FFN_KINDS[kind].gated
     w = dict(up=r.normal(size=(d_ff, d_model)) / np.sqrt(d_model), down=r.normal(size=(d_model, d_ff)) / np.sqrt(d_ff))
     if gated:
         w["gate"] = r.normal(size=(d_ff, d_model)) / np.sqrt(d_model)
@@ -82,7 +82,7 @@ def test_gated_intermediates_are_gate_act_up_and_product(kind):
     tx = torch.from_numpy(x)
     t_up = F.linear(tx, torch.from_numpy(w.up), torch.from_numpy(w.up_b))
     t_gate = F.linear(tx, torch.from_numpy(w.gate), torch.from_numpy(w.gate_b))
-    t_act = R.ACT[FFN_ACT[kind][0]](t_gate)
+    t_act = R.ACT[FFN_KINDS[kind].act](t_gate)
     assert x_in is x
     R.assert_close(up, t_up, FP32, "up")
     R.assert_close(gate, t_gate, FP32, "gate")
@@ -103,7 +103,11 @@ def test_dense_intermediates_are_up_and_act(kind):
 def traced(kind, bias):
     w, x = make_weights(kind, bias), inputs()
     seen = {}
-    y, _ = ffn_forward(x, w, kind, emit=lambda name, op, a, srcs=(): seen.setdefault(name, (op, a.copy())))
+
+    def observe(name, a, op, srcs=(), bare=False):
+        seen.setdefault(name, (op, a.copy()))
+        return a
+    y, _ = ffn_forward(x, w, kind, observe)
     return w, x, y, seen
 
 
@@ -113,7 +117,7 @@ def traced(kind, bias):
     ("swiglu", False, ["ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out"]),
     ("geglu", True, ["ffn_gate", "ffn_gate_b", "ffn_up", "ffn_up_b", "ffn_geglu", "ffn_down", "ffn_out"]),
 ])
-def test_ffn_emits_llama_cpp_node_names_in_order(kind, bias, names):
+def test_ffn_hooks_llama_cpp_node_names_in_order(kind, bias, names):
     *_, seen = traced(kind, bias)
     assert list(seen) == names
 
@@ -130,5 +134,20 @@ def test_tracing_does_not_change_the_ffn_output():
     for kind, bias in CASES:
         w, x = make_weights(kind, bias), inputs()
         y0, _ = ffn_forward(x, w, kind)
-        y1, _ = ffn_forward(x, w, kind, emit=lambda *a: None)
+        y1, _ = ffn_forward(x, w, kind, lambda name, a, *rest: a)
         assert np.array_equal(y0, y1), kind
+
+
+@pytest.mark.parametrize("kind,bias", CASES)
+def test_one_token_ffn_is_the_batched_ffn(kind, bias):
+    # ffn_forward_one (decode) computes the same products and pointwise ops on one row; only the
+    # BLAS kernel differs (matrix-vector vs matrix-matrix), so agreement is to float32 rounding
+    # of a d_ff-long dot product: eps * sqrt(d_ff) * |terms| with |terms| ~ 1 here
+    w, x = make_weights(kind, bias), inputs()[0, 0]
+    one = ffn_forward_one(x, w, kind)
+    batched, _ = ffn_forward(x[None, None], w, kind)
+    R.assert_close(one, torch.from_numpy(batched[0, 0]), FP32, f"{kind} one token")
+    # and with the gate and up rows packed in one buffer (model/packing.py)
+    if w.gate is not None:
+        w.gate_up = np.concatenate([w.gate, w.up])
+        R.assert_close(ffn_forward_one(x, w, kind), torch.from_numpy(one), FP32, f"{kind} packed gate_up")

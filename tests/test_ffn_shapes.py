@@ -64,8 +64,11 @@ def test_table_reads_the_forward_arrays(monkeypatch):
     import ffnlab.analysis.ffn_shapes as fs
     real = fs.ffn_forward
 
-    def widened(x, w, kind, emit=None, names=None):
-        return real(x, w, kind, lambda n, op, a, s=(): emit(n, op, a[..., :1] if n == "ffn_gelu" else a, s), names)
+    def widened(x, w, kind, hook):
+        def narrowed(name, a, op, srcs=(), bare=False):       # the table's hook sees a narrower ffn_gelu
+            hook(name, a[..., :1] if name == "ffn_gelu" else a, op, srcs, bare)
+            return a
+        return real(x, w, kind, narrowed)
     monkeypatch.setattr(fs, "ffn_forward", widened)
     steps, flow = ffn_shape_table(ffn_config(8, 16, "gelu"))
     assert "gelu [T,1]" in flow

@@ -54,8 +54,8 @@ def test_catches_heads_split_by_reshape_instead_of_transpose():
 def test_catches_heads_merged_without_transpose():
     check_block(CONFIGS["llama"])
     bad = mutated(model_attention, (
-        "merged = out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)",
-        "merged = out.reshape(B, T, H * hd)"))
+        "out.transpose(0, 2, 1, 3).reshape(B, T, H * hd)",
+        "out.reshape(B, T, H * hd)"))
     with pytest.raises(AssertionError, match="relative error"):
         check_block(CONFIGS["llama"], block=block_with_attention(bad).block_forward)
 
@@ -66,8 +66,8 @@ def test_catches_head_width_taken_as_d_model_over_n_head():
     cfg = CONFIGS["gemma3"]
     assert cfg.n_head * cfg.head_dim != cfg.d_model
     bad = block_with_attention(mutated(model_attention, (
-        'a = a.reshape(B, T, heads[which], hd)',
-        'a = a.reshape(B, T, heads[which], cfg.d_model // H)')))
+        'hook(name, a.reshape(B, T, heads[which], hd)',
+        'hook(name, a.reshape(B, T, heads[which], cfg.d_model // H)')))
     check_block(CONFIGS["llama"], block=bad.block_forward)       # d_model // n_head == head_dim there
     check_block(cfg)
     with pytest.raises(ValueError, match="reshape"):              # the split itself cannot work
@@ -78,8 +78,9 @@ def test_catches_head_width_taken_as_d_model_over_n_head():
 def test_catches_mask_applied_after_softmax():
     check_attention()
     bad = mutated(ops_attention, (
-        "        np.copyto(scores, -np.inf, where=~allowed)\n    probs = softmax_forward(scores)",
-        "        pass\n    probs = softmax_forward(scores)\n    if allowed is not None:\n        np.copyto(probs, 0.0, where=~allowed)"))
+        "        np.copyto(scores, -np.inf, where=~allowed)\n    return softmax_forward(scores)",
+        "        pass\n    probs = softmax_forward(scores)\n    if allowed is not None:\n        np.copyto(probs, 0.0, where=~allowed)\n"
+        "    return probs"))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
@@ -92,7 +93,7 @@ def test_catches_mask_with_zero_instead_of_neg_inf():
 
 # --- 3. scale --------------------------------------------------------------------------------
 def test_catches_missing_one_over_sqrt_head_dim():
-    bad = mutated(ops_attention, ("scores = kq * np.asarray(scale, dtype=q.dtype)", "scores = kq.copy()"))
+    bad = mutated(ops_attention, ("scores = kq * np.asarray(scale, dtype=kq.dtype)", "scores = kq.copy()"))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
@@ -109,7 +110,7 @@ def test_catches_layernorm_over_tokens_instead_of_features():
 # --- 5. in-place residual --------------------------------------------------------------------
 def test_catches_residual_added_in_place_over_the_block_input():
     check_block(CONFIGS["gpt2"])
-    bad = mutated(model_block, ("h = x + a ", "h = x; h += a "))   # the caller's x is still needed
+    bad = mutated(model_block, ("h = hook(res1, x + a,", "x += a; h = hook(res1, x,"))   # the caller's x is still needed
     with pytest.raises(AssertionError, match="modified its input"):
         check_block(CONFIGS["gpt2"], block=bad.block_forward)
 

@@ -18,6 +18,7 @@ import torch_reference as R
 from ffnlab.config import ModelConfig
 from ffnlab.model import Model
 from ffnlab.model.block import block_backward, block_forward
+from ffnlab.model.hooks import Hooks
 from ffnlab.model.params import param_shapes
 from ffnlab.model.transformer import backward, forward
 from ffnlab.ops import causal_mask, cross_entropy_backward, cross_entropy_forward
@@ -185,7 +186,7 @@ def test_tracer_only_observes(arch):
     ids, _ = tokens(cfg)
     plain, _ = forward(p, cfg, ids)
     tracer = Tracer()
-    traced, _ = forward(p, cfg, ids, tracer=tracer)
+    traced, _ = forward(p, cfg, ids, hooks=Hooks(tracer))
     assert len(tracer.nodes) > 10 * cfg.n_layer           # it did observe
     assert np.array_equal(plain, traced)                   # bit-identical
     assert np.array_equal(tracer["result_output"], plain)

@@ -18,6 +18,7 @@ from ffnlab.cli.main import main
 from ffnlab.evaluation.activations import token_windows
 from ffnlab.evaluation.neurons import BEFORE, StreamingHistogram, scan_layer, unit_report, window_text
 from ffnlab.model.transformer import forward
+from ffnlab.model.hooks import Hooks
 from ffnlab.tracing.tracer import Tracer
 from mlp_models import TEXT, tiny_gguf, write_text
 
@@ -32,7 +33,7 @@ def all_activations(m, layer, n_ctx):
     rows = []
     for w in windows:
         t = Tracer(filter=f"ffn_swiglu-{layer}$")
-        forward(m.params, m.config, w[None], tracer=t)
+        forward(m.params, m.config, w[None], hooks=Hooks(t))
         rows.append(t[f"ffn_swiglu-{layer}"][(1 if bos is not None else 0):])    # [T, d_ff], BOS dropped
     return rows
 

@@ -10,9 +10,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from .errors import FfnlabError
+from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
 
-FFN_KINDS = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
-GATED_FFN_KINDS = ("swiglu", "geglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
@@ -117,7 +116,7 @@ class ModelConfig:
     @property
     def gated(self) -> bool:
         """True for SwiGLU/GeGLU: the FFN has a gate matrix next to up."""
-        return self.ffn in GATED_FFN_KINDS
+        return FFN_KINDS[self.ffn].gated
 
     @property
     def q_dim(self) -> int:

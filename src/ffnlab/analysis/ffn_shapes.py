@@ -17,8 +17,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import UsageError
 from ..ops.activations import ACTIVATIONS
-from ..model.block import FFN_TENSOR, ffn_weights
-from ..model.ffn import FFN_ACT, ffn_forward
+from ..model.ffn import FFN_KINDS, FFN_TENSOR, ffn_forward, ffn_weights
 from ..model.params import param_shapes
 
 # short names for the presets of analysis/presets.py (which also accepts every alias and HF repo id)
@@ -46,10 +45,10 @@ class Step:
 
 def ffn_config(d_model, d_ff, ffn="gelu_tanh", bias=None, name="", n_layer=1):
     """A config holding just what sizes an MLP; bias defaults to the usual choice (dense yes, gated no)."""
-    if ffn not in FFN_ACT:
-        raise UsageError(f"--ffn must be one of {', '.join(FFN_ACT)}, got {ffn!r}")
+    if ffn not in FFN_KINDS:
+        raise UsageError(f"--ffn must be one of {', '.join(FFN_KINDS)}, got {ffn!r}")
     if bias is None:
-        bias = not FFN_ACT[ffn][1]
+        bias = not FFN_KINDS[ffn].gated
     return ModelConfig(arch="custom", n_layer=n_layer, d_model=d_model, n_head=1, d_ff=d_ff, ffn=ffn, ffn_bias=bias,
                        positions="learned", name=name or "a custom config")
 
@@ -76,10 +75,13 @@ def ffn_shape_table(cfg, T=None):
     x = np.zeros((0, T or 1, cfg.d_model), np.float32)                # zero sequences of T tokens
 
     nodes = []                                                        # (name, op, shape, srcs)
-    y, (_, _, _, act, _) = ffn_forward(
-        x, ffn_weights(params, 0), cfg.ffn, lambda name, op, a, srcs=(): nodes.append((name, op, a.shape, srcs)),
-        names)
-    act_name, gated, act_node, _ = FFN_ACT[cfg.ffn]
+
+    def record(name, a, op, srcs=(), bare=False):                    # a hook that observes (model/hooks.py)
+        nodes.append((name, op, a.shape, srcs))
+        return a
+    y, cache = ffn_forward(x, ffn_weights(params, 0), cfg.ffn, record)
+    act = cache.act
+    act_name, gated, act_node, _ = FFN_KINDS[cfg.ffn]
 
     def token_shape(shape):
         # [0, T, features] -> [T, features]: drop the empty batch axis, label the token axis
@@ -87,7 +89,7 @@ def ffn_shape_table(cfg, T=None):
 
     steps = []
     for name, op, shape, srcs in nodes:
-        tensor = next((s for s in srcs if s and "." in s), None)     # the weight or bias it reads
+        tensor = next(("blk.0." + s for s in srcs if s and "." in s), None)   # the weight or bias it reads
         if op == "ADD" and tensor and tensor.endswith(".bias"):     # a bias joins its matmul's row
             st = steps[-1]
             st.node, st.op, st.shape = name, st.op + "+ADD", token_shape(shape)
@@ -96,7 +98,7 @@ def ffn_shape_table(cfg, T=None):
         if name == act_node:
             label = ACT_LABEL[act_name]
             if gated:                                                 # act(gate) exists only inside the GLU op
-                steps.append(Step(f"{label}(gate)", "-", ACTIVATIONS[act_name][2], token_shape(act.shape)))
+                steps.append(Step(f"{label}(gate)", "-", ACTIVATIONS[act_name].op, token_shape(act.shape)))
                 label = f"{label}(gate)*up"
             steps.append(Step(label, name, op, token_shape(shape)))
             continue

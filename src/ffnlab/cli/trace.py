@@ -45,6 +45,7 @@ def run(args):
 
     from ..errors import UsageError
     from ..tracing import NonFiniteError, Tracer
+    from ..tracing.api import attached
     from ..tracing.dump import Dumper
     from ..tracing.format import ggml_line, logical_line, node_record, values_block
     from .common import load_model, read_prompt
@@ -78,15 +79,13 @@ def run(args):
 
     tracer = Tracer(filter=args.filter, keep=True, params=model.params, on_node=on_node,
                     check_finite=args.check_finite)
-    model.tracer = tracer
     bad = None
     try:
-        with np.errstate(all="ignore"):        # overflow is what --check-finite reports
+        with attached(model, tracer), np.errstate(all="ignore"):   # overflow is what --check-finite reports
             model.forward(np.asarray(ids))
     except NonFiniteError as e:
         bad = e
     finally:
-        model.tracer = None
         if dumper:
             dumper.close()
     if args.json:

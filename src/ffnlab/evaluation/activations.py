@@ -14,12 +14,12 @@ import re
 
 import numpy as np
 
-from ..model.ffn import FFN_ACT
+from ..model.ffn import FFN_KINDS
 
 
 def activation_node(cfg):
     """'ffn_swiglu', 'ffn_geglu', 'ffn_gelu' or 'ffn_relu' for this config's MLP."""
-    return FFN_ACT[cfg.ffn][2]
+    return FFN_KINDS[cfg.ffn].node
 
 
 def token_windows(ids, n_ctx, bos_id=None, max_windows=-1):
@@ -53,6 +53,7 @@ def stream_activations(model, windows, layers, batch, on_acts, on_batch=None):
     on_acts(layer, acts [B, T, d_ff] float32, first window index) for each layer in `layers`.
     on_batch(windows done) after each batch."""
     from ..model.transformer import forward
+    from ..model.hooks import Hooks
     from ..tracing import Tracer
 
     cfg = model.config
@@ -69,7 +70,7 @@ def stream_activations(model, windows, layers, batch, on_acts, on_batch=None):
             n.array = None                                            # free it: the tracer keeps its nodes
             on_acts(want[n.name], acts, first)
 
-        forward(model.params, upto, ids, tracer=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
+        forward(model.params, upto, ids, hooks=Hooks(Tracer(filter=pattern, keep=True, on_node=take)), last_only=True)
         done += B
         if on_batch is not None:
             on_batch(done)

@@ -3,6 +3,7 @@ import numpy as np
 
 from .attention import KVCache
 from .decode import decode_step, make_plan, params_key
+from .hooks import Hooks
 from .packing import pack
 from .params import count_params, init_params, param_shapes
 from .transformer import backward, forward
@@ -16,7 +17,7 @@ class Model:
         self.packs = pack(params, config) if pack_weights else None
         self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)
         self.source = source          # the file or directory it came from, for messages
-        self.tracer = None            # set by ffnlab.trace(model)
+        self.hooks = Hooks()          # what ffnlab.trace / ffnlab.hooks attach to the named nodes
         self._plan = None             # the weights per layer for decode_step, built on first use
 
     @classmethod
@@ -25,15 +26,17 @@ class Model:
 
     def forward(self, ids, kv=None):
         """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer,
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
                             packs=self.packs)
         return logits[0]
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
-        if len(ids) == 1 and self.tracer is None and kv.k[0].shape[0] == 1:
-            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv)   # the fast one-token path
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, tracer=self.tracer,
+        if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1:
+            # the fast one-token path; with hooks attached the general one runs them, so a hooked
+            # sequence gives the same tokens with the KV cache as recomputed in full
+            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv)
+        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
                             last_only=True, packs=self.packs)
         return logits[0, -1]
 

@@ -6,32 +6,36 @@
 The residual adds always make new arrays: x is still needed by the backward (and by the
 tracer), so adding into it in place would silently corrupt both.
 """
+from typing import NamedTuple
+
 from ..ops.norms import layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward
 from .attention import attention_backward_layer, attention_forward_layer
-from .ffn import FFNWeights, ffn_backward, ffn_forward
+from .ffn import FFN_TENSOR, ffn_backward, ffn_forward, ffn_weights
+from .hooks import identity
 from .packing import packed
 
 
-def norm_forward(x, p, cfg, wname, node, emit=None, bare_norm=False, src="inp"):
-    """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias).
+def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp"):
+    """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias) -> y, cache.
 
-    Traced as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only
-    when a bias follows), then `node` for the result. bare_norm: the unscaled node has no
-    layer suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1)."""
+    Hooked as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only when
+    a bias follows), then `node` for the result. bare_norm: the unscaled node has no layer
+    suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1)."""
     w, b = p[wname + ".weight"], p.get(wname + ".bias")
     if cfg.norm == "layernorm":
-        y, cache = layernorm_forward(x, w, b, cfg.norm_eps)
+        y, cache = layernorm_forward(x, w, None, cfg.norm_eps)        # y = x_hat * w; the bias below
         op = "NORM"
     else:
-        y, cache = rmsnorm_forward(x, w, cfg.norm_eps)
+        y, cache = rmsnorm_forward(x, w, cfg.norm_eps)                # y = x_hat * w
         op = "RMS_NORM"
-    if emit:
-        emit("norm", op, cache[0], (src,), bare=bare_norm)
-        if b is not None:
-            emit("norm_w", "MUL", cache[0] * w, ("norm", wname + ".weight"))
-            emit(node, "ADD", y, ("norm_w", wname + ".bias"))
-        else:
-            emit(node, "MUL", y, ("=norm" if bare_norm else "norm", wname + ".weight"))
+    x_hat = hook("norm", cache[0], op, (src,), bare_norm)
+    if x_hat is not cache[0]:                  # a hook replaced the unscaled norm: scale what it gave
+        y, cache = x_hat * w, (x_hat,) + tuple(cache[1:])
+    if b is not None:
+        y = hook("norm_w", y, "MUL", ("norm", wname + ".weight"))
+        y = hook(node, y + b, "ADD", ("norm_w", wname + ".bias"))
+    else:
+        y = hook(node, y, "MUL", ("=norm" if bare_norm else "norm", wname + ".weight"))
     return y, cache
 
 
@@ -49,68 +53,60 @@ def norm_backward(dy, p, cfg, wname, cache):
     return dx, {wname + ".weight": dw}
 
 
-def ffn_weights(p, il):
-    """The layer's FFN tensors from the GGUF-named dict."""
-    blk = f"blk.{il}."
-    return FFNWeights(up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"],
-                      gate=p.get(blk + "ffn_gate.weight"), up_b=p.get(blk + "ffn_up.bias"),
-                      gate_b=p.get(blk + "ffn_gate.bias"), down_b=p.get(blk + "ffn_down.bias"))
+class BlockCache(NamedTuple):
+    """What block_backward needs: each sub-layer's cache (None where the config has no such norm)."""
+    attn_norm: tuple
+    attn: object                    # attention.AttnCache
+    post_attn_norm: tuple | None
+    ffn_norm: tuple
+    ffn: object                     # ffn.FFNCache
+    post_ffn_norm: tuple | None
 
 
-FFN_TENSOR = {"up": "ffn_up.weight", "down": "ffn_down.weight", "gate": "ffn_gate.weight",
-              "up_b": "ffn_up.bias", "gate_b": "ffn_gate.bias", "down_b": "ffn_down.bias"}
-
-
-def block_forward(x, p, cfg, il, pos, allowed, kv=None, emit=None, rope=None, packs=None):
-    """x: [B, T, d_model] -> [B, T, d_model], cache
+def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
+    """x: [B, T, d_model] -> [B, T, d_model], BlockCache
 
     pos/allowed: absolute positions [T] and the [T, S] attention mask (None: all visible);
-    rope: precomputed (cos, sin) for pos; packs: packed projections (model/packing.py)."""
+    hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos;
+    packs: packed projections (model/packing.py)."""
     blk = f"blk.{il}."
-    a_in, an_cache = norm_forward(x, p, cfg, blk + "attn_norm", "attn_norm", emit)
-    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, emit, rope, packs)
+    # Gemma 3's graph calls the first residual sum sa_out; llama, qwen2 and gpt2 call it ffn_inp
+    res1 = "sa_out" if cfg.post_attn_norm else "ffn_inp"
+    a_in, an_cache = norm_forward(x, p, cfg, blk + "attn_norm", "attn_norm", hook)
+    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs)
     pa_cache = None
     if cfg.post_attn_norm:
-        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", emit, src="attn_out")
-    h = x + a                                                          # [B, T, d_model] residual
-    # Gemma 3's graph calls this sum sa_out; llama, qwen2 and gpt2 call it ffn_inp
-    if emit: emit("sa_out" if cfg.post_attn_norm else "ffn_inp", "ADD", h,
-                  ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))
-    f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", emit,
-                                  src="sa_out" if cfg.post_attn_norm else "ffn_inp")
-    names = {k: blk + v for k, v in FFN_TENSOR.items()}
-    gate_up = packed(packs, p, il, "gate_up", (names["gate"], names["up"])) if cfg.gated else None
-    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il), cfg.ffn, emit, names, gate_up)
+        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out")
+    h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
+    f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, src=res1)
+    gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
+    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up), cfg.ffn, hook)
     pf_cache = None
     if cfg.post_ffn_norm:
-        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", emit,
-                                   bare_norm=True, src="ffn_out")
-    out = h + f                                                        # [B, T, d_model] residual
-    if emit: emit("l_out", "ADD", out, ("ffn_post_norm" if cfg.post_ffn_norm else "ffn_out",
-                                        "sa_out" if cfg.post_attn_norm else "ffn_inp"))
-    return out, (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache)
+        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out")
+    out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else "ffn_out", res1))   # [B, T, d_model]
+    return out, BlockCache(an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache)
 
 
 def block_backward(dout, p, cfg, il, cache):
     """dout: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
-    an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache = cache
     blk = f"blk.{il}."
     g = {}
     df = dout
     if cfg.post_ffn_norm:
-        df, gi = norm_backward(df, p, cfg, blk + "post_ffw_norm", pf_cache)
+        df, gi = norm_backward(df, p, cfg, blk + "post_ffw_norm", cache.post_ffn_norm)
         g.update(gi)
-    df_in, gf = ffn_backward(df, ffn_weights(p, il), cfg.ffn, ffn_cache)
+    df_in, gf = ffn_backward(df, ffn_weights(p, il), cfg.ffn, cache.ffn)
     g.update({blk + FFN_TENSOR[k]: v for k, v in gf.items()})
-    dh_norm, gi = norm_backward(df_in, p, cfg, blk + "ffn_norm", fn_cache)
+    dh_norm, gi = norm_backward(df_in, p, cfg, blk + "ffn_norm", cache.ffn_norm)
     g.update(gi)
     dh = dout + dh_norm                                                # residual: both paths reach h
     da = dh
     if cfg.post_attn_norm:
-        da, gi = norm_backward(da, p, cfg, blk + "post_attention_norm", pa_cache)
+        da, gi = norm_backward(da, p, cfg, blk + "post_attention_norm", cache.post_attn_norm)
         g.update(gi)
-    da_in, ga = attention_backward_layer(da, p, cfg, il, attn_cache)
+    da_in, ga = attention_backward_layer(da, p, cfg, il, cache.attn)
     g.update(ga)
-    dx_norm, gi = norm_backward(da_in, p, cfg, blk + "attn_norm", an_cache)
+    dx_norm, gi = norm_backward(da_in, p, cfg, blk + "attn_norm", cache.attn_norm)
     g.update(gi)
     return dh + dx_norm, g

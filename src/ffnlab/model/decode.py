@@ -3,18 +3,18 @@
 The same math as forward() (model/transformer.py) for T = 1, written for one vector:
   x = embed(tok)
   per layer:  h = x + [post_attn_norm](wo @ attend(rope(q), rope(k) + cache, v + cache))
-              x = h + [post_ffn_norm](down @ ffn(ffn_norm(h)))
+              x = h + [post_ffn_norm](ffn(ffn_norm(h)))           (model/ffn.py's ffn_forward_one)
   logits = head @ output_norm(x)
 Decoding a token streams every weight once (~540 MB of float32 for SmolLM2), so its time is the
 matrix-vector products plus the cost of every Python and NumPy call in between, and a call
 costs several microseconds when the weights have just swept the CPU caches. forward() pays for
-generality (batches, masks, GQA reshapes, tensor names, tracer hooks, backward caches). Here the
+generality (batches, masks, GQA reshapes, tensor names, hooks, backward caches). Here the
 weights of each layer are looked up once into a Layer (cached on the Model), there is no batch
 axis and no mask (a sliding window is a slice of the cache), RMSNorm's scale is a Python float,
 RoPE rotates q and k together as complex numbers, and attention is one [Hkv, G, S] product:
 ~30 calls per layer where forward() makes ~70.
 
-Model.forward_last uses it for one token when no tracer is attached; tests/test_generation.py
+Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/test_generation.py
 checks it against the full forward for every architecture.
 """
 import math
@@ -22,11 +22,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.activations import ACTIVATIONS
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..ops.softmax import softmax_forward
-from .ffn import FFN_ACT
+from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
 
@@ -45,13 +44,7 @@ class Layer(NamedTuple):
     wo_b: np.ndarray | None
     post_attn_norm: tuple | None
     ffn_norm: tuple
-    gate_up: np.ndarray | None       # [2*d_ff, d_model] packed (gated FFNs)
-    gate: np.ndarray | None
-    up: np.ndarray
-    down: np.ndarray                 # [d_model, d_ff]
-    gate_b: np.ndarray | None
-    up_b: np.ndarray | None
-    down_b: np.ndarray | None
+    ffn: FFNWeights                  # with gate_up packed (gated FFNs)
     post_ffn_norm: tuple | None
     window: int                      # sliding window (0: attends to every cached position)
     rope: tuple | None               # (theta, scale)
@@ -95,9 +88,7 @@ def make_plan(p, cfg, packs=None) -> Plan:
             wo=_first(packed(packs, p, il, "attn_output", (blk + "attn_output.weight",)), p[blk + "attn_output.weight"]),
             wo_b=p.get(blk + "attn_output.bias"),
             post_attn_norm=norm(blk + "post_attention_norm") if cfg.post_attn_norm else None,
-            ffn_norm=norm(blk + "ffn_norm"), gate_up=gate_up, gate=p.get(blk + "ffn_gate.weight"),
-            up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"], gate_b=p.get(blk + "ffn_gate.bias"),
-            up_b=p.get(blk + "ffn_up.bias"), down_b=p.get(blk + "ffn_down.bias"),
+            ffn_norm=norm(blk + "ffn_norm"), ffn=ffn_weights(p, il, gate_up),
             post_ffn_norm=norm(blk + "post_ffw_norm") if cfg.post_ffn_norm else None,
             window=cfg.sliding_window if cfg.is_sliding(il) else 0,
             rope=(cfg.layer_rope_theta(il), cfg.layer_rope_scale(il)) if cfg.positions == "rope" else None))
@@ -118,7 +109,6 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
         x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)
     if cfg.positions == "learned":
         x = x + p["position_embd.weight"][n]
-    act = ACTIVATIONS[FFN_ACT[cfg.ffn][0]][0]
     rotations = {}                                                    # (theta, scale) -> this position's rotation
     for il, L in enumerate(plan.layers):
         if L.rope is not None and L.rope not in rotations:
@@ -127,7 +117,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
         if L.post_attn_norm:
             a = _norm(a, L.post_attn_norm, cfg)
         h = x + a                                                     # [d_model] residual
-        f = _ffn(_norm(h, L.ffn_norm, cfg), L, cfg, act)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg), L.ffn, cfg.ffn)
         if L.post_ffn_norm:
             f = _norm(f, L.post_ffn_norm, cfg)
         x = h + f                                                     # [d_model] residual
@@ -191,29 +181,4 @@ def _attention(x, L, cfg, n, K, V, rot):
     y = (L.wo @ out.reshape(H * hd))[:cfg.d_model]                    # [d_model, q_dim] @ [q_dim]
     if L.wo_b is not None:
         y += L.wo_b
-    return y
-
-
-def _ffn(x, L, cfg, act):
-    """x: [d_model] (ffn_norm output) -> [d_model]; model/ffn.py's math for one vector."""
-    if cfg.gated:
-        if L.gate_up is not None:
-            gu = L.gate_up @ x                                        # [2*d_ff]: gate rows, then up rows
-            gate, up = gu[:cfg.d_ff], gu[cfg.d_ff:]
-        else:
-            gate, up = L.gate @ x, L.up @ x
-        if L.gate_b is not None:
-            gate = gate + L.gate_b
-        if L.up_b is not None:
-            up = up + L.up_b
-        h = act(gate)
-        h *= up                                                       # [d_ff] act(gate) * up
-    else:
-        up = L.up @ x                                                 # [d_ff]
-        if L.up_b is not None:
-            up += L.up_b
-        h = act(up)
-    y = L.down @ h                                                    # [d_model, d_ff] @ [d_ff]
-    if L.down_b is not None:
-        y += L.down_b
     return y

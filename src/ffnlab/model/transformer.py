@@ -5,6 +5,7 @@ activations the backward needs; backward(dlogits, params, cfg, cache) returns a 
 every parameter. Model (model/__init__.py) wraps it with a tokenizer and generation.
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -13,14 +14,25 @@ from ..ops.embedding import embedding_backward
 from ..ops.linear import linear_backward, linear_forward
 from ..ops.rope import rope_angles
 from .block import block_backward, block_forward, norm_backward, norm_forward
+from .hooks import Hooks
 from .params import lm_head_name
 
 
-def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, packs=None):
-    """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), cache or None
+class ForwardCache(NamedTuple):
+    """What backward() needs from a training forward."""
+    ids: np.ndarray                 # [B, T]
+    pos: np.ndarray                 # [T] absolute positions
+    blocks: list                    # [n_layer] block.BlockCache
+    output_norm: tuple              # the final norm's cache
+    y: np.ndarray                   # [B, T, d_model] the final norm's output (the LM head's input)
+    softcap: np.ndarray | None      # tanh(z / c) when the logits are soft-capped
+
+
+def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, packs=None):
+    """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), ForwardCache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
-    tracer: observes every named node (see tracing/); None costs one `if` per node.
+    hooks: model/hooks.py's Hooks (a tracer, editors) on every named node; None: identity hooks.
     train: keep the activations for backward().
     packs: packed q/k/v and gate/up buffers (model/packing.py) for faster inference.
     last_only: compute logits for the last position only (generation: the LM head is the
@@ -32,17 +44,15 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
     if pos0 + T > (kv.n_ctx if kv is not None else cfg.n_ctx):
         raise ValueError(f"{pos0 + T} positions exceed the context length {kv.n_ctx if kv is not None else cfg.n_ctx}")
     pos = np.arange(pos0, pos0 + T)
-    emit = tracer.emitter(-1) if tracer is not None else None
-    x = p["token_embd.weight"][ids]                                        # [B, T] -> [B, T, d_model]
-    if emit: emit("embd", "GET_ROWS", x, ("token_embd.weight", "inp_tokens"))
+    hooks = hooks or Hooks()
+    hook = hooks.point(-1, pos)
+    x = hook("embd", p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
     if cfg.embed_scale:
-        x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)          # Gemma: scale by sqrt(d_model)
-        if emit: emit("inp_scaled", "SCALE", x, ("embd",))
+        # Gemma: scale by sqrt(d_model)
+        x = hook("inp_scaled", x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype), "SCALE", ("embd",))
     if cfg.positions == "learned":
-        pe = p["position_embd.weight"][pos]                               # [T, d_model]
-        if emit: emit("pos_embd", "GET_ROWS", pe[None], ("position_embd.weight", "inp_pos"))
-        x = x + pe                                                        # [B, T, d_model]
-        if emit: emit("inpL", "ADD", x, ("embd", "pos_embd"))
+        pe = hook("pos_embd", p["position_embd.weight"][pos][None], "GET_ROWS", ("position_embd.weight", "inp_pos"))
+        x = hook("inpL", x + pe, "ADD", ("embd", "pos_embd"))                    # [B, T, d_model]
     k_pos = np.arange(0, pos0 + T)
     masks, ropes = {}, {}                      # shared by the layers: built once per forward
     block_caches = []
@@ -58,14 +68,14 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
                 cos, sin = rope_angles(pos, cfg.head_dim, *key)           # float64 angles, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
-        lemit = tracer.emitter(il) if tracer is not None else None
-        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, lemit, rope, packs)
+        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs)
         if train:
             block_caches.append(c)
         del c                                  # inference: free this layer's activations before the next
     if last_only:
         x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
-    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", emit)
+        hook = hooks.point(-1, pos[-1:])
+    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook)
     head = lm_head_name(cfg)
     logits = linear_forward(y, p[head])                                   # [B, T, d_model] -> [B, T, vocab]
     softcap = None
@@ -73,16 +83,16 @@ def forward(p, cfg, ids, kv=None, tracer=None, train=False, last_only=False, pac
         c = cfg.final_logit_softcap
         softcap = np.tanh(logits / c)                                     # Gemma 2 style: logits = c*tanh(z/c)
         logits = softcap * c
-    if emit: emit("result_output", "MUL_MAT", logits, (head, "result_norm"))
+    logits = hook("result_output", logits, "MUL_MAT", (head, "result_norm"))
     if kv is not None:
         kv.n += T
-    cache = (ids, pos, block_caches, fn_cache, y, softcap) if train else None
+    cache = ForwardCache(ids, pos, block_caches, fn_cache, y, softcap) if train else None
     return logits, cache
 
 
 def backward(dlogits, p, cfg, cache):
     """dlogits: [B, T, vocab] -> {tensor name: gradient}, same keys as p"""
-    ids, pos, block_caches, fn_cache, y, softcap = cache
+    ids, pos, block_caches, fn_cache, y, softcap = cache                  # a ForwardCache
     if softcap is not None:
         dlogits = dlogits * (1.0 - softcap * softcap)                     # d(c*tanh(z/c))/dz
     head = lm_head_name(cfg)

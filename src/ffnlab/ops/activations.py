@@ -3,6 +3,7 @@
 Each backward takes the forward's input x (not its output) and returns dL/dx = dy * f'(x).
 """
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 from scipy.special import erf  # NumPy has no erf; scipy's is correctly rounded in float64
@@ -117,10 +118,15 @@ def silu_backward(dy, x):
     return g
 
 
+class Activation(NamedTuple):
+    forward: Callable                 # x -> y
+    backward: Callable                # (dy, x) -> dx
+    op: str                           # the ggml op as llama.cpp's eval callback prints it
+
+
 ACTIVATIONS = {
-    # name: (forward, backward, ggml op name as llama.cpp's eval callback prints it)
-    "gelu": (gelu_forward, gelu_backward, "GELU_ERF"),
-    "gelu_tanh": (gelu_tanh_forward, gelu_tanh_backward, "GELU"),
-    "relu": (relu_forward, relu_backward, "RELU"),
-    "silu": (silu_forward, silu_backward, "SILU"),
+    "gelu": Activation(gelu_forward, gelu_backward, "GELU_ERF"),
+    "gelu_tanh": Activation(gelu_tanh_forward, gelu_tanh_backward, "GELU"),
+    "relu": Activation(relu_forward, relu_backward, "RELU"),
+    "silu": Activation(silu_forward, silu_backward, "SILU"),
 }

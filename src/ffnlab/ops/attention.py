@@ -42,26 +42,41 @@ def _rows_contiguous(a):
     return np.ascontiguousarray(a)
 
 
-def attention_forward(q, k, v, scale, allowed):
-    """allowed: [T, S] bool from causal_mask, or None -> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])
+def attention_scores(q, k):
+    """q: [B, T, H, hd], k: [B, S, Hkv, hd] -> kq [B, H, T, S], the raw scores q.k (not scaled or masked)"""
+    B, T, H, hd = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    qg = _group(q, Hkv).reshape(B, Hkv, (H // Hkv) * T, hd)   # [B, Hkv, G*T, hd]
+    kh = _rows_contiguous(k.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
+    return (qg @ kh.swapaxes(-1, -2)).reshape(B, H, T, S)     # [B, H, T, S]
+
+
+def attention_probs(kq, scale, allowed):
+    """kq: [B, H, T, S] raw scores, allowed: [T, S] bool from causal_mask or None -> probs [B, H, T, S]
 
     Masked scores are set to -inf, not 0, before the softmax: exp(-inf) = 0 gives a future
     key exactly zero weight, while a 0 score would still give it weight exp(0)/Z.
     """
-    B, T, H, hd = q.shape
-    S, Hkv = k.shape[1], k.shape[2]
-    G = H // Hkv
-    qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)             # [B, Hkv, G*T, hd]
-    kh = _rows_contiguous(k.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
-    vt = _rows_contiguous(v.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
-    kq = (qg @ kh.swapaxes(-1, -2)).reshape(B, H, T, S)       # [B, H, T, S] raw scores
-    scores = kq * np.asarray(scale, dtype=q.dtype)             # scaled copy; kq itself stays raw for tracing
+    scores = kq * np.asarray(scale, dtype=kq.dtype)            # scaled copy; kq itself stays raw for tracing
     if allowed is not None:                                    # None: every key visible (one new token, no window)
         # a masked copy (where=): twice as fast as boolean-index assignment scores[:, :, ~allowed]
         np.copyto(scores, -np.inf, where=~allowed)
-    probs = softmax_forward(scores)                            # [B, H, T, S]
-    out = (probs.reshape(B, Hkv, G * T, S) @ vt).reshape(B, H, T, hd)
-    return out, (kq, probs)
+    return softmax_forward(scores)
+
+
+def attention_mix(probs, v):
+    """probs: [B, H, T, S], v: [B, S, Hkv, hd] -> out [B, H, T, hd], each query's weighted sum of values"""
+    B, H, T, S = probs.shape
+    Hkv, hd = v.shape[2], v.shape[3]
+    vt = _rows_contiguous(v.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
+    return (probs.reshape(B, Hkv, (H // Hkv) * T, S) @ vt).reshape(B, H, T, hd)
+
+
+def attention_forward(q, k, v, scale, allowed):
+    """allowed: [T, S] bool from causal_mask, or None -> out [B, H, T, hd], cache (kq [B, H, T, S], probs [B, H, T, S])"""
+    kq = attention_scores(q, k)
+    probs = attention_probs(kq, scale, allowed)
+    return attention_mix(probs, v), (kq, probs)
 
 
 def attention_backward(dout, q, k, v, probs, scale):

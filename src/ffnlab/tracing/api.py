@@ -13,15 +13,22 @@ from .tracer import Tracer
 
 @contextmanager
 def trace(model, filter=None, keep=True, check_finite=False, on_node=None):
-    """Attach a Tracer to model for the duration of the block; restores what was there.
+    """Attach a Tracer to model's hook points for the duration of the block (with any
+    editing hooks attached too, it sees the edited values).
 
     filter: regex matched at the start of node names (like llama-eval-callback's
     --tensor-filter); keep: copy the matching arrays; check_finite: raise NonFiniteError at
     the first node with NaN/Inf; on_node(node): called for every matching node."""
     t = Tracer(filter=filter, keep=keep, params=model.params, on_node=on_node, check_finite=check_finite)
-    previous = model.tracer
-    model.tracer = t
-    try:
+    with attached(model, t):
         yield t
+
+
+@contextmanager
+def attached(model, consumer):
+    """Attach a Tracer (or a model/hooks.py Editor) to model's hook points for the block."""
+    model.hooks.attach(consumer)
+    try:
+        yield consumer
     finally:
-        model.tracer = previous
+        model.hooks.detach(consumer)

@@ -1,14 +1,15 @@
 """The tracer: observes every named intermediate tensor of a forward pass.
 
-The model calls emit(name, op, array, srcs) at each node, with llama.cpp's graph names;
-inside block L the name becomes `{name}-{L}` (as llama.cpp's cb() names it), outside it stays
-bare. The tracer only observes: it copies what it keeps and never hands anything back, so
-results are bit-identical with and without it.
+A Tracer is an observer on the model's hook points (model/hooks.py): each node
+`x = hook(name, x, op, srcs)` reaches observe() with its full name (`{name}-{L}` inside block
+L, as llama.cpp's cb() names it; bare outside the blocks), after any editing hooks. The tracer
+only observes: it copies what it keeps and never hands anything back.
 
 srcs name the node's inputs the way llama.cpp's eval callback prints src[0], src[1]:
   "attn_norm"            a node of this block (becomes "attn_norm-L"), else of the model
   "=norm"                a node name taken literally (no layer suffix)
-  "blk.0.ffn_up.weight"  a tensor of the model file (a name with a dot)
+  "blk.0.ffn_up.weight"  a tensor of the model file (a name with a dot); inside block L a
+  "ffn_up.weight"        name without the blk. prefix is that block's (blk.L.ffn_up.weight)
   "inp"                  the block's input (the node emitted just before the block)
   "inp_tokens", "inp_pos", "attn_inp_kq_mask"   llama.cpp's graph inputs; their shapes
                          follow from the node's own array
@@ -54,6 +55,8 @@ class Node:
 class Tracer:
     """with ffnlab.trace(model, filter=...) as t: model.forward(ids);  t["ffn_swiglu-0"]
 
+    (the functional forward takes one as hooks=Hooks(tracer), model/hooks.py)
+
     filter: a regex matched at the start of the node name (like llama-eval-callback's
             --tensor-filter); only matching nodes are kept and passed to on_node.
     keep: copy the arrays of matching nodes (False: names, ops and shapes only).
@@ -78,11 +81,11 @@ class Tracer:
     def matches(self, name):
         return self.filter is None or self.filter.match(name) is not None
 
-    def emitter(self, layer):
-        """The emit function for block `layer` (-1: outside the blocks)."""
+    def enter(self, layer):
+        """A hook point for block `layer` (-1: outside the blocks) starts: the last node seen
+        is the block's input ("inp")."""
         if layer >= 0:
             self._layer_input = self._prev
-        return lambda name, op, array, srcs=(), bare=False: self._emit(name, op, array, srcs, layer, bare)
 
     def _resolve(self, src, layer, a):
         if src is None:
@@ -95,6 +98,8 @@ class Tracer:
             n = self._last.get(src[1:])
             return (src[1:], n.shape if n is not None else None)
         if "." in src:                              # a tensor of the model file
+            if layer >= 0 and not src.startswith("blk."):
+                src = f"blk.{layer}.{src}"          # the block's own tensor
             w = self.params.get(src)
             return (src, tuple(w.shape) if w is not None else None)
         if src == "inp":                            # the block's input (outside blocks: the last node)
@@ -104,8 +109,8 @@ class Tracer:
         n = self._last.get(src)
         return (src, n.shape if n is not None else None)
 
-    def _emit(self, name, op, array, srcs, layer, bare=False):
-        full = f"{name}-{layer}" if layer >= 0 and not bare else name
+    def observe(self, full, op, array, srcs, layer):
+        """One node: its full name, ggml op, value (batch axis first) and sources."""
         a = array[0] if array.ndim >= 2 and array.shape[0] == 1 else array   # drop a batch of 1
         node = Node(full, op, tuple(a.shape), str(a.dtype),
                     [r for r in (self._resolve(s, layer, a) for s in srcs) if r is not None], None, layer)

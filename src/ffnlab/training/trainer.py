@@ -101,6 +101,7 @@ class _Found(Exception):
 def first_nonfinite_node(params, cfg, x):
     """Re-run the forward with a tracer and stop at the first node holding NaN/Inf.
     -> 'name (OP)' or None when every node is finite."""
+    from ..model.hooks import Hooks
     from ..tracing.tracer import Tracer
 
     def check(node):
@@ -109,7 +110,7 @@ def first_nonfinite_node(params, cfg, x):
 
     bad = [n for n, p in params.items() if not np.all(np.isfinite(p))]
     try:
-        forward(params, cfg, x, tracer=Tracer(params=params, on_node=check))
+        forward(params, cfg, x, hooks=Hooks(Tracer(params=params, on_node=check)))
     except _Found as f:
         where = f"{f.node.name} ({f.node.op})"
         return where + (f"; non-finite weights: {', '.join(bad[:3])}" if bad else "")
