@@ -74,7 +74,7 @@ def test_table_reads_the_forward_arrays(monkeypatch):
     assert "gelu [T,1]" in flow
 
 
-@pytest.mark.parametrize("argv,msg", [([], "give --preset NAME"), (["--d-model", "8"], "give --preset NAME"),
+@pytest.mark.parametrize("argv,msg", [([], "--preset NAME"), (["--d-model", "8"], "--preset NAME"),
                                       (["--d-model", "8", "--d-ff", "16", "--ffn", "tanh"], "--ffn must be one of"),
                                       (["--preset", "gpt2", "-T", "0"], "-T must be > 0"),
                                       (["--preset", "no-such-model"], "no-such-model")])

@@ -21,7 +21,6 @@ from ..model.ffn import FFN_KINDS, FFN_TENSOR, ffn_forward, ffn_weights
 from ..model.params import param_shapes
 
 # short names for the presets of analysis/presets.py (which also accepts every alias and HF repo id)
-SHORT_NAMES = {"llama": "llama2-7b", "smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
 
 # how the flow line names the activation (GPT-2's tanh GELU is "gelu" in the papers and in nanoGPT)
 ACT_LABEL = {"gelu": "gelu", "gelu_tanh": "gelu", "relu": "relu", "silu": "silu"}
@@ -56,7 +55,7 @@ def ffn_config(d_model, d_ff, ffn="gelu_tanh", bias=None, name="", n_layer=1):
 def preset_ffn_config(name):
     """-> the ModelConfig of a preset (analysis/presets.py), by short name, alias or HF repo id."""
     from .presets import preset_config
-    cfg, _ = preset_config(SHORT_NAMES.get(name.lower(), name))
+    cfg, _ = preset_config(name)
     return cfg
 
 

@@ -89,6 +89,11 @@ PRESETS = [
            {**_llama(3072, 8192, 32, 32, 32, 4096, 32064), "model_type": "phi3", "sliding_window": 2047}),
 ]
 
+# short names every sizing command takes (shapes, inspect, analyze, compare); `smollm2` and
+# `gemma3` are also the installed models' names (formats/installed.py), which those commands
+# prefer when the package is installed: the same model, read from its real file
+SHORT_NAMES = {"llama": "llama2-7b", "smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}
+
 _BY_NAME = {}
 for _p in PRESETS:
     _BY_NAME[_p.alias.lower()] = _p
@@ -96,12 +101,13 @@ for _p in PRESETS:
 
 
 def preset_names() -> list[str]:
-    return [p.alias for p in PRESETS] + [p.repo for p in PRESETS]
+    return list(SHORT_NAMES) + [p.alias for p in PRESETS] + [p.repo for p in PRESETS]
 
 
 def find_preset(name: str) -> Preset | None:
     """Look a preset up by alias or repo id (case-insensitive); None if there is none."""
-    return _BY_NAME.get(name.strip().lower())
+    key = name.strip().lower()
+    return _BY_NAME.get(SHORT_NAMES.get(key, key))
 
 
 def get_preset(name: str) -> Preset:
@@ -111,7 +117,11 @@ def get_preset(name: str) -> Preset:
         lower = {n.lower(): n for n in preset_names()}
         close = difflib.get_close_matches(name.lower(), list(lower), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(lower[c] for c in close)}?" if close else ""
-        raise UsageError(f"unknown preset or file {name!r}{hint} (ffnlab compare --list shows all presets)")
+        from ..formats.installed import looks_like_hub_id
+        hub = (" -- a Hugging Face hub id that is not a preset: ffnlab does not download models"
+               if looks_like_hub_id(name) else "")
+        raise UsageError(f"unknown preset or file {name!r}{hint}{hub} (ffnlab compare --list shows all presets, "
+                         f"ffnlab models the installed models)")
     return p
 
 

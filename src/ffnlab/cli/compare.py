@@ -5,7 +5,7 @@ HELP = "compare the MLP of several models side by side (d_model, d_ff, ratio, ML
 
 def add_arguments(p):
     p.add_argument("models", metavar="PRESET_OR_MODEL", nargs="*", help="preset names (alias or HF repo id), "
-                   ".gguf files, HF directories or config.json files")
+                   "installed models (smollm2, gemma3), .gguf files, HF directories or config.json files")
     p.add_argument("--list", action="store_true", help="list the presets with their sources and exit")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
 

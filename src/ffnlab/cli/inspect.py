@@ -4,8 +4,9 @@ HELP = "show a model's architecture, MLP shape and tensor table (reads metadata 
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", help="a .gguf file, an HF model directory or config.json, or a preset "
-                   "name (alias or HF repo id)")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
+                        "or a preset name (alias or HF repo id); default: the default model (smollm2)")
     p.add_argument("--all-blocks", action="store_true", help="list the tensors of every block (default: block 0 "
                    "and the tensors outside the blocks)")
     p.add_argument("--json", action="store_true", help="print the report as JSON, with block 0's FFN view "

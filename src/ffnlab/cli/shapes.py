@@ -8,6 +8,9 @@ HELP = "print the MLP (FFN) shape table of a config: every intermediate, weight 
 
 def add_arguments(p):
     from .common import positive
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="a .gguf file, an HF directory or config.json, an installed model (smollm2, gemma3) or a "
+                        "preset: the MLP fields are read from it (metadata only)")
     p.add_argument("--preset", metavar="NAME",
                    help="a preset model: gpt2, llama (Llama 2 7B), smollm2, gemma3, or any alias / HF repo id "
                         "that `ffnlab compare --list` shows")
@@ -27,19 +30,30 @@ def config_from_args(args):
     from ..errors import UsageError
     if args.T is not None and args.T <= 0:
         raise UsageError(f"-T must be a positive token count, got {args.T}")
-    if args.preset:
-        p = preset_ffn_config(args.preset)
+    if args.model and args.preset:
+        raise UsageError("give MODEL or --preset NAME, not both")
+    if args.preset or args.model:
+        p = preset_ffn_config(args.preset) if args.preset else _model_config(args.model)
         base = dict(d_model=p.d_model, d_ff=p.d_ff, ffn=p.ffn, bias=p.ffn_bias, name=p.name, n_layer=p.n_layer)
     elif args.d_model is None or args.d_ff is None:
-        raise UsageError("give --preset NAME, or both --d-model and --d-ff")
+        raise UsageError("give MODEL, --preset NAME, or both --d-model and --d-ff")
     else:
         base = dict(ffn="gelu_tanh", bias=None)
     for key, value in (("d_model", args.d_model), ("d_ff", args.d_ff), ("ffn", args.ffn), ("bias", args.bias)):
         if value is not None:
             base[key] = value
-    if args.preset and (args.d_model, args.d_ff, args.ffn, args.bias) != (None,) * 4:
+    if (args.preset or args.model) and (args.d_model, args.d_ff, args.ffn, args.bias) != (None,) * 4:
         base["name"] += " (modified)"
     return ffn_config(**base)
+
+
+def _model_config(name):
+    """A file / directory / installed model / preset -> its ModelConfig (named like compare's rows)."""
+    from ..analysis.source import load_source
+    src = load_source(name)
+    cfg = src.cfg
+    cfg.name = src.label if src.kind != "preset" else cfg.name
+    return cfg
 
 
 def run(args):

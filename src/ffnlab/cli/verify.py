@@ -1,5 +1,7 @@
 """ffnlab verify: run a reference engine on the same tokens and compare every named node."""
 import json
+import os
+import tempfile
 
 COMMAND = "verify"
 HELP = "compare every named tensor of a forward pass with llama.cpp or HF transformers, node by node"
@@ -24,6 +26,37 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
 
 
+def directory_reference(model, ids, args, tmp):
+    """The reference nodes for a model that is a directory. An HF directory: transformers loads it
+    as it is (llama.cpp reads GGUF only). An ffnlab checkpoint: exported first (export_gguf /
+    export_hf, which refuse what the target cannot hold, in one line) into tmp."""
+    from ..errors import UsageError
+    from ..formats.checkpoint import is_checkpoint, read_meta
+    from ..tracing.verify import reference_nodes
+    cfg, src = model.config, model.source
+    if not is_checkpoint(src):
+        if args.against == "llama.cpp":
+            raise UsageError(f"{src}: llama.cpp reads GGUF files only; convert the directory with llama.cpp's "
+                             "convert_hf_to_gguf.py --outtype f32 and verify that file, or use --against hf")
+        from ..tracing.hf import capture
+        return {(n, op, 0): a for (n, op), a in capture(src, ids, permuted=False).items()}
+    tok_meta = read_meta(src).get("tokenizer", {})
+    if args.against == "hf":
+        from ..formats.export_hf import export_hf
+        from ..tracing.hf import capture
+        export_hf(cfg, model.params, model.tokenizer, os.path.join(tmp, "hf"))
+        # export_hf writes Q/K rows in HF's rotate_half order; ffnlab's "normal" pairing keeps GGUF's
+        permuted = cfg.positions == "rope" and cfg.rope_pairing == "normal"
+        return {(n, op, 0): a for (n, op), a in capture(os.path.join(tmp, "hf"), ids, permuted=permuted).items()}
+    if cfg.positions == "rope" and cfg.rope_pairing != "normal":
+        raise UsageError(f"{src}: its Q/K rows use HF's rotate_half pairing, which the GGUF export permutes, so "
+                         "llama.cpp's Qcur/Kcur would not line up node by node; use --against hf")
+    from ..formats.export_gguf import export_gguf
+    path = os.path.join(tmp, "model.gguf")
+    export_gguf(cfg, model.params, model.tokenizer, tok_meta, path, "f32")
+    return reference_nodes("llama.cpp", path, ids, f32=args.f32)
+
+
 def run(args):
     import numpy as np
 
@@ -42,13 +75,12 @@ def run(args):
     model = load_model(args, quiet=True)
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
-    if not str(model.source).endswith(".gguf"):
-        raise UsageError(f"{model.source}: verify runs the references on a GGUF file; give -m FILE.gguf")
     ids = model.tokenizer.encode(prompt)
     if not ids:
         raise UsageError("the prompt encodes to no tokens")
-    with np.errstate(all="ignore"):
-        report = verify(model, ids, args.against, args.rtol, args.atol, f32=args.f32)
+    with tempfile.TemporaryDirectory(prefix="ffnlab-verify-") as tmp, np.errstate(all="ignore"):
+        reference = directory_reference(model, ids, args, tmp) if os.path.isdir(model.source) else None
+        report = verify(model, ids, args.against, args.rtol, args.atol, f32=args.f32, reference=reference)
     if args.json:
         print(json.dumps(json_safe({"model": model.source, "prompt": prompt, "ids": [int(i) for i in ids],
                                     **report_dict(report)})))

@@ -78,13 +78,17 @@ def load_hf(path, **config):
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
     path = os.fspath(path)
-    if not path.endswith(".gguf"):
-        raise UsageError(f"{path}: --against hf loads GGUF files (give the .gguf the model came from)")
+    if os.path.isdir(path):                                  # an HF directory (config.json + safetensors)
+        where = dict(pretrained_model_name_or_path=path)
+    elif path.endswith(".gguf"):
+        where = dict(pretrained_model_name_or_path=os.path.dirname(os.path.abspath(path)),
+                     gguf_file=os.path.basename(path))
+    else:
+        raise UsageError(f"{path}: --against hf loads a GGUF file or an HF directory")
     try:
         # its GGUF loader draws a tqdm bar that ignores disable_progress_bar(): keep stderr clean
         with contextlib.redirect_stderr(io.StringIO()):
-            return AutoModelForCausalLM.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                        gguf_file=os.path.basename(path), dtype=torch.float32, **config)
+            return AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32, **config)
     except (ValueError, KeyError, OSError, RuntimeError) as e:      # RuntimeError: its size-mismatch report
         raise UsageError(f"{path}: transformers cannot load this GGUF: {e}") from None
 
@@ -161,11 +165,13 @@ def _gpt2_hooks(model, on, hook_in, hook_out, out):
     on(model.lm_head, hook_out("result_output", "MUL_MAT"))
 
 
-def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None):
+def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None):
     """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}.
     gguf_arch: the file's general.architecture (default: HF's model type, the same for llama).
     n_ctx: the file's context length; transformers' GGUF reader leaves GPT-2's n_positions at
-    1024 whatever the file says, so a smaller position table would not load without it."""
+    1024 whatever the file says, so a smaller position table would not load without it.
+    permuted: whether HF's Q/K rows are in rotate_half order relative to ffnlab's (default: a
+    llama-arch GGUF, see gguf_to_hf_permuted); path may also be an HF directory."""
     import torch
 
     if hf_model is None:
@@ -176,7 +182,7 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None):
         raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
                          "(supported: gpt2, llama, qwen2, gemma3)")
     gemma = mtype.startswith("gemma3")
-    permuted = gguf_to_hf_permuted(gguf_arch or mtype, path)
+    permuted = gguf_to_hf_permuted(gguf_arch or mtype, path) if permuted is None else permuted
     out, attn, hooks = {}, {}, []
 
     def arr(t):
