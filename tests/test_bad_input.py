@@ -13,6 +13,7 @@ import pytest
 
 import models as M
 from ffnlab.cli.main import main
+from fuzz_cases import hf_dir, rewrite_gguf
 from models import tiny_gguf
 
 def one_error_line(capsys, *argv):
@@ -220,22 +221,9 @@ def test_gguf_metadata_of_the_wrong_value_is_refused_at_load(tmp_path, capsys, m
 
 def test_gguf_string_where_a_number_belongs(tmp_path, capsys):
     import gguf
-    path = str(tmp_path / "m.gguf")
-    tiny_gguf(path, drop=())
-    w = gguf.GGUFWriter(str(tmp_path / "s.gguf"), arch="llama")
-    r = gguf.GGUFReader(path)
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        if k == "llama.embedding_length":
-            w.add_string(k, "thirty-two")
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed([int(n) for n in t.shape])), raw_dtype=t.tensor_type)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    line = one_error_line(capsys, "-m", str(tmp_path / "s.gguf"), "-p", "hi")
+    path = rewrite_gguf(tiny_gguf(tmp_path / "m.gguf"), tmp_path / "s.gguf",
+                        {"llama.embedding_length": ("thirty-two", gguf.GGUFValueType.STRING, None)})
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
     assert "llama.embedding_length" in line and "must be an integer" in line and "thirty-two" in line
 
 
@@ -267,58 +255,28 @@ def test_gguf_overlapping_tensor_offsets_are_refused(tmp_path, capsys):
     assert f"tensor {second.name} has data offset 0, expected" in line
 
 
-def hf_dir(tmp_path, n_layer=1, **config):
-    """A tiny Llama HF directory (transformers-free): config.json + model.safetensors from ffnlab's params."""
-    import json
-
-    from safetensors.numpy import save_file
-
-    from ffnlab.config import ModelConfig
-    from ffnlab.model.params import init_params
-    cfg = ModelConfig(arch="llama", n_layer=2, d_model=32, n_head=4, d_ff=64, vocab_size=64, n_ctx=32,
-                      tie_embeddings=False)
-    p = init_params(cfg, seed=0)
-    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-             "output.weight": "lm_head.weight"}
-    hf = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-          "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-          "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    tensors = {}
-    for n, a in p.items():
-        if n in names:
-            tensors[names[n]] = a
-        else:
-            _, il, short, kind = n.split(".")
-            tensors[f"model.layers.{il}.{hf[short]}.{kind}"] = a
-    save_file(tensors, str(tmp_path / "model.safetensors"))
-    d = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": n_layer,
-         "num_attention_heads": 4, "vocab_size": 64, "max_position_embeddings": 32, **config}
-    (tmp_path / "config.json").write_text(json.dumps(d))
-    return tensors
-
-
 def test_hf_config_with_fewer_layers_than_the_weights(tmp_path, capsys):
-    hf_dir(tmp_path, n_layer=1)
+    hf_dir(tmp_path, {"num_hidden_layers": 1})
     line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
     assert "model.layers.1." in line and "1 layers" in line
 
 
 def test_hf_tie_word_embeddings_as_a_string_is_not_true(tmp_path, capsys):
-    hf_dir(tmp_path, n_layer=2, tie_word_embeddings="false")
+    hf_dir(tmp_path, {"tie_word_embeddings": "false"})
     line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
     assert "'tie_word_embeddings' must be true or false" in line and '"false"' in line
 
 
 def test_hf_second_shard_redefining_a_tensor(tmp_path, capsys):
     from safetensors.numpy import save_file
-    tensors = hf_dir(tmp_path, n_layer=2)
+    tensors = hf_dir(tmp_path)
     save_file({"model.norm.weight": tensors["model.norm.weight"] * 2}, str(tmp_path / "z-extra.safetensors"))
     line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
     assert "model.norm.weight is also defined in" in line
 
 
 def test_hf_fifo_named_model_safetensors_does_not_block(tmp_path, capsys):
-    hf_dir(tmp_path, n_layer=2)
+    hf_dir(tmp_path)
     os.remove(tmp_path / "model.safetensors")
     os.mkfifo(tmp_path / "model.safetensors")
     line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")

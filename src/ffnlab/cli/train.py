@@ -57,8 +57,8 @@ def add_arguments(p):
 
 def run(args):
     from ..errors import UsageError
-    from ..formats.checkpoint import is_checkpoint, read_meta, read_tokenizer
-    from ..training.checkpoint import read_trainer
+    from ..formats.checkpoint import is_checkpoint, read_tokenizer
+    from ..training.checkpoint import read_resume_meta, read_trainer
     from ..training.data import TokenData, data_info, encode, make_tokenizer, read_text
     from ..training.presets import build_config
     from ..training.trainer import TrainSettings, train
@@ -71,7 +71,7 @@ def run(args):
     resuming = args.resume and is_checkpoint(args.out) and read_trainer(args.out) is not None
     if resuming:
         # the checkpoint's settings, with any flag given on this command line on top (train() checks they agree)
-        meta = read_meta(args.out)
+        meta = read_resume_meta(args.out)                   # ffnlab.json's train section, checked
         saved = meta["train"]
         settings = TrainSettings.from_dict({**saved["settings"], **{k: v for k, v in given.items() if v is not None}})
         data_path = args.data or saved["data"].get("path")

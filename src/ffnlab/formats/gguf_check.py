@@ -14,7 +14,8 @@ count bounded by the bytes that remain, then holds the tensor directory to llama
   - each tensor's offset equals the running sum of the previous tensors' sizes, each padded to the
     alignment (so no overlap, no gap, no misalignment, no wrap past 2^64);
   - the data of every tensor lies inside the file (llama.cpp's model loader: "tensor data is not
-    within the file bounds").
+    within the file bounds"), and no more than one alignment of bytes follows the last one (stricter
+    than llama.cpp: a last tensor whose type was edited to a smaller one would otherwise load).
 One function per rule family; each raises ModelFileError with one line.
 """
 import mmap
@@ -202,3 +203,8 @@ def _tensor_layout(path, tensors, alignment, data_start, size):
             raise ModelFileError(f"{path}: truncated: tensor {name} ({ttype.name}, {list(ne)}) ends at byte {end}, "
                                  f"file has {size}")
         expected += -(-n_bytes // alignment) * alignment
+    # more than one alignment of bytes after the last tensor: some tensor declares fewer bytes than it
+    # holds (its type or shape was changed), which llama.cpp would read as a different, shorter tensor
+    if tensors and size - (data_start + expected) >= alignment:
+        raise ModelFileError(f"{path}: {size - data_start - expected} bytes after the last tensor's data (a tensor "
+                             f"whose declared type or shape is smaller than what the file holds?)")

@@ -98,6 +98,8 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     _check_tokenizer_meta(meta, path)
     types = _field(meta, "tokenizer.ggml.token_type", [NORMAL] * len(tokens))
     if kind == "gpt2":
+        if meta.get("tokenizer.ggml.merges") is None:             # llama.cpp refuses a BPE vocabulary without them
+            raise ModelFileError(f"{path}: tokenizer.ggml.model is 'gpt2' but tokenizer.ggml.merges is missing")
         tk = _byte_level_bpe(meta, tokens, path)
     elif kind == "llama":
         tk = _sentencepiece_bpe(meta, tokens, types)

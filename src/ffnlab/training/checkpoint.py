@@ -160,8 +160,14 @@ def read_resume_meta(out) -> dict:
     f = os.path.join(out, META_FILE)
     field(meta, "config", dict, f, error=ModelFileError)
     train = field(meta, "train", dict, f, error=ModelFileError)
-    field(train, "settings", dict, f"{f}: train", error=ModelFileError)
-    field(train, "data", dict, f"{f}: train", {}, error=ModelFileError)
+    settings = field(train, "settings", dict, f"{f}: train", error=ModelFileError)
+    data = field(train, "data", dict, f"{f}: train", {}, error=ModelFileError)
+    field(data, "path", str, f"{f}: train.data", None, error=ModelFileError)
+    from dataclasses import fields as dc_fields
+
+    from .trainer import TrainSettings
+    for fl in dc_fields(TrainSettings):                   # each saved setting has its field's type
+        field(settings, fl.name, type(fl.default), f"{f}: train.settings", None, error=ModelFileError)
     return meta
 
 
@@ -182,6 +188,10 @@ def load_state(out, record, params, opt, rng):
         if tuple(index[name].shape) != tuple(shape):
             raise ModelFileError(f"{f}: tensor {name} has shape {list(index[name].shape)}, the model being "
                                  f"resumed has {list(shape)}")
+    extra = sorted(set(index) - set(want))
+    if extra:
+        raise ModelFileError(f"{f}: tensor {extra[0]} is not part of the model being resumed (a state file of "
+                             f"another model?)")
     arrays = {e.name: a for e, a in read_tensors(index[n] for n in want)}
     probe = np.random.default_rng()
     try:
