@@ -71,9 +71,15 @@ class Editor:
     prints it (`ffn_out-5`) or a regular expression matched in full against the names."""
 
     def __init__(self, fns: dict):
-        self.fns = [(p, re.compile(p), fn) for p, fn in fns.items()]
+        self.fns = []
+        for p, fn in fns.items():
+            if not callable(fn):
+                raise UsageError(f"the hook for {p!r} is not callable (got {type(fn).__name__})")
+            try:
+                self.fns.append((p, re.compile(p), fn))
+            except re.error as e:
+                raise UsageError(f"hook pattern {p!r} is not a regular expression ({e})") from None
         self._by_name = {}                         # full node name -> [fn] (resolved once per name)
-        self.seen = set()                          # patterns that matched a node
 
     def check(self, names):
         """names: every node name of the model -> UsageError for a pattern that matches none."""
@@ -100,7 +106,9 @@ class Editor:
             r = fn(value, name, positions)
             if r is None or r is value:
                 continue
-            r = np.asarray(r) if not isinstance(r, np.ndarray) else r
+            if not isinstance(r, np.ndarray):
+                raise UsageError(f"the hook on {name} returned a {type(r).__name__}; expected None or an array "
+                                 f"of shape {tuple(value.shape)} {value.dtype}")
             if r.shape != value.shape or r.dtype != value.dtype:
                 raise UsageError(f"the hook on {name} returned an array of shape {tuple(r.shape)} {r.dtype}; "
                                  f"expected {tuple(value.shape)} {value.dtype} (the node's own)")
