@@ -120,3 +120,45 @@ def test_resume_refuses_other_settings(data, tmp_path, capsys):
     assert err.count("\n") == 1 and "lr" in err and "0.003" in err
     assert main(cmd) == 1                                        # no --resume: refuse to overwrite
     assert "already holds a checkpoint at step 10" in capsys.readouterr().err
+
+
+def test_resume_with_more_steps_extends_a_finished_run(data, tmp_path, capsys):
+    """--resume --steps 14 on a finished 10-step run: the first 10 steps are untouched, the added 4
+    run at the schedule's final rate (min_lr_frac * lr), and the result is bit for bit a fresh run
+    told the same thing (steps 14, schedule over 10); shortening is refused."""
+    out = tmp_path / "run"
+    cmd = train_cmd(data, out, steps=10)[3:]
+    assert main(cmd) == 0
+    _, first = history(out)
+    assert main(cmd + ["--resume", "--steps", "14"]) == 0
+    step, hist = history(out)
+    assert step == 14 and hist["train"][:10] == first["train"] and len(hist["train"]) == 14
+
+    from ffnlab.training.trainer import TrainSettings
+    meta = json.loads((out / "ffnlab.json").read_text())["train"]["settings"]
+    assert meta["steps"] == 14 and meta["schedule_steps"] == 10
+    s = TrainSettings.from_dict(meta)
+    assert [s.lr_at(i) for i in range(10, 14)] == [s.lr_at(9)] * 4 == [pytest.approx(3e-3 * 0.1)] * 4
+
+    from ffnlab.formats.checkpoint import read_meta, read_tokenizer
+    from ffnlab.training.data import TokenData, encode
+    from ffnlab.training.trainer import train
+    from ffnlab.config import ModelConfig
+    m = read_meta(out)
+    tok = read_tokenizer(out, m)
+    token_data = TokenData.from_ids(encode(tok, m["tokenizer"], TEXT), s.seq_len, s.val_frac, path=str(data))
+    fresh = train(ModelConfig.from_dict(m["config"]), TrainSettings.from_dict(meta), token_data, tok, m["tokenizer"],
+                  str(tmp_path / "fresh"), data_info=m["train"]["data"], progress=False)
+    assert fresh["history"]["train"] == hist["train"]
+
+    assert main(cmd + ["--resume", "--steps", "12"]) == 1
+    assert "a run can be extended, not shortened" in capsys.readouterr().err
+
+
+def test_warmup_longer_than_the_run_is_warned_about(data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(train_cmd(data, out, "--warmup", "20", steps=8)[3:]) == 0
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if x.startswith("warning:"))
+    # the last of 8 warmup steps of 20 reaches 8/20 of --lr
+    assert "--warmup 20 >= --steps 8" in line and "1.20e-03 (40% of --lr 0.003)" in line and "never decays" in line

@@ -59,6 +59,9 @@ def run(args):
                              weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
                              eval_batches=args.eval_batches, ckpt_every=args.ckpt_every)
     settings.validate()
+    if settings.warmup_warning():
+        import sys
+        print(settings.warmup_warning(), file=sys.stderr, flush=True)
     from dataclasses import asdict
     base = {"model": model, "settings": asdict(settings)}
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,

@@ -14,7 +14,9 @@ MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help)
 }
 
 SETTING_FLAGS = {  # flag -> (TrainSettings field, type, help)
-    "--steps": ("steps", int, "optimizer steps (default 1000)"),
+    "--steps": ("steps", int, "optimizer steps (default 1000); with --resume, more steps than the checkpoint's "
+                              "extend the run (its learning-rate schedule is kept, the added steps run at its "
+                              "final rate)"),
     "--batch": ("batch", int, "sequences per step (default 16)"),
     "--seq-len": ("seq_len", int, "tokens per sequence (default 128)"),
     "--lr": ("lr", float, "peak learning rate (default 1e-3)"),
@@ -93,6 +95,10 @@ def run(args):
             from ..training.presets import PRESETS
             model_given["n_ctx"] = max(settings.seq_len, PRESETS.get(args.preset or "tiny-llama", {}).get("n_ctx", 0))
         cfg = build_config(args.preset or "tiny-llama", tok.vocab_size, **model_given)
+    warning = settings.warmup_warning()
+    if warning:
+        import sys
+        print(warning, file=sys.stderr, flush=True)
     ids = encode(tok, tok_meta, text)
     data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=data_path)
     info = data_info(data_path, text, len(ids))

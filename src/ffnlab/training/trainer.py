@@ -16,6 +16,7 @@ from its last checkpoint reproduces the uninterrupted run's losses bit for bit.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -57,6 +58,9 @@ class TrainSettings:
     eval_batches: int = 4       # fixed windows per evaluation: eval_batches * batch sequences
     ckpt_every: int = 100       # commit a checkpoint every N steps (and at the end); 0: only at the end
     val_frac: float = 0.1       # held-out tail of the data
+    schedule_steps: int = 0     # the steps warmup + cosine span; 0: steps. A run extended with
+                                # --resume --steps M keeps its first schedule, so the added steps
+                                # run at its final rate, min_lr_frac * lr (no jump back up)
 
     def validate(self):
         for f in ("steps", "batch", "seq_len", "eval_every", "eval_batches"):
@@ -66,6 +70,22 @@ class TrainSettings:
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
         if self.warmup < 0 or self.ckpt_every < 0:
             raise UsageError("--warmup and --ckpt-every must be >= 0")
+
+    def lr_at(self, s) -> float:
+        """The learning rate of 0-based step s: warmup + cosine over the schedule's steps, then
+        (an extended run) the schedule's last rate."""
+        span = self.schedule_steps or self.steps
+        return lr_at(min(s, span - 1), self.lr, span, self.warmup, self.min_lr_frac)
+
+    def warmup_warning(self) -> str | None:
+        """A warmup at least as long as the run never reaches --lr (and never decays): say so."""
+        span = self.schedule_steps or self.steps
+        if self.warmup < span:
+            return None
+        top = self.lr_at(span - 1)
+        return (f"warning: --warmup {self.warmup} >= --steps {span}: the learning rate only ramps up, to "
+                f"{top:.2e} ({top / self.lr:.0%} of --lr {self.lr:g}) at the last step, and never decays; "
+                f"use --warmup below --steps (e.g. {max(0, span // 10)})")
 
     @classmethod
     def from_dict(cls, d):
@@ -161,6 +181,18 @@ def _check_same(kind, saved: dict, now: dict, out):
                              f"resume with the same settings or choose another --out")
 
 
+def _extend(settings, saved, meta, out, step):
+    """--resume --steps M beyond the checkpoint's steps: keep the schedule it was trained with
+    (the added steps run at its final rate) and record the new total in ffnlab.json."""
+    old = saved.get("steps")
+    if not isinstance(old, int) or settings.steps < old:
+        raise UsageError(f"--resume: --steps {settings.steps} is below the {old} steps of the run in {out} "
+                         f"(at step {step}); a run can be extended, not shortened")
+    settings.schedule_steps = saved.get("schedule_steps") or old
+    saved.update(steps=settings.steps, schedule_steps=settings.schedule_steps)
+    ckpt.atomic_write_json(os.path.join(out, ckpt.META_FILE), meta)
+
+
 def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, resume=False,
           data_info=None, progress=True, init_hook=None) -> dict:
     """Train (or resume) into checkpoint directory `out`; returns the final trainer record.
@@ -186,7 +218,10 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
     if record is not None:
         meta = ckpt.read_resume_meta(out)
         _check_same("model", meta["config"], cfg.to_dict(), out)
-        _check_same("setting", meta["train"]["settings"], asdict(settings), out)
+        saved = meta["train"]["settings"]
+        if settings.steps != saved.get("steps"):
+            _extend(settings, saved, meta, out, record["step"])
+        _check_same("setting", saved, asdict(settings), out)
         _check_same("data", meta["train"].get("data", {}), {"sha256": (data_info or {}).get("sha256")}, out)
         ckpt.load_state(out, record, params, opt, rng)
         history, seconds, start = record["history"], record["train_seconds"], record["step"]
@@ -199,7 +234,10 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
     tokens_per_step = settings.batch * settings.seq_len
     bar = Progress(settings.steps, enabled=progress)
     if start:
-        bar.line(f"resuming {out} at step {start}/{settings.steps}")
+        extended = settings.schedule_steps and settings.schedule_steps < settings.steps
+        bar.line(f"resuming {out} at step {start}/{settings.steps}" + (
+            f" (extended: the schedule of its first {settings.schedule_steps} steps is kept; steps after it "
+            f"run at its final rate {settings.lr_at(settings.schedule_steps - 1):.2e})" if extended else ""))
 
     def commit(step):
         done = step == settings.steps
@@ -217,7 +255,7 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
         for s in range(start, settings.steps):
             step = s + 1
             t0 = time.perf_counter()
-            lr = lr_at(s, settings.lr, settings.steps, settings.warmup, settings.min_lr_frac)
+            lr = settings.lr_at(s)
             x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
             loss, grads = loss_and_grads(params, cfg, x, y)
             if grads is None:
