@@ -89,6 +89,7 @@ def read_tokenizer(path, meta=None):
         try:
             with open(f, encoding="utf-8") as fh:
                 tok = tokenizer_from_json(fh.read(), tmeta)
+            tok.template_source = f"{mf}: tokenizer.chat_template"
         except Exception as e:   # tokenizers raises its own Exception type for bad JSON
             raise ModelFileError(f"{f}: unreadable tokenizer ({str(e)[:200]})") from None
         for key in ("bos_id", "eos_id"):

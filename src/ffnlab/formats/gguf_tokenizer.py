@@ -119,7 +119,8 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
         if i is not None:
             eot.append(i)
     return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
-                     chat_template=meta.get("tokenizer.chat_template"), eot_ids=eot)
+                     chat_template=meta.get("tokenizer.chat_template"), eot_ids=eot,
+                     template_source=f"{path}: tokenizer.chat_template")
 
 
 def _byte_level_bpe(meta, tokens, path):

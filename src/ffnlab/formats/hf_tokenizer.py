@@ -65,7 +65,7 @@ def tokenizer_from_hf(path, config: dict):
         raise ModelFileError(f"{f}: post_processor appends token {suffix[0]}, not the EOS token {eos}; "
                              f"ffnlab appends only the EOS token")
     return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
-                     chat_template=_chat_template(tc, tcf))
+                     chat_template=_chat_template(tc, tcf), template_source=f"{tcf}: chat_template")
 
 
 def _chat_template(tc, tcf):

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 
 class Tokenizer:
-    def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=(), add_eos=False):
+    def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=(), add_eos=False,
+                 template_source=""):
         self.tk = tk                            # tokenizers.Tokenizer (no post-processor: BOS/EOS are ours)
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.add_bos = add_bos                  # prepend BOS when encoding a prompt
         self.add_eos = add_eos                  # append EOS when encoding a prompt (tokenizers that ask for it)
         self.chat_template = chat_template      # jinja2 source from tokenizer.chat_template
+        self.template_source = template_source  # where it came from, for error messages
         self.eot_ids = set(eot_ids) | ({eos_id} if eos_id is not None else set())   # ids that end generation
 
     @property

@@ -114,8 +114,10 @@ def render_chat(tokenizer, messages, add_generation_prompt=True) -> str:
     if not tokenizer.chat_template:
         raise UsageError("--chat: this model has no chat template (tokenizer.chat_template is missing)")
 
+    where = getattr(tokenizer, "template_source", "") or "chat template"
+
     def raise_exception(msg):
-        raise UsageError(f"chat template: {msg}")
+        raise UsageError(f"{where}: {msg}")
 
     tok_text = lambda i: tokenizer.token_text(i) if i is not None else ""   # noqa: E731
     pieces, size = [], 0
@@ -133,15 +135,15 @@ def render_chat(tokenizer, messages, add_generation_prompt=True) -> str:
     except UsageError:
         raise
     except TemplateLimit as e:
-        raise UsageError(f"chat template refused: it {e}") from None
+        raise UsageError(f"{where}: template refused: it {e}") from None
     except RecursionError:
-        raise UsageError("chat template failed to render: it recurses too deeply") from None
+        raise UsageError(f"{where}: template failed to render: it recurses too deeply") from None
     except MemoryError:
-        raise UsageError(f"chat template refused: it needs more than {RENDER_MEMORY >> 20} MB") from None
+        raise UsageError(f"{where}: template refused: it needs more than {RENDER_MEMORY >> 20} MB") from None
     except Exception as e:                    # TemplateSyntaxError, UndefinedError, TypeError, ...
-        where = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+        line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
         msg = " ".join(str(e).split())[:200]
-        raise UsageError(f"chat template failed to render{where}: {type(e).__name__}: {msg}") from None
+        raise UsageError(f"{where}: template failed to render{line}: {type(e).__name__}: {msg}") from None
     return "".join(pieces)
 
 
