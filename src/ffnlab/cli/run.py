@@ -7,11 +7,14 @@ HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
 
 def add_arguments(p):
-    from .common import add_model_argument
+    from .common import add_model_argument, nonneg
     add_model_argument(p)
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
-    p.add_argument("-n", "--n-predict", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("-n", "--n-predict", type=int, default=64,
+                   help="tokens to generate at most; -1 = until EOS or the context is full (default 64)")
+    p.add_argument("-c", "--ctx-size", type=nonneg("-c/--ctx-size"), default=0, metavar="N",
+                   help="context size in tokens, prompt included; 0 = the model's (default 0)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling, 0 = off (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p (nucleus) sampling, 1.0 = off (default 0.95)")
@@ -20,14 +23,28 @@ def add_arguments(p):
     p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the repeat penalty looks back (default 64)")
     p.add_argument("--seed", type=int, default=-1, help="RNG seed, -1 = random (default -1)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template as a user turn")
-    p.add_argument("--system", default=None, help="with --chat: a system message")
+    p.add_argument("--system", default=None, help="with --chat or -i: a system message")
+    p.add_argument("--chat-template", metavar="NAME|FILE", default=None,
+                   help="with --chat or -i: a built-in template (chatml, llama2, llama2-sys, llama3, gemma, zephyr, "
+                        "phi3, mistral-v7, vicuna) or a file holding a jinja template, instead of the model's own "
+                        "(a model without one gets chatml, as in llama.cpp)")
+    p.add_argument("-i", "--interactive", action="store_true",
+                   help="chat in a loop: read a user turn per line from stdin, answer it with the whole "
+                        "conversation as context; -p is the first turn; end with EOF (Ctrl-D)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
 
 
 def _check(args):
     from ..errors import UsageError
-    if args.n_predict < 0:
-        raise UsageError(f"-n must be >= 0, got {args.n_predict}")
+    if args.n_predict < -1:
+        raise UsageError(f"-n must be >= 0, or -1 for no limit, got {args.n_predict}")
+    chat = args.chat or args.interactive
+    if args.system is not None and not chat:
+        raise UsageError("--system needs --chat or -i (without a chat template there is no system turn)")
+    if args.chat_template is not None and not chat:
+        raise UsageError("--chat-template needs --chat or -i")
+    if args.interactive and args.json:
+        raise UsageError("-i and --json do not go together (an interactive chat streams its turns)")
     if not 0.0 < args.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:
@@ -45,23 +62,29 @@ def run(args):
     from .common import load_model, read_prompt
 
     _check(args)
-    prompt = read_prompt(args)
+    prompt = None if args.interactive and args.prompt is None and not args.file else read_prompt(args)
     model = load_model(args)
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
-    if args.chat:
-        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
-        ids = encode_chat(model.tokenizer, render_chat(model.tokenizer, msgs))
-    else:
-        ids = model.tokenizer.encode(prompt)
-    check_prompt_fits(model, ids)                       # before the prompt is echoed
+    n_ctx = context_size(args, model)
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
+    if args.interactive:
+        from .run_interactive import chat_loop
+        return chat_loop(model, args, prompt, params, n_ctx, _perf)
+    if args.chat:
+        template = chat_template(args, model)
+        msgs = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+        ids = encode_chat(model.tokenizer, render_chat(model.tokenizer, msgs, template=template))
+    else:
+        ids = model.tokenizer.encode(prompt)
+    check_prompt_fits(model, ids, n_ctx)                # before the prompt is echoed
     if not args.json:
         if not args.chat:
             sys.stdout.write(prompt)
         sys.stdout.flush()
-    out = generate(model, ids, args.n_predict, params, None if args.json else _stream)
+    n_predict = n_ctx if args.n_predict < 0 else args.n_predict        # -1: the context ends it
+    out = generate(model, ids, n_predict, params, None if args.json else _stream, n_ctx=n_ctx)
     t = out.timings
     load_ms = 1000 * getattr(model, "load_seconds", 0.0)
     if args.json:
@@ -73,8 +96,36 @@ def run(args):
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
+    context_notice(out, n_ctx, args.n_predict)
     _perf(load_ms, t)
     return 0
+
+
+def context_size(args, model) -> int:
+    """-c N (0: the model's) -> the context generation stays within."""
+    from ..errors import UsageError
+    n_ctx = model.config.n_ctx
+    if args.ctx_size > n_ctx:
+        raise UsageError(f"-c/--ctx-size {args.ctx_size} exceeds {model.source}'s context length {n_ctx} "
+                         f"(ffnlab does not extend a model's context)")
+    return args.ctx_size or n_ctx
+
+
+def chat_template(args, model):
+    """--chat-template, the model's own, or llama.cpp's fallback (chatml) with a notice on stderr."""
+    from ..generation.chat_templates import resolve_template
+    template, _label, notice = resolve_template(args.chat_template, model.tokenizer, model.config.arch)
+    if notice:
+        print(f"ffnlab run: {notice}", file=sys.stderr)
+    return template
+
+
+def context_notice(out, n_ctx, n_predict):
+    """One line on stderr when the context, not -n or EOS, ended the generation."""
+    if out.stop_reason == "context":
+        asked = "no -n limit" if n_predict < 0 else f"-n {n_predict}"
+        print(f"ffnlab run: the context is full ({n_ctx} tokens: {len(out.prompt_ids)} prompt + {len(out.ids)} "
+              f"generated), generation stopped ({asked}); -c/--ctx-size or a shorter prompt", file=sys.stderr)
 
 
 def _stream(_id, piece):

@@ -109,9 +109,11 @@ def _time_limit(seconds):
         signal.signal(signal.SIGALRM, old)
 
 
-def render_chat(tokenizer, messages, add_generation_prompt=True) -> str:
-    """messages: [{"role": "system"|"user"|"assistant", "content": str}] -> prompt text"""
-    if not tokenizer.chat_template:
+def render_chat(tokenizer, messages, add_generation_prompt=True, template=None) -> str:
+    """messages: [{"role": "system"|"user"|"assistant", "content": str}] -> prompt text.
+    template: jinja text to use instead of the model's (generation/chat_templates.py)."""
+    template = template or tokenizer.chat_template
+    if not template:
         raise UsageError("--chat: this model has no chat template (tokenizer.chat_template is missing)")
 
     where = getattr(tokenizer, "template_source", "") or "chat template"
@@ -125,7 +127,7 @@ def render_chat(tokenizer, messages, add_generation_prompt=True) -> str:
         with _time_limit(RENDER_SECONDS), _memory_limit(RENDER_MEMORY):
             env = _environment()
             env.globals["raise_exception"] = raise_exception
-            tpl = env.from_string(tokenizer.chat_template)
+            tpl = env.from_string(template)
             for piece in tpl.generate(messages=messages, add_generation_prompt=add_generation_prompt,
                                       bos_token=tok_text(tokenizer.bos_id), eos_token=tok_text(tokenizer.eos_id)):
                 size += len(piece)

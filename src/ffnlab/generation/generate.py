@@ -30,28 +30,31 @@ class Generation:
     prompt_ids: list
     ids: list = field(default_factory=list)     # generated ids (without the prompt)
     text: str = ""
-    stop_reason: str = ""                       # "eos" | "length"
+    stop_reason: str = ""                       # "eos" | "length" | "context" (n_ctx reached before n_predict)
     timings: Timings = field(default_factory=Timings)
 
 
-def check_prompt_fits(model, prompt_ids):
+def check_prompt_fits(model, prompt_ids, n_ctx=None):
     """A prompt needs at least one free position after it for the first generated token."""
-    n_ctx = model.config.n_ctx
+    n_ctx = n_ctx or model.config.n_ctx
     if len(prompt_ids) >= n_ctx:
         where = f"{model.source}: " if getattr(model, "source", None) else ""
         raise UsageError(f"{where}the prompt has {len(prompt_ids)} tokens, the model's context length is {n_ctx} "
                          f"(expected at most {n_ctx - 1} prompt tokens)")
 
 
-def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None):
-    """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them."""
+def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None, n_ctx=None):
+    """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them.
+    n_ctx: the context to stay within (llama.cpp's -c; default and at most the model's)."""
     params = params or SamplingParams()
     cfg = model.config
     prompt_ids = list(prompt_ids)
     if not prompt_ids:
         raise UsageError("the prompt is empty (no tokens to start from)")
-    check_prompt_fits(model, prompt_ids)
-    n_predict = min(n_predict, cfg.n_ctx - len(prompt_ids))
+    n_ctx = min(n_ctx or cfg.n_ctx, cfg.n_ctx)
+    check_prompt_fits(model, prompt_ids, n_ctx)
+    room = n_ctx - len(prompt_ids)
+    capped, n_predict = n_predict > room, min(n_predict, room)
     rng = np.random.default_rng(None if params.seed < 0 else params.seed)
     kv = model.new_cache(n_ctx=len(prompt_ids) + n_predict)
     out = Generation(prompt_ids=prompt_ids)
@@ -79,10 +82,10 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
             logits = model.forward_last([nxt], kv)                     # one token against the cache
             check_logits(model, logits, history)
     else:
-        out.stop_reason = "length"
+        out.stop_reason = "context" if capped else "length"
     t2 = time.perf_counter()
     # the eval count, like llama.cpp's, is the number of single-token forward passes
-    out.timings.eval_tokens = max(len(out.ids) - 1, 0) if out.stop_reason == "length" else len(out.ids)
+    out.timings.eval_tokens = len(out.ids) if out.stop_reason == "eos" else max(len(out.ids) - 1, 0)
     out.timings.eval_ms = 1000 * (t2 - t1)
     out.text = tok.decode(out.ids) if tok is not None else ""
     return out
