@@ -112,6 +112,8 @@ def causal_attention(q, k, v, scale, allowed):
 def ffn(x, tp, cfg, il):
     """The MLP of block il: dense down(act(up x)) or gated down(act(gate x) * up x), biases optional."""
     b = f"blk.{il}."
+    if cfg.ffn == "moe":
+        return moe(x, tp, cfg, il)
     act_name, gated = FFN_KIND[cfg.ffn]
     act = ACT[act_name]
     up = F.linear(x, tp[b + "ffn_up.weight"], tp.get(b + "ffn_up.bias"))               # [B, T, d_ff]
@@ -121,6 +123,28 @@ def ffn(x, tp, cfg, il):
     else:
         h = act(up)
     return F.linear(h, tp[b + "ffn_down.weight"], tp.get(b + "ffn_down.bias"))         # [B, T, d_model]
+
+
+def moe(x, tp, cfg, il):
+    """A mixture of SwiGLU experts, computed densely: every expert on every token, then each
+    token's output is sum_e mask_e * w_e * expert_e(x) with mask_e = 1 for its top-k experts.
+    The top-k choice (torch.topk) has no gradient; the weights flow back through the softmax."""
+    b = f"blk.{il}."
+    probs = torch.softmax(F.linear(x, tp[b + "ffn_gate_inp.weight"]), dim=-1)             # [B, T, E]
+    top_p, top_i = torch.topk(probs, cfg.n_expert_used, dim=-1)                          # [B, T, K]
+    if cfg.expert_norm:
+        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    w = torch.zeros_like(probs).scatter(-1, top_i, top_p)                                # [B, T, E] zero off top-k
+    gate = torch.einsum("btd,efd->btef", x, tp[b + "ffn_gate_exps.weight"])             # [B, T, E, d_ff]
+    up = torch.einsum("btd,efd->btef", x, tp[b + "ffn_up_exps.weight"])
+    out = torch.einsum("btef,edf->bted", F.silu(gate) * up, tp[b + "ffn_down_exps.weight"])   # [B, T, E, D]
+    y = (out * w[..., None]).sum(dim=2)
+    if cfg.d_ff_shexp:
+        s = torch.sigmoid(x @ tp[b + "ffn_gate_inp_shexp.weight"])[..., None]             # [B, T, 1]
+        sh = F.linear(F.silu(F.linear(x, tp[b + "ffn_gate_shexp.weight"])) * F.linear(x, tp[b + "ffn_up_shexp.weight"]),
+                      tp[b + "ffn_down_shexp.weight"])
+        y = y + s * sh
+    return y
 
 
 def attention(x, tp, cfg, il, pos, allowed):

@@ -1,4 +1,4 @@
-"""ModelConfig: one dataclass that describes GPT-2, Llama-family, Qwen2 and Gemma 3 blocks.
+"""ModelConfig: one dataclass that describes GPT-2, Llama-family, Qwen2, Gemma 3 and MoE blocks.
 
 Formats (GGUF, HF, presets) produce a ModelConfig; the model, the tracer, the sizing tools and
 the trainer only ever read one. Field names follow the seeds' vocabulary (d_model, d_ff, ...);
@@ -37,6 +37,12 @@ class ModelConfig:
     head_dim: int = 0                # width of one head; 0 means d_model // n_head (Gemma 3 sets it explicitly)
     d_ff: int = 256                  # MLP hidden width (intermediate_size, n_ff)
     ffn: str = "swiglu"              # gelu (exact erf) | gelu_tanh | relu | swiglu (SiLU-gated) | geglu (GELU-tanh-gated)
+                                     # | moe (a mixture of SwiGLU experts, d_ff wide each; model/ffn.py)
+    n_expert: int = 0                # moe: experts per layer (num_local_experts, num_experts); 0 for other kinds
+    n_expert_used: int = 0           # moe: experts each token is routed to, the k of top-k (num_experts_per_tok)
+    expert_norm: bool = False        # moe: divide the k chosen router probabilities by their sum (norm_topk_prob)
+    d_ff_shexp: int = 0              # moe: width of a shared, sigmoid-gated SwiGLU expert every token uses
+                                     # (Qwen2-MoE's shared_expert_intermediate_size); 0 means none
     ffn_bias: bool = False           # biases on up/gate/down (GPT-2: yes, Llama: no)
     attn_bias: bool = False          # biases on q/k/v projections (GPT-2, Qwen2)
     attn_out_bias: bool = False      # bias on the attention output projection (GPT-2)
@@ -95,6 +101,15 @@ class ModelConfig:
             need(0 < v <= MAX_DIM, f"{f} must be a positive integer of at most {MAX_DIM}, got {v!r}")
         need(self.n_layer <= MAX_LAYERS, f"n_layer must be at most {MAX_LAYERS}, got {self.n_layer}")
         need(self.ffn in FFN_KINDS, f"ffn must be one of {', '.join(FFN_KINDS)}, got {self.ffn!r}")
+        if FFN_KINDS[self.ffn].moe:
+            need(0 < self.n_expert <= MAX_DIM, f"n_expert must be a positive integer for ffn moe, got {self.n_expert}")
+            need(0 < self.n_expert_used <= self.n_expert,
+                 f"n_expert_used (top-k) must be between 1 and n_expert = {self.n_expert}, got {self.n_expert_used}")
+            need(0 <= self.d_ff_shexp <= MAX_DIM, f"d_ff_shexp must be an integer in [0, {MAX_DIM}], got {self.d_ff_shexp}")
+            need(not self.ffn_bias, "ffn moe has no FFN biases (ffn_bias must be false)")
+        else:
+            need(self.n_expert == self.n_expert_used == self.d_ff_shexp == 0,
+                 f"n_expert, n_expert_used and d_ff_shexp are for ffn moe only (ffn is {self.ffn})")
         need(self.norm in NORM_KINDS, f"norm must be one of {', '.join(NORM_KINDS)}, got {self.norm!r}")
         need(self.positions in POSITION_KINDS, f"positions must be one of {', '.join(POSITION_KINDS)}, got {self.positions!r}")
         need(self.rope_pairing in ROPE_PAIRINGS, f"rope_pairing must be one of {', '.join(ROPE_PAIRINGS)}, got {self.rope_pairing!r}")
@@ -115,8 +130,14 @@ class ModelConfig:
     # --- derived quantities -------------------------------------------------------------
     @property
     def gated(self) -> bool:
-        """True for SwiGLU/GeGLU: the FFN has a gate matrix next to up."""
-        return FFN_KINDS[self.ffn].gated
+        """True for SwiGLU/GeGLU: the FFN has a gate matrix (ffn_gate.weight) next to up.
+        False for moe: its gates are the experts' (ffn_gate_exps.weight)."""
+        return FFN_KINDS[self.ffn].gated and not self.moe
+
+    @property
+    def moe(self) -> bool:
+        """True for a mixture of experts."""
+        return FFN_KINDS[self.ffn].moe
 
     @property
     def q_dim(self) -> int:

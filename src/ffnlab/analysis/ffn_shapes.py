@@ -80,7 +80,8 @@ def ffn_shape_table(cfg, T=None):
         return a
     y, cache = ffn_forward(x, ffn_weights(params, 0), cfg.ffn, record)
     act = cache.act
-    act_name, gated, act_node, _ = FFN_KINDS[cfg.ffn]
+    k = FFN_KINDS[cfg.ffn]
+    act_name, gated, act_node = k.act, k.gated, k.node
 
     def token_shape(shape):
         # [0, T, features] -> [T, features]: drop the empty batch axis, label the token axis

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from ..ops.norms import layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward
 from .attention import attention_backward_layer, attention_forward_layer
-from .ffn import FFN_TENSOR, ffn_backward, ffn_forward, ffn_weights
+from .ffn import FFN_TENSOR, ffn_backward, ffn_forward, ffn_out_node, ffn_weights
 from .hooks import identity
 from .packing import packed
 
@@ -80,11 +80,11 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
     f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, src=res1)
     gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
-    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up), cfg.ffn, hook)
+    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook)
     pf_cache = None
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out")
-    out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else "ffn_out", res1))   # [B, T, d_model]
+    out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else ffn_out_node(cfg), res1))   # [B, T, d_model]
     return out, BlockCache(an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache)
 
 
@@ -96,7 +96,7 @@ def block_backward(dout, p, cfg, il, cache):
     if cfg.post_ffn_norm:
         df, gi = norm_backward(df, p, cfg, blk + "post_ffw_norm", cache.post_ffn_norm)
         g.update(gi)
-    df_in, gf = ffn_backward(df, ffn_weights(p, il), cfg.ffn, cache.ffn)
+    df_in, gf = ffn_backward(df, ffn_weights(p, il, cfg=cfg), cfg.ffn, cache.ffn)
     g.update({blk + FFN_TENSOR[k]: v for k, v in gf.items()})
     dh_norm, gi = norm_backward(df_in, p, cfg, blk + "ffn_norm", cache.ffn_norm)
     g.update(gi)

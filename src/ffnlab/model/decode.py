@@ -88,7 +88,7 @@ def make_plan(p, cfg, packs=None) -> Plan:
             wo=_first(packed(packs, p, il, "attn_output", (blk + "attn_output.weight",)), p[blk + "attn_output.weight"]),
             wo_b=p.get(blk + "attn_output.bias"),
             post_attn_norm=norm(blk + "post_attention_norm") if cfg.post_attn_norm else None,
-            ffn_norm=norm(blk + "ffn_norm"), ffn=ffn_weights(p, il, gate_up),
+            ffn_norm=norm(blk + "ffn_norm"), ffn=ffn_weights(p, il, gate_up, cfg),
             post_ffn_norm=norm(blk + "post_ffw_norm") if cfg.post_ffn_norm else None,
             window=cfg.sliding_window if cfg.is_sliding(il) else 0,
             rope=(cfg.layer_rope_theta(il), cfg.layer_rope_scale(il)) if cfg.positions == "rope" else None))

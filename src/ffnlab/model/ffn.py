@@ -3,21 +3,31 @@
   dense  (GPT-2, BERT):        y = down(act(up(x) + b_up)) + b_down        act in {gelu, gelu_tanh, relu}
   gated  (Llama SwiGLU,        y = down(act(gate(x)) * up(x))              act = SiLU for swiglu,
           Gemma GeGLU):                                                          GELU-tanh for geglu
-Biases are optional in both. x is the output of ffn_norm, shape [..., d_model].
+  moe    (Mixtral, Qwen-MoE,   p = softmax(router(x)); the k largest p_e pick experts e;
+          OLMoE):              y = sum_e w_e * swiglu_e(x)   w = those p (or p / sum p: norm_topk_prob)
+                               [+ sigmoid(g . x) * swiglu_shared(x)]        (Qwen2-MoE's shared expert)
+Biases are optional in dense and gated. x is the output of ffn_norm, shape [..., d_model].
 
 Each named value passes through the hook (model/hooks.py) under llama.cpp's graph names
 (llm_graph_context::build_ffn): ffn_up, ffn_up_b (after the up bias), ffn_gate, ffn_gate_b,
 ffn_gelu / ffn_relu (dense) or ffn_swiglu / ffn_geglu (gated: act(gate) * up fused in one GLU
 op), ffn_down (only when a down bias follows), and ffn_out for the FFN's result. A weight
 source like "ffn_up.weight" is the block's own tensor (blk.L.ffn_up.weight).
+A mixture of experts is hooked under build_moe_ffn's names: ffn_moe_logits, ffn_moe_probs,
+ffn_moe_argsort / ffn_moe_topk (the chosen experts), ffn_moe_weights (their probabilities),
+ffn_moe_weights_sum / _sum_clamped / _norm (norm_topk_prob), ffn_moe_up, ffn_moe_gate,
+ffn_moe_swiglu, ffn_moe_down, ffn_moe_weighted, ffn_moe_out; Qwen2-MoE's shared expert adds
+ffn_shexp_gate_inp, ffn_shexp_gate, the dense nodes with ffn_shexp for its result,
+ffn_shexp_out, and ffn_out for the sum (models/qwen2moe.cpp).
 """
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.activations import ACTIVATIONS
+from ..ops.activations import ACTIVATIONS, sigmoid
 from ..ops.linear import linear_backward, linear_forward
+from ..ops.softmax import softmax_backward, softmax_forward
 from .hooks import identity
 
 
@@ -26,6 +36,7 @@ class FFNKind(NamedTuple):
     gated: bool         # act(gate(x)) * up(x) instead of act(up(x))
     node: str           # llama.cpp's node name of the activation (dense) or the GLU (gated)
     op: str             # the ggml op that node prints
+    moe: bool = False   # a mixture of experts of this gated kind (the MoE section below)
 
 
 # The one table of FFN kinds (config.py validates ModelConfig.ffn against it)
@@ -35,6 +46,7 @@ FFN_KINDS = {
     "relu": FFNKind("relu", False, "ffn_relu", "RELU"),
     "swiglu": FFNKind("silu", True, "ffn_swiglu", "SWIGLU"),
     "geglu": FFNKind("gelu_tanh", True, "ffn_geglu", "GEGLU"),
+    "moe": FFNKind("silu", True, "ffn_moe_swiglu", "SWIGLU", moe=True),
 }
 
 
@@ -56,8 +68,11 @@ FFN_TENSOR = {"up": "ffn_up.weight", "down": "ffn_down.weight", "gate": "ffn_gat
               "up_b": "ffn_up.bias", "gate_b": "ffn_gate.bias", "down_b": "ffn_down.bias"}
 
 
-def ffn_weights(p, il, gate_up=None):
-    """Layer il's FFN tensors from the GGUF-named dict (gate_up: their packed buffer, if any)."""
+def ffn_weights(p, il, gate_up=None, cfg=None):
+    """Layer il's FFN tensors from the GGUF-named dict (gate_up: their packed buffer, if any);
+    MoEWeights when cfg's FFN is a mixture of experts."""
+    if cfg is not None and FFN_KINDS[cfg.ffn].moe:
+        return moe_weights(p, il, cfg)
     blk = f"blk.{il}."
     return FFNWeights(up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"],
                       gate=p.get(blk + "ffn_gate.weight"), up_b=p.get(blk + "ffn_up.bias"),
@@ -74,7 +89,9 @@ class FFNCache(NamedTuple):
 
 
 def ffn_forward(x, w: FFNWeights, kind, hook=identity):
-    """x: [..., d_model] -> y: [..., d_model], FFNCache"""
+    """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)"""
+    if isinstance(w, MoEWeights):
+        return moe_forward(x, w, hook)
     k = FFN_KINDS[kind]
     gu = linear_forward(x, w.gate_up) if w.gate_up is not None else None    # [..., 2*d_ff]: gate, up
     gate = None
@@ -106,6 +123,8 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity):
 def ffn_forward_one(x, w: FFNWeights, kind):
     """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py),
     in as few NumPy calls as possible."""
+    if isinstance(w, MoEWeights):
+        return moe_forward(x[None], w)[0][0]
     k = FFN_KINDS[kind]
     if k.gated:
         if w.gate_up is not None:
@@ -131,7 +150,10 @@ def ffn_forward_one(x, w: FFNWeights, kind):
 
 
 def ffn_backward(dy, w: FFNWeights, kind, cache: FFNCache):
-    """dy: [..., d_model] -> dx: [..., d_model], grads: dict with the keys of FFNWeights"""
+    """dy: [..., d_model] -> dx: [..., d_model], grads: dict with the keys of FFNWeights
+    (of MoEWeights, for a mixture of experts)"""
+    if isinstance(w, MoEWeights):
+        return moe_backward(dy, w, cache)
     k = FFN_KINDS[kind]
     act_bwd = ACTIVATIONS[k.act].backward
     c = cache
@@ -148,3 +170,189 @@ def ffn_backward(dy, w: FFNWeights, kind, cache: FFNCache):
     if dx_gate is not None:
         dx += dx_gate
     return dx, {k: v for k, v in g.items() if v is not None}
+
+
+# --- mixture of experts ---------------------------------------------------------------------
+# Tensor names (GGUF, llama.cpp's stacked layout: one [E, ...] tensor per projection)
+MOE_TENSOR = {"gate_inp": "ffn_gate_inp.weight", "gate_exps": "ffn_gate_exps.weight",
+              "up_exps": "ffn_up_exps.weight", "down_exps": "ffn_down_exps.weight", "gate_inp_shexp": "ffn_gate_inp_shexp.weight",
+              "gate_shexp": "ffn_gate_shexp.weight", "up_shexp": "ffn_up_shexp.weight",
+              "down_shexp": "ffn_down_shexp.weight"}
+FFN_TENSOR.update(MOE_TENSOR)
+# llama.cpp clamps the sum of the chosen probabilities to the smallest normal float16 before
+# dividing by it; the top-k of a softmax sums to at least k/E, so this only matters for E > 16k
+WEIGHTS_SUM_MIN = 6.103515625e-5
+
+
+@dataclass
+class MoEWeights:
+    """One layer's experts (stacked, [E, out, in] each) and router."""
+    gate_inp: np.ndarray                # [E, d_model] the router
+    gate_exps: np.ndarray               # [E, d_ff, d_model]
+    up_exps: np.ndarray                 # [E, d_ff, d_model]
+    down_exps: np.ndarray               # [E, d_model, d_ff]
+    n_used: int                         # k: experts per token
+    norm: bool                          # renormalise the k probabilities to sum 1 (norm_topk_prob)
+    shexp: FFNWeights | None = None     # Qwen2-MoE: the shared expert (SwiGLU, d_ff_shexp wide)
+    gate_inp_shexp: np.ndarray | None = None   # [d_model] its sigmoid gate
+
+
+def moe_weights(p, il, cfg):
+    blk = f"blk.{il}."
+    shexp = gate_inp_shexp = None
+    if cfg.d_ff_shexp:
+        shexp = FFNWeights(up=p[blk + "ffn_up_shexp.weight"], down=p[blk + "ffn_down_shexp.weight"],
+                           gate=p[blk + "ffn_gate_shexp.weight"])
+        gate_inp_shexp = p[blk + "ffn_gate_inp_shexp.weight"]
+    return MoEWeights(gate_inp=p[blk + "ffn_gate_inp.weight"], gate_exps=p[blk + "ffn_gate_exps.weight"],
+                      up_exps=p[blk + "ffn_up_exps.weight"], down_exps=p[blk + "ffn_down_exps.weight"],
+                      n_used=cfg.n_expert_used, norm=cfg.expert_norm, shexp=shexp, gate_inp_shexp=gate_inp_shexp)
+
+
+def ffn_out_node(cfg):
+    """The name of the FFN's result node: ffn_moe_out for experts alone, ffn_out otherwise."""
+    return "ffn_moe_out" if FFN_KINDS[cfg.ffn].moe and not cfg.d_ff_shexp else "ffn_out"
+
+
+class MoECache(NamedTuple):
+    """What moe_backward needs from the forward (N = tokens, K = experts per token)."""
+    x: np.ndarray                       # [N, d_model] the input, rows flattened
+    probs: np.ndarray                   # [N, E] softmax of the router logits
+    topk: np.ndarray                    # [N, K] int32 the chosen experts, most probable first
+    wsum: np.ndarray | None             # [N, 1] sum of the chosen probabilities (clamped), when normalised
+    weights: np.ndarray                 # [N, K] what each expert's output is multiplied by
+    up: np.ndarray                      # [N*K, d_ff] row n*K + j: token n through expert topk[n, j]
+    gate: np.ndarray                    # [N*K, d_ff]
+    act: np.ndarray                     # [N*K, d_ff] silu(gate)
+    h: np.ndarray                       # [N*K, d_ff] silu(gate) * up, the input of down
+    out: np.ndarray                     # [N, K, d_model] each chosen expert's output, unweighted
+    shexp: FFNCache | None              # the shared expert's cache
+    shexp_y: np.ndarray | None          # [N, d_model] its output before the gate
+    shexp_s: np.ndarray | None          # [N, 1] sigmoid(gate_inp_shexp . x)
+
+
+def expert_groups(topk, n_expert):
+    """topk [N, K] -> [(e, rows)]: the rows (n*K + j of the flattened assignments) routed to each
+    used expert e. One stable sort: every expert then multiplies all its tokens in one product."""
+    eid = topk.reshape(-1)
+    order = np.argsort(eid, kind="stable")
+    counts = np.bincount(eid, minlength=n_expert)
+    ends = np.cumsum(counts)
+    return [(e, order[end - n:end]) for e, (n, end) in enumerate(zip(counts, ends)) if n]
+
+
+def experts_forward(a, w, groups):
+    """a: [M, in] rows, w: [E, out, in], groups from expert_groups -> [M, out], each row through its expert"""
+    y = np.empty((a.shape[0], w.shape[1]), np.result_type(a, w))
+    for e, rows in groups:
+        y[rows] = linear_forward(a[rows], w[e])                            # [n_e, in] -> [n_e, out]
+    return y
+
+
+def experts_backward(dy, a, w, groups):
+    """dy: [M, out] -> da [M, in], dw [E, out, in] (zero for experts no row chose)"""
+    da = np.zeros(a.shape, np.result_type(dy, w))
+    dw = np.zeros(w.shape, np.result_type(dy, a))
+    for e, rows in groups:
+        da[rows], dw[e], _ = linear_backward(dy[rows], a[rows], w[e], False)
+    return da, dw
+
+
+def moe_forward(x, w: MoEWeights, hook=identity):
+    """x: [..., d_model] -> y: [..., d_model], MoECache (llama.cpp's build_moe_ffn, softmax gating)"""
+    lead, D = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, D)                                                 # [N, d_model]
+    N, K, E = x2.shape[0], w.n_used, w.gate_inp.shape[0]
+
+    def node(name, a, op, srcs, per_token=()):
+        """hook a [N, ...] value as [..., *per_token] (the trace's shape); back to [N, ...]"""
+        return hook(name, a.reshape(*lead, *(per_token or a.shape[1:])), op, srcs).reshape(a.shape)
+
+    logits = node("ffn_moe_logits", linear_forward(x2, w.gate_inp), "MUL_MAT",
+                  ("ffn_gate_inp.weight", "ffn_norm"))                    # [N, E]
+    probs = node("ffn_moe_probs", softmax_forward(logits.copy()), "SOFT_MAX", ("ffn_moe_logits",))
+    # top-k by a stable descending sort: ties keep the lower expert index first
+    topk = np.argsort(-probs, axis=-1, kind="stable")[:, :K].astype(np.int32)   # [N, K]
+    topk = node("ffn_moe_topk", topk, "TOP_K", ("ffn_moe_probs",))
+    if topk.size and (topk.min() < 0 or topk.max() >= E):
+        raise ValueError(f"ffn_moe_topk holds expert {int(topk.max())}; the layer has {E}")
+    weights = node("ffn_moe_weights", np.take_along_axis(probs, topk, -1), "GET_ROWS",
+                   ("ffn_moe_probs", "ffn_moe_topk"), (K, 1))             # [N, K]
+    wsum = None
+    if w.norm:
+        wsum = node("ffn_moe_weights_sum", weights.sum(-1, keepdims=True), "SUM_ROWS", ("ffn_moe_weights",))
+        wsum = node("ffn_moe_weights_sum_clamped", np.maximum(wsum, np.asarray(WEIGHTS_SUM_MIN, wsum.dtype)),
+                    "CLAMP", ("ffn_moe_weights_sum",))                    # [N, 1]
+        weights = node("ffn_moe_weights_norm", weights / wsum, "DIV",
+                       ("ffn_moe_weights", "ffn_moe_weights_sum_clamped"))
+    groups = expert_groups(topk, E)
+    xr = x2[np.repeat(np.arange(N), K)]                                    # [N*K, d_model] row n*K+j is token n
+    src = ("ffn_norm", "ffn_moe_topk")
+    up = node("ffn_moe_up", experts_forward(xr, w.up_exps, groups), "MUL_MAT_ID",
+              ("ffn_up_exps.weight",) + src, (K, w.up_exps.shape[1]))          # [N*K, d_ff]
+    gate = node("ffn_moe_gate", experts_forward(xr, w.gate_exps, groups), "MUL_MAT_ID",
+                ("ffn_gate_exps.weight",) + src, (K, w.gate_exps.shape[1]))
+    act = ACTIVATIONS["silu"].forward(gate)
+    h = node("ffn_moe_swiglu", act * up, "SWIGLU", ("ffn_moe_gate", "ffn_moe_up"), (K, up.shape[1]))
+    out = node("ffn_moe_down", experts_forward(h, w.down_exps, groups), "MUL_MAT_ID",
+               ("ffn_down_exps.weight", "ffn_moe_swiglu", "ffn_moe_topk"), (K, D)).reshape(N, K, D)
+    weighted = node("ffn_moe_weighted", out * weights[..., None], "MUL", ("ffn_moe_down", "ffn_moe_weights"))
+    y = weighted[:, 0].copy()                                             # [N, d_model]
+    for j in range(1, K):                                                 # llama.cpp adds the k views in order
+        y += weighted[:, j]
+    y = node("ffn_moe_out", y, "ADD", ("ffn_moe_weighted",))
+    sh = sh_y = s = None
+    if w.shexp is not None:
+        z = node("ffn_shexp_gate_inp", linear_forward(x2, w.gate_inp_shexp[None]), "MUL_MAT",
+                 ("ffn_gate_inp_shexp.weight", "ffn_norm"))               # [N, 1]
+        s = node("ffn_shexp_gate", sigmoid(z), "DIV", ("ffn_shexp_gate_inp",))   # llama.cpp: silu(z) / z
+
+        def shexp_hook(name, a, op=None, srcs=(), bare=False):            # the shared FFN's result is ffn_shexp
+            return hook("ffn_shexp" if name == "ffn_out" else name, a, op, srcs, bare)
+        sh_y, sh = ffn_forward(x2.reshape(*lead, D), w.shexp, "swiglu", shexp_hook)
+        sh_y = sh_y.reshape(N, D)
+        y = node("ffn_out", y + node("ffn_shexp_out", sh_y * s, "MUL", ("ffn_shexp", "ffn_shexp_gate")),
+                 "ADD", ("ffn_moe_out", "ffn_shexp_out"))
+    return y.reshape(*lead, D), MoECache(x2, probs, topk, wsum, weights, up, gate, act, h, out, sh, sh_y, s)
+
+
+def moe_backward(dy, w: MoEWeights, c: MoECache):
+    """dy: [..., d_model] -> dx [..., d_model], grads {MoEWeights field: array}
+
+    Through the experts as through a gated FFN, and through the router: the chosen
+    probabilities get dL/dw = dy . out, the others none; the softmax spreads that over every
+    router row (the top-k choice itself is piecewise constant: no gradient, as in autograd)."""
+    N, K, D = c.out.shape
+    E = w.gate_inp.shape[0]
+    dy2 = dy.reshape(N, D)
+    g = {}
+    groups = expert_groups(c.topk, E)
+    dweights = np.einsum("nkd,nd->nk", c.out, dy2)                       # [N, K] dL/d weight
+    dout = (dy2[:, None, :] * c.weights[..., None]).reshape(N * K, D)    # [N*K, d_model]
+    dh, g["down_exps"] = experts_backward(dout, c.h, w.down_exps, groups)           # [N*K, d_ff]
+    dup = dh * c.act                                                      # d(act * up)/d up
+    dgate = ACTIVATIONS["silu"].backward(dh * c.up, c.gate)
+    xr = c.x[np.repeat(np.arange(N), K)]
+    dxr, g["up_exps"] = experts_backward(dup, xr, w.up_exps, groups)
+    dxr_gate, g["gate_exps"] = experts_backward(dgate, xr, w.gate_exps, groups)
+    dxr += dxr_gate
+    dx = dxr.reshape(N, K, D).sum(axis=1)                                 # each token's K copies
+    if w.norm:
+        # weights = p / S with S = sum p (unless clamped): dL/dp_j = (dw_j - sum_i dw_i weights_i) / S
+        dsel = dweights - (dweights * c.weights).sum(-1, keepdims=True) * (c.wsum > WEIGHTS_SUM_MIN)
+        dsel /= c.wsum
+    else:
+        dsel = dweights
+    dprobs = np.zeros_like(c.probs)
+    np.put_along_axis(dprobs, c.topk.astype(np.intp), dsel.astype(dprobs.dtype), -1)   # [N, E]
+    dlogits = softmax_backward(dprobs, c.probs)
+    dx_r, g["gate_inp"], _ = linear_backward(dlogits, c.x, w.gate_inp, False)
+    dx += dx_r
+    if w.shexp is not None:
+        s = c.shexp_s                                                     # [N, 1]
+        dx_sh, gs = ffn_backward((dy2 * s).reshape(c.shexp.x.shape), w.shexp, "swiglu", c.shexp)
+        g.update({k + "_shexp": v for k, v in gs.items()})
+        dz = (dy2 * c.shexp_y).sum(-1, keepdims=True) * s * (1 - s)       # through sigmoid
+        g["gate_inp_shexp"] = (dz * c.x).sum(axis=0)                      # [d_model]
+        dx += dx_sh.reshape(N, D) + dz * w.gate_inp_shexp
+    return dx.reshape(dy.shape), g

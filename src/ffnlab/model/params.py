@@ -47,16 +47,19 @@ def param_shapes(cfg) -> dict:
         s[b + "ffn_norm.weight"] = (D,)
         if ln:
             s[b + "ffn_norm.bias"] = (D,)
-        if cfg.gated:
+        if cfg.moe:
+            s.update({b + k: v for k, v in moe_shapes(cfg).items()})
+        elif cfg.gated:
             s[b + "ffn_gate.weight"] = (F, D)
             if cfg.ffn_bias:
                 s[b + "ffn_gate.bias"] = (F,)
-        s[b + "ffn_up.weight"] = (F, D)
-        if cfg.ffn_bias:
-            s[b + "ffn_up.bias"] = (F,)
-        s[b + "ffn_down.weight"] = (D, F)
-        if cfg.ffn_bias:
-            s[b + "ffn_down.bias"] = (D,)
+        if not cfg.moe:
+            s[b + "ffn_up.weight"] = (F, D)
+            if cfg.ffn_bias:
+                s[b + "ffn_up.bias"] = (F,)
+            s[b + "ffn_down.weight"] = (D, F)
+            if cfg.ffn_bias:
+                s[b + "ffn_down.bias"] = (D,)
         if cfg.post_ffn_norm:
             s[b + "post_ffw_norm.weight"] = (D,)
     s["output_norm.weight"] = (D,)
@@ -64,6 +67,19 @@ def param_shapes(cfg) -> dict:
         s["output_norm.bias"] = (D,)
     if not cfg.tie_embeddings:
         s["output.weight"] = (V, D)
+    return s
+
+
+def moe_shapes(cfg) -> dict:
+    """One layer's MoE tensors (names relative to blk.L.), llama.cpp's stacked layout: expert e's
+    up matrix is ffn_up_exps.weight[e], [d_ff, d_model]."""
+    D, F, E = cfg.d_model, cfg.d_ff, cfg.n_expert
+    s = {"ffn_gate_inp.weight": (E, D), "ffn_gate_exps.weight": (E, F, D), "ffn_up_exps.weight": (E, F, D),
+         "ffn_down_exps.weight": (E, D, F)}
+    if cfg.d_ff_shexp:
+        Fs = cfg.d_ff_shexp
+        s.update({"ffn_gate_inp_shexp.weight": (D,), "ffn_gate_shexp.weight": (Fs, D),
+                  "ffn_up_shexp.weight": (Fs, D), "ffn_down_shexp.weight": (D, Fs)})
     return s
 
 
@@ -84,7 +100,8 @@ def init_params(cfg, seed=0, dtype=np.float32) -> dict:
             a = np.ones(shape)
         else:
             std = 0.02
-            if name.endswith(("attn_output.weight", "ffn_down.weight")):
+            if name.endswith(("attn_output.weight", "ffn_down.weight", "ffn_down_exps.weight",
+                              "ffn_down_shexp.weight")):
                 std /= math.sqrt(2 * cfg.n_layer)
             a = rng.normal(0.0, std, size=shape)
         out[name] = a.astype(dtype)
