@@ -37,7 +37,7 @@ def blas_threads():
 def test_set_threads_reaches_the_loaded_blas():
     import numpy  # noqa: F401  (OpenBLAS is loaded with NumPy)
     assert T.set_threads(1) == 1 and set(blas_threads().values()) == {1}
-    assert T.report()["threads"] == 1 and T.report()["blas"] == blas_threads()
+    assert T.report()["threads"] == 1 and T.report()["libraries"]["openblas"] == 1
     assert T.set_threads(2) == 2 and set(blas_threads().values()) == {2}
 
 
@@ -74,6 +74,6 @@ def test_run_prints_the_threads_in_json_and_perf_lines(capsys):
     assert main(["run", "-m", gguf, "-p", "hi", "-n", "2", "--temp", "0", "-t", "1", "--json"]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
-    assert doc["threads"]["threads"] == 1 and set(doc["threads"]["blas"].values()) == {1}
+    assert doc["threads"]["threads"] == 1 and set(doc["threads"]["libraries"].values()) == {1}
     line = next(x for x in err.splitlines() if "threads =" in x)
     assert line.startswith("ffnlab_perf:          threads = 1 (") and "openblas 1" in line

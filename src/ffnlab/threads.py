@@ -5,7 +5,7 @@
     set_threads(None)     # the default: the cores other processes leave idle (all of them on an
                           # idle machine, as llama.cpp's -t; fewer on a loaded one)
     threads()             # -> the number set (the default if set_threads was never called)
-    report()              # -> {"threads": n, "blas": {"openblas": 2}, "numba": 2 | None}
+    report()              # -> {"threads": n, "libraries": {"openblas": 2, "openmp": 2}, "numba": 2 | None}
 
 Why one place: NumPy's OpenBLAS starts as many threads as there are cores and its threads
 wait for each other at every product. When another process holds a core, one of them waits for
@@ -66,18 +66,19 @@ def threads() -> int:
 
 
 def report() -> dict:
-    """What each library actually uses now: {"threads": n, "blas": {name: n}, "numba": n or None}."""
+    """What each thread pool actually uses now (BLAS and OpenMP libraries, as threadpoolctl sees
+    them, and numba): {"threads": n, "libraries": {name: n}, "numba": n or None}."""
     from threadpoolctl import threadpool_info
-    blas = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+    pools = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
     numba_n = None
     if "numba" in sys.modules:
         import numba
         numba_n = numba.get_num_threads()
-    return {"threads": threads(), "blas": blas, "numba": numba_n}
+    return {"threads": threads(), "libraries": pools, "numba": numba_n}
 
 
 def describe() -> str:
     """One line for the perf output: '2 (openblas 2, numba 2)'."""
     r = report()
-    parts = [f"{k} {v}" for k, v in r["blas"].items()] + ([f"numba {r['numba']}"] if r["numba"] else [])
+    parts = [f"{k} {v}" for k, v in r["libraries"].items()] + ([f"numba {r['numba']}"] if r["numba"] else [])
     return f"{r['threads']}" + (f" ({', '.join(parts)})" if parts else "")
