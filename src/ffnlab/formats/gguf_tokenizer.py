@@ -25,6 +25,9 @@ _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{
 _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
+# BPE pre-tokenizers for which llama.cpp adds BOS by default (llama-vocab.cpp: LLAMA_VOCAB_PRE_TYPE_LLAMA3)
+BOS_PRE_TOKENIZERS = ("llama3", "llama-v3", "llama-bpe")
+
 # tokenizer.ggml.pre -> the regexes llama.cpp applies one after the other (llama-vocab.cpp)
 PRE_TOKENIZER_REGEXES = {
     "gpt2": [_GPT2],
@@ -109,8 +112,10 @@ def tokenizer_from_gguf(meta: dict, path: str) -> Tokenizer:
     tk.add_special_tokens(specials)
     bos = meta.get("tokenizer.ggml.bos_token_id")
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    # llama.cpp (llama-vocab.cpp): SentencePiece vocabularies add BOS unless the key says otherwise
-    add_bos = _field(meta, "tokenizer.ggml.add_bos_token", kind == "llama")
+    # llama.cpp (llama_vocab::impl::load): SentencePiece vocabularies and the Llama 3 family of BPE
+    # pre-tokenizers add BOS, other BPE ones do not, unless tokenizer.ggml.add_bos_token says otherwise
+    add_bos = _field(meta, "tokenizer.ggml.add_bos_token",
+                     kind == "llama" or meta.get("tokenizer.ggml.pre") in BOS_PRE_TOKENIZERS)
     add_eos = _field(meta, "tokenizer.ggml.add_eos_token", False)
     eot = [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
     # chat models end a turn with their own token (<|im_end|>, <end_of_turn>): stop there too
@@ -159,7 +164,7 @@ def _sentencepiece_bpe(meta, tokens, types):
                      unk_token=tokens[unk] if unk is not None else None, fuse_unk=True)
     tk = HFTokenizer(bpe)
     norms = [normalizers.Replace(" ", "\u2581")]
-    if meta.get("tokenizer.ggml.add_space_prefix", False):
+    if meta.get("tokenizer.ggml.add_space_prefix", True):      # llama.cpp's SPM default: true
         norms.insert(0, normalizers.Prepend("\u2581"))
     tk.normalizer = normalizers.Sequence(norms)
     tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
