@@ -4,7 +4,8 @@
     assert_clean(cases, results)
 
 Property (issue 11): each case ends in a clean one-line error -- exit code 1, one stderr line
-"ffnlab CMD: error: ...", no traceback -- or in a normal run (exit code 0). Never a traceback, a hang
+"ffnlab CMD: error: ..." (after at most the command's own "ffnlab CMD: ..." notices), no
+traceback -- or in a normal run (exit code 0). Never a traceback, a hang
 (no result within CASE_SECONDS) or unbounded memory (the driver runs under RLIMIT_AS = LIMIT_BYTES,
 so a runaway allocation surfaces as a MemoryError traceback, which fails the property).
 
@@ -92,8 +93,10 @@ def verdict(case, res):
     if res["rc"] == 0:
         return None
     cmd = case["argv"][0]
-    if res["rc"] == 1 and len(lines) == 1 and lines[0].startswith(f"ffnlab {cmd}: error: ") \
-            and "Traceback" not in lines[0]:
+    # one error line, last; before it only the command's own one-line notices (e.g. a template fallback)
+    if res["rc"] == 1 and lines and lines[-1].startswith(f"ffnlab {cmd}: error: ") \
+            and all(ln.startswith(f"ffnlab {cmd}: ") and ": error: " not in ln for ln in lines[:-1]) \
+            and not any("Traceback" in ln for ln in lines):
         return None
     return f"exit code {res['rc']}, stderr {lines[:4]}"
 

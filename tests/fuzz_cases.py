@@ -418,7 +418,7 @@ def resume_cases(tmp):
     data.write_text(M.__dict__.get("TEXT", "") or ("the quick brown fox jumps over the lazy dog. " * 200))
     base = tmp / "train-base"
     small = ["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--d-ff", "32", "--n-ctx", "16", "--seq-len", "16",
-             "--batch", "2", "--eval-batches", "1", "--quiet"]
+             "--batch", "2", "--eval-batches", "1", "--warmup", "0", "--quiet"]
     assert main(["train", "--data", str(data), "--out", str(base), "--steps", "2", *small]) == 0
     other = tmp / "train-other"
     assert main(["train", "--data", str(data), "--out", str(other), "--steps", "2", "--n-layer", "2", *small[2:]]) == 0
