@@ -1,0 +1,48 @@
+"""`ffnlab patch`: activation patching from a clean prompt into a corrupt one, layer by position."""
+import json
+import sys
+
+COMMAND = "patch"
+HELP = "activation patching: restore one node's row from a clean run into a corrupt one (heat map + table)"
+
+
+def add_arguments(p):
+    from .common import add_model_argument
+    add_model_argument(p)
+    p.add_argument("--clean", required=True, help="the prompt whose answer is the target")
+    p.add_argument("--corrupt", required=True, help="a prompt of the same token count whose answer differs")
+    p.add_argument("--target", required=True, help="the clean answer: one token as text (' Paris') or #ID")
+    p.add_argument("--foil", required=True, help="the corrupt answer: one token as text (' Rome') or #ID")
+    p.add_argument("--node", default="l_out", help="the node patched at each layer: l_out (residual stream), attn_out, "
+                                                   "ffn_out, or any per-layer node name (default l_out)")
+    p.add_argument("--out", default=None, metavar="PNG", help="heat map file (default patch-NODE.png)")
+    p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
+
+
+def run(args):
+    from ..interventions.common import one_token, prompt_ids, token_strings
+    from ..interventions.patching import patch
+    from .common import load_model
+    model = load_model(args, quiet=args.json)
+    clean, corrupt = prompt_ids(model, args.clean, "--clean"), prompt_ids(model, args.corrupt, "--corrupt")
+    target, foil = one_token(model, args.target, "--target"), one_token(model, args.foil, "--foil")
+    r = patch(model, clean, corrupt, target, foil, args.node)
+    tokens = token_strings(model, clean)
+    out = {"node": r["node"], "tokens": tokens, "corrupt_tokens": token_strings(model, corrupt),
+           "target": model.tokenizer.decode([target]), "foil": model.tokenizer.decode([foil]),
+           "effect": r["effect"], "clean": r["clean"], "corrupt": r["corrupt"]}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    from ..interventions.plots import patch_heatmap
+    path = args.out or f"patch-{args.node}.png"
+    patch_heatmap(path, r, tokens, f"patching {args.node}: {args.clean!r} into {args.corrupt!r}, "
+                                   f"logit({out['target']!r}) - logit({out['foil']!r})")
+    w = max(6, *(len(repr(t)) for t in tokens))
+    print(f"logit({out['target']!r}) - logit({out['foil']!r}): clean {r['clean']:.3f}, corrupt {r['corrupt']:.3f}")
+    print(f"effect of patching {args.node}-L at each position (1 = restores the clean difference):")
+    print("layer " + " ".join(f"{repr(t)[1:-1][:w]:>{w}}" for t in tokens))
+    for il, row in enumerate(r["effect"]):
+        print(f"{il:>5} " + " ".join(f"{v:>{w}.3f}" for v in row))
+    print(f"heat map: {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,58 @@
+"""Pictures of the interventions (matplotlib, Agg backend): layers down, token positions across."""
+import numpy as np
+
+from ..errors import UsageError
+
+
+def _plt():
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("writing a PNG needs matplotlib (pip install 'ffnlab[plot]'); --json needs nothing") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _labels(tokens, marked=()):
+    return [repr(t)[1:-1] + ("*" if i in marked else "") for i, t in enumerate(tokens)]
+
+
+def patch_heatmap(path, result, tokens, title):
+    """effect [n_layer][T] as a diverging heat map, one column per token."""
+    plt = _plt()
+    e = np.asarray(result["effect"])                                     # [n_layer, T]
+    lim = max(1.0, float(np.abs(e).max()))
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * e.shape[1], 1.2 + 0.22 * e.shape[0]))
+    im = ax.imshow(e, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(e.shape[1]), _labels(tokens), rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel("layer")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label="restored fraction of the logit difference")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def causal_trace_figure(path, result, window):
+    """ROME's figure: three panels (hidden state, MLP window, attention window), p(target) per restored
+    layer and position; subject tokens marked with *."""
+    plt = _plt()
+    first, last = result["subject"]
+    labels = _labels(result["tokens"], range(first, last + 1))
+    panels = [("hidden", "Purples", "single restored layer"), ("mlp", "Greens", f"center of {window} restored MLP layers"),
+              ("attn", "Reds", f"center of {window} restored attention layers")]
+    T = len(labels)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 1.2 + 0.32 * T))
+    for ax, (kind, cmap, xlabel) in zip(axes, panels):
+        d = np.asarray(result[kind]).T                                    # [T, n_layer]: tokens down
+        im = ax.pcolor(d, cmap=cmap, vmin=result["corrupt_p"])
+        ax.invert_yaxis()
+        ax.set_yticks(np.arange(T) + 0.5, labels, fontsize=8)
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"restoring {'state' if kind == 'hidden' else kind.upper() if kind == 'mlp' else 'attention'} "
+                     "after corrupted input", fontsize=9)
+        fig.colorbar(im, ax=ax).ax.set_title(f"p({result['target']!r})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
