@@ -69,8 +69,8 @@ def run(args):
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"
-    title = (f"{os.path.basename(args.data)}: {args.n_layer} layers, d_model {args.d_model}, {budget} tokens/run, "
-             f"{args.seeds} seeds{', params matched' if args.match_params else ''}")
+    title = (f"{os.path.basename(args.data)}: {args.n_layer} layer{'s' if args.n_layer > 1 else ''}, d_model {args.d_model}, {budget} tokens/run, "
+             f"{args.seeds} seed{'s' if args.seeds > 1 else ''}{', params matched' if args.match_params else ''}")
     pngs = plot_all(rows, args.out, title)
     print(markdown_table(rows))
     print(f"results: {os.path.join(args.out, 'results.csv')}, results.json; plots: "

@@ -9,6 +9,7 @@ def add_arguments(p):
     p.add_argument("out", help="output .gguf file (--to gguf) or directory (--to hf)")
     p.add_argument("--type", default="f32", choices=["f32", "q8_0"],
                    help="GGUF weight type: f32 (exact) or q8_0 (8-bit blocks of 32, matrices only); HF is always f32")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it exists (default: refuse, as train does)")
 
 
 def run(args):
@@ -17,18 +18,21 @@ def run(args):
     from ..errors import UsageError
     from ..formats.checkpoint import load_checkpoint, read_meta
 
+    out = os.path.normpath(args.out)                 # 'dir/' -> 'dir', so messages print no '//'
+    if os.path.lexists(out) and not args.force and not (os.path.isdir(out) and not os.listdir(out)):
+        raise UsageError(f"{out} already exists; add --force to overwrite it or choose another output")
     cfg, params, tok = load_checkpoint(args.checkpoint)
     tok_meta = read_meta(args.checkpoint).get("tokenizer", {})
     if args.to == "gguf":
         from ..formats.export_gguf import export_gguf
-        export_gguf(cfg, params, tok, tok_meta, args.out, args.type)
-        print(f"wrote {args.out} ({args.type}, {os.path.getsize(args.out) / 1e6:.1f} MB); "
-              f"try: ffnlab run -m {args.out} -p \"...\"")
+        export_gguf(cfg, params, tok, tok_meta, out, args.type)
+        print(f"wrote {out} ({args.type}, {os.path.getsize(out) / 1e6:.1f} MB); "
+              f"try: ffnlab run -m {out} -p \"...\"")
     else:
         if args.type != "f32":
             raise UsageError("--type q8_0 is for --to gguf; an HF export is float32")
         from ..formats.export_hf import export_hf
-        export_hf(cfg, params, tok, args.out)
-        print(f"wrote {args.out}/ (config.json, model.safetensors, tokenizer.json); "
-              f"load it with transformers.AutoModelForCausalLM.from_pretrained({args.out!r})")
+        export_hf(cfg, params, tok, out)
+        print(f"wrote {out}/ (config.json, model.safetensors, tokenizer.json); "
+              f"load it with transformers.AutoModelForCausalLM.from_pretrained({out!r})")
     return 0

@@ -42,9 +42,19 @@ def gguf_arch(cfg) -> str:
         why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
     if why:
         hint = (f" llama.cpp's {arch} architecture has a {'GELU-tanh' if arch == 'gpt2' else 'SwiGLU'} MLP; "
-                f"a {cfg.ffn} MLP cannot be represented in GGUF -- use --to hf" if cfg.ffn != want["ffn"] else "")
-        raise UsageError(f"cannot export to GGUF {arch}: {'; '.join(why)}.{hint}")
+                f"a {cfg.ffn} MLP cannot be represented in GGUF" if cfg.ffn != want["ffn"] else "")
+        raise UsageError(f"cannot export to GGUF {arch}: {'; '.join(why)}.{hint}{hf_hint(cfg)}")
     return arch
+
+
+def hf_hint(cfg) -> str:
+    """' -- use --to hf' when an HF export holds this config, else why neither format does."""
+    from .export_hf import hf_family
+    try:
+        hf_family(cfg)
+    except UsageError as e:
+        return f"; --to hf cannot either ({str(e).split(': ', 1)[-1]})"
+    return " -- use --to hf"
 
 
 def neox_to_normal_rows(w, n_head):
@@ -91,7 +101,7 @@ def tokenizer_fields(tok, tok_meta) -> list:
     pre = json.loads(tok.tk.to_str()).get("pre_tokenizer") or {}
     if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
         raise UsageError("cannot export this tokenizer to GGUF: only byte-level BPE tokenizers (ffnlab's byte and "
-                         "bpe, or a GGUF model's own) are supported; use --to hf")
+                         "bpe, or a GGUF model's own) are supported; --to hf writes any tokenizer")
     vocab = tok.tk.get_vocab(with_added_tokens=True)
     tokens = [None] * len(vocab)
     for t, i in vocab.items():

@@ -135,7 +135,12 @@ def export_hf(cfg, params, tok, out_dir):
         raise UsageError(f"{out_dir}: cannot create the output directory ({e.strerror})") from None
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(hf_config(cfg, family, tok), f, indent=2)
-    save_file(hf_tensors(cfg, params, family), os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    weights = os.path.join(out_dir, "model.safetensors")
+    save_file(hf_tensors(cfg, params, family), weights, metadata={"format": "pt"})
+    # safetensors creates the file 0600; give it the mode the other files get (0666 less the umask)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(weights, 0o666 & ~umask)
     tokenizer_json(tok).save(os.path.join(out_dir, "tokenizer.json"))     # its post_processor adds BOS/EOS
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer_config(tok, cfg.n_ctx), f, indent=2)

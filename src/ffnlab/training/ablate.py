@@ -270,9 +270,12 @@ def markdown_table(rows) -> str:
     lines = ["| variant | d_ff | params (non-emb) | train FLOPs/token | train loss | val loss | tokens/s | diverged |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        n = r["seeds"] - r["diverged"]             # a spread needs two finished seeds
+
+        def loss(key):
+            return f"{r[key + '_mean']:.4f}" + (f" ± {r[key + '_std']:.4f}" if n > 1 else "")
         lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r['flops_per_token'] / 1e6:.2f}M | "
-                     f"{r['train_loss_mean']:.4f} ± {r['train_loss_std']:.4f} | "
-                     f"{r['val_loss_mean']:.4f} ± {r['val_loss_std']:.4f} | {r['tokens_per_s']:,.0f} | "
+                     f"{loss('train_loss')} | {loss('val_loss')} | {r['tokens_per_s']:,.0f} | "
                      f"{r['diverged']}/{r['seeds']} |")
     return "\n".join(lines)
 
