@@ -119,3 +119,61 @@ def test_cli_patch_and_causal_trace_json(capsys, tmp_path):
 def test_cli_bad_input_is_one_line(capsys, argv, msg):
     code, out, err = run_cli(capsys, argv[0], "-m", tiny_gguf("f32"), *argv[1:])
     assert code == 1 and msg in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "qwen2"])
+@pytest.mark.parametrize("node", ["l_out", "ffn_out"])
+def test_lens_of_the_last_layer_is_the_models_logits(arch, node):
+    from ffnlab.interventions.lens import logit_lens
+    m = Model(CONFIGS[arch], random_params(CONFIGS[arch]))
+    r = logit_lens(m, CLEAN, node, top=3)
+    assert len(r["top_ids"]) == m.config.n_layer and len(r["top_ids"][0]) == len(CLEAN)
+    if node == "l_out":
+        assert np.array_equal(r["last_lens"], r["logits"])                 # bit for bit
+        assert r["top_ids"][-1][-1] == list(np.argsort(-r["logits"][-1], kind="stable")[:3])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_attribution_units_sum_to_the_mlp_outputs_direct_effect(arch):
+    from ffnlab.interventions.attribution import attribute
+    from ffnlab.model.params import lm_head_name
+    m = Model(CONFIGS[arch], random_params(CONFIGS[arch]))
+    cfg, p = m.config, m.params
+    r = attribute(m, CLEAN, 5, top=cfg.d_ff)
+    with ffnlab.trace(m, filter=f"l_out-{cfg.n_layer - 1}$") as t:
+        logits = m.forward(CLEAN)
+    # the direction, written out in float64 from the weights (the final norm's scale frozen)
+    x = t[f"l_out-{cfg.n_layer - 1}"][-1].astype(np.float64)
+    d = p[lm_head_name(cfg)][5].astype(np.float64) * p["output_norm.weight"]
+    if cfg.norm == "layernorm":
+        d = (d - d.mean()) / np.sqrt(((x - x.mean()) ** 2).mean() + cfg.norm_eps)
+        # the linearization is exact for the last state itself: logit = d . x + head[t] . b_norm
+        want = d @ x + p[lm_head_name(cfg)][5].astype(np.float64) @ p["output_norm.bias"]
+    else:
+        d = d / np.sqrt((x * x).mean() + cfg.norm_eps)
+        want = d @ x
+    if not cfg.final_logit_softcap:
+        assert want == pytest.approx(float(logits[-1, 5]), rel=1e-5, abs=1e-5)
+    for lay in r["layers"]:
+        units = sorted(lay["units"], key=lambda u: u[0])
+        assert len(units) == cfg.d_ff
+        # float32 ffn_out vs the float64 sum of its units: eps32 * sqrt(d_ff) * sum|terms|
+        bound = 4 * np.finfo(np.float32).eps * np.sqrt(cfg.d_ff) * sum(abs(a) for _, a, _ in units) + 1e-6
+        assert abs(lay["total"] - lay["ffn_out"]) <= bound
+        assert [u[1] for u in lay["units"]] == sorted((u[1] for u in lay["units"]), reverse=True)
+
+
+def test_cli_lens_and_attribute(capsys, tmp_path):
+    path = tiny_gguf("f32")
+    code, out, err = run_cli(capsys, "lens", "-m", path, "-p", "abcd", "--top", "2", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert len(r["top_ids"]) == 2 and len(r["top_ids"][0]) == 4 and len(r["top_ids"][0][0]) == 2
+    code, out, err = run_cli(capsys, "lens", "-m", path, "-p", "abcd", "--html", str(tmp_path / "l.html"))
+    assert code == 0 and "<table>" in (tmp_path / "l.html").read_text()
+    code, out, err = run_cli(capsys, "attribute", "-m", path, "-p", "abcd", "--target", "e", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert len(r["layers"]) == 2 and r["node"] == "ffn_swiglu"
+    code, out, err = run_cli(capsys, "attribute", "-m", path, "-p", "abcd", "--target", "ef")
+    assert code == 1 and "--target 'ef' is 2 tokens" in err
