@@ -3,7 +3,8 @@ logits, tokenizes like ffnlab, and ffnlab loads the file back.
 
 Tolerances, f32: 1e-3 absolute. llama.cpp's CPU GELU looks its output up in a table of fp16
 values indexed by the fp16-rounded input (GGML_GELU_FP16 in ggml-cpu/vec.h), so for the gpt2
-architecture the ffnlab side is computed with the same table; the KV cache is kept in f32
+architecture the ffnlab side is computed with the same table, and the bound grows by twice the
+logit change float32 rounding of the table's inputs causes (table_step_sensitivity); the KV cache is kept in f32
 (type_k/type_v = 0) because its default f16 rounding is not part of the model.
 q8_0: llama.cpp also rounds activations to 8 bits in each matmul, so its logits are compared
 with ffnlab running the dequantized q8_0 weights, within 5% of the largest logit (measured 0.9-2.4%).
@@ -46,6 +47,28 @@ def ggml_gelu_table(x):
     return np.where(x <= -10, 0, np.where(x >= 10, x, y)).astype(np.float32)
 
 
+def table_step_sensitivity(params, cfg, ids, ours, monkeypatch, seeds=4):
+    """How far the logits move when the fp16 GELU table's inputs move by float32 rounding.
+
+    llama.cpp and ffnlab compute the GELU's input in float32 with different summation orders, so
+    they differ by up to about K * eps relative (K the longest reduction). The table is a step
+    function: an input that lands on the other side of an fp16 rounding boundary moves the output
+    by a whole fp16 step, which no float32 error bound covers. This perturbs the inputs by +-K*eps
+    relative (random signs, a few seeds) in ffnlab itself and returns the largest logit change:
+    the same steps llama.cpp's rounding can take, measured on this model and this machine."""
+    rel = max(cfg.d_model, cfg.d_ff) * np.finfo(np.float32).eps
+    worst = 0.0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+
+        def shifted(x):
+            return ggml_gelu_table((x * (1 + rel * rng.choice([-1.0, 1.0], size=x.shape))).astype(np.float32))
+        monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=shifted))
+        worst = max(worst, float(np.abs(forward(params, cfg, ids[None])[0][0] - ours).max()))
+    monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=ggml_gelu_table))
+    return worst
+
+
 def export(ckpt, out, qtype="f32"):
     assert main(["export", str(ckpt), "--to", "gguf", str(out), "--type", qtype]) == 0
 
@@ -65,7 +88,10 @@ def test_gguf_f32_gives_the_same_logits_in_llama_cpp(case, tmp_path, monkeypatch
     ours = forward(params, cfg, ids[None])[0][0]
     assert np.abs(ours).max() > 3
     err = np.abs(theirs - ours).max()
-    assert err <= F32_TOL, f"{case}: max |llama.cpp - ffnlab| = {err:.2e} (without the GELU table: {np.abs(theirs - exact).max():.2e})"
+    # gpt2: plus twice the steps float32 rounding can make the fp16 GELU table take (5-6e-4 measured)
+    steps = table_step_sensitivity(params, cfg, ids, ours, monkeypatch) if cfg.ffn == "gelu_tanh" else 0.0
+    assert err <= F32_TOL + 2 * steps, (f"{case}: max |llama.cpp - ffnlab| = {err:.2e}, bound {F32_TOL:.0e} + 2 x "
+                                        f"{steps:.2e} (without the GELU table: {np.abs(theirs - exact).max():.2e})")
     assert llm.tokenize(PROMPT.encode(), add_bos=False, special=False) == tok.encode(PROMPT)
     back = ffnlab.load(str(tmp_path / "m.gguf"))             # ffnlab reads its own export (GGUF order, normal pairing)
     assert back.config.arch == cfg.arch and back.config.d_ff == cfg.d_ff
