@@ -152,9 +152,16 @@ def test_top_k_larger_than_experts_is_refused():
 
 
 # --- whole model ------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", ["mixtral", "qwen2moe"])
+MODEL_CASES = {"mixtral": CASES["mixtral"], "qwen2moe": dict(CASES["qwen2moe"], attn_bias=True),
+               "qwen3moe": dict(norm=True, qk_norm=True, head_dim=6),
+               "olmoe": dict(norm=False, qk_norm=True, qk_norm_full=True, attn_bias=True, attn_out_bias=True)}
+
+
+@pytest.mark.parametrize("case", list(MODEL_CASES))
 def test_moe_model_logits_and_gradients_match_torch(case):
-    cfg = moe_config(**CASES[case])
+    """Whole models of each family's block (Qwen3's per-head and OLMoE's whole-projection q/k
+    norms included), logits and every gradient in float64."""
+    cfg = moe_config(**MODEL_CASES[case])
     p = random_params(cfg, np.float64)
     r = np.random.default_rng(8)
     ids, targets = r.integers(0, cfg.vocab_size, (2, 6)), r.integers(0, cfg.vocab_size, (2, 6))

@@ -159,10 +159,13 @@ def attention(x, tp, cfg, il, pos, allowed):
         q = F.linear(x, tp[b + "attn_q.weight"], tp.get(b + "attn_q.bias"))
         k = F.linear(x, tp[b + "attn_k.weight"], tp.get(b + "attn_k.bias"))
         v = F.linear(x, tp[b + "attn_v.weight"], tp.get(b + "attn_v.bias"))
+    if cfg.qk_norm_full:                                  # OLMoE: norm the whole projection, then split heads
+        q = rmsnorm(q, tp[b + "attn_q_norm.weight"], cfg.norm_eps)
+        k = rmsnorm(k, tp[b + "attn_k_norm.weight"], cfg.norm_eps)
     q = q.reshape(B, T, H, hd)
     k = k.reshape(B, T, Hkv, hd)
     v = v.reshape(B, T, Hkv, hd)
-    if cfg.qk_norm:
+    if cfg.qk_norm and not cfg.qk_norm_full:
         q = rmsnorm(q, tp[b + "attn_q_norm.weight"], cfg.norm_eps)
         k = rmsnorm(k, tp[b + "attn_k_norm.weight"], cfg.norm_eps)
     if cfg.positions == "rope":

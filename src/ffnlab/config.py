@@ -15,7 +15,7 @@ from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activati
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
-RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")   # others (bert, phi3, custom) are sizing only
+RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, phi3, custom) are sizing only
 # Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
 # before its tensors are checked (a block count of 2^32-1 must fail, not hang).
 MAX_DIM = 1 << 31
@@ -51,7 +51,8 @@ class ModelConfig:
     norm_eps: float = 1e-5           # epsilon inside the norm's square root
     post_attn_norm: bool = False     # Gemma 3: norm the attention output before adding it to the residual
     post_ffn_norm: bool = False      # Gemma 3: norm the FFN output before adding it to the residual
-    qk_norm: bool = False            # Gemma 3: RMS-norm each query/key head before RoPE
+    qk_norm: bool = False            # Gemma 3, Qwen3: RMS-norm each query/key head before RoPE
+    qk_norm_full: bool = False       # OLMoE: the q/k norms span the whole projection (q_dim, kv_dim), not one head
     positions: str = "rope"          # learned (GPT-2 position table) | rope (rotary, applied to q and k)
     rope_pairing: str = "normal"     # normal: rotate adjacent pairs (x0,x1) as llama.cpp's LLAMA rope
                                      # neox: rotate (x_i, x_{i+d/2}) as HF rotate_half / llama.cpp NEOX
@@ -116,6 +117,7 @@ class ModelConfig:
         need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         need(self.positions != "rope" or self.head_dim % 2 == 0, f"RoPE needs an even head_dim, got {self.head_dim}")
         need(not self.fused_qkv or self.n_kv_head == self.n_head, "fused_qkv needs n_kv_head == n_head")
+        need(self.qk_norm or not self.qk_norm_full, "qk_norm_full needs qk_norm")
         # floats that change the math: a NaN, an infinity or a non-positive base gives NaN logits
         need(math.isfinite(self.norm_eps) and self.norm_eps > 0, f"norm_eps must be finite and > 0, got {self.norm_eps}")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, f"rope_theta must be finite and > 0, got {self.rope_theta}")

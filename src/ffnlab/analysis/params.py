@@ -12,6 +12,13 @@ model/params.py's tensor list, so the tests can hold the two against each other.
 """
 
 
+def qk_norm_params(cfg) -> int:
+    """q/k norm weights: one head wide (Gemma 3, Qwen3) or the whole projections (OLMoE)."""
+    if not cfg.qk_norm:
+        return 0
+    return cfg.q_dim + cfg.kv_dim if cfg.qk_norm_full else 2 * cfg.head_dim
+
+
 def layer_params(cfg) -> dict:
     """One block's parameter count per tensor kind -> {name: count}"""
     D, F, q, kv = cfg.d_model, cfg.d_ff, cfg.q_dim, cfg.kv_dim
@@ -27,7 +34,7 @@ def layer_params(cfg) -> dict:
         "ffn_up": D * F,
         "ffn_down": F * D,
         "ffn_bias": (F * (1 + cfg.gated) + D) * cfg.ffn_bias,
-        "norm": n_block_norms * D * (2 if ln else 1) + (2 * cfg.head_dim if cfg.qk_norm else 0),
+        "norm": n_block_norms * D * (2 if ln else 1) + qk_norm_params(cfg),
     }
     return p
 

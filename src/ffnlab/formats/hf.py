@@ -19,6 +19,7 @@ from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
 from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
+from .hf_moe import expert_entries, moe_gguf_name, read_experts
 from .hf_tokenizer import tokenizer_from_hf
 from .safetensors_io import read_tensors, safetensors_index
 
@@ -54,7 +55,8 @@ def gguf_name(hf_name, arch):
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
     if m and m.group(2) in _LLAMA_BLOCK:
         return f"blk.{m.group(1)}.{_LLAMA_BLOCK[m.group(2)]}.{m.group(3)}"
-    return None
+    moe = moe_gguf_name(hf_name)                    # routers, shared experts, q/k norms (hf_moe.py)
+    return moe[0] if moe and moe[1] is None else None
 
 
 def load_hf(path, dtype=np.float32, progress=None) -> Model:
@@ -67,7 +69,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     if scaling not in ("default", "linear"):
         raise ModelFileError(f"{cfg_path}: rope scaling type {scaling!r} is not supported (ffnlab runs "
                              f"'default' and 'linear' RoPE; anything else would give wrong logits)")
-    if cfg.arch not in ("gpt2", "llama", "qwen2"):
+    if cfg.arch not in ("gpt2", "llama", "qwen2", "qwen2moe", "qwen3moe", "olmoe"):
         raise ModelFileError(f"{cfg_path}: model_type {d.get('model_type')!r} cannot be loaded from an HF "
                              f"directory (supported: gpt2, llama, mistral, qwen2; use a GGUF for others)")
     if cfg.arch != "gpt2":
@@ -75,21 +77,24 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelFileError(f"{path}: no *.safetensors weights (ffnlab never unpickles *.bin files)")
-    entries = _weight_entries(safetensors_index(files), cfg, cfg_path)   # every check before any read
+    index = safetensors_index(files)
+    experts = expert_entries(index, cfg, cfg_path) if cfg.moe else {}   # per-expert tensors, stacked below
+    entries = _weight_entries(index, cfg, cfg_path)   # every check before any read
     if cfg.tie_embeddings:
         entries.pop("output.weight", None)
     elif "output.weight" not in entries:
         cfg.tie_embeddings = True                   # some checkpoints omit lm_head when it equals the table
-    missing = [n for n in param_shapes(cfg) if n not in entries]
+    missing = [n for n in param_shapes(cfg) if n not in entries and n not in experts]
     if missing:
         raise ModelFileError(f"{path}: missing weight for {missing[0]} ({len(missing)} missing)")
-    params = {}
+    params = read_experts(experts, dtype)
+    shapes = param_shapes(cfg)
     for e, a in read_tensors(entries.values()):
         name = gguf_name(e.name, cfg.arch)
         a = a.astype(dtype)
         if a.ndim == 2 and _conv1d(cfg, name):
             a = a.T                                 # Conv1D [in, out] -> [out, in]
-        params[name] = np.ascontiguousarray(a)
+        params[name] = np.ascontiguousarray(a).reshape(shapes.get(name, a.shape))
     m = Model(cfg, params, tokenizer_from_hf(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
@@ -115,6 +120,8 @@ def _weight_entries(index, cfg, cfg_path) -> dict:
                                  f"({cfg.n_layer} layers, d_ff {cfg.d_ff})")
         shape = tuple(reversed(e.shape)) if len(e.shape) == 2 and _conv1d(cfg, name) else e.shape
         want = expected.get(name, (cfg.vocab_size, cfg.d_model))
+        if tuple(shape) == (1,) + tuple(want):        # Qwen2-MoE's shared_expert_gate [1, d_model] is a vector
+            shape = tuple(want)
         if shape != tuple(want):
             raise ModelFileError(f"{e.file}: tensor {hf_name} has shape {list(e.shape)}, config.json implies "
                                  f"{list(want) if not _conv1d(cfg, name) or len(want) != 2 else list(reversed(want))}")

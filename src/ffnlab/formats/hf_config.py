@@ -11,6 +11,7 @@ ModelConfig, for the families ffnlab knows:
   phi3              hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, fused qkv
   gemma2            hidden_size   intermediate_size         geglu    rmsnorm    rope neox, post norms, softcap
   gemma3(_text)     hidden_size   intermediate_size         geglu    rmsnorm    rope neox, qk norm, post norms
+  mixtral, qwen2_moe, qwen3_moe, olmoe: mixtures of SwiGLU experts (formats/hf_moe.py)
 
 What ModelConfig cannot express is left out on purpose, because it changes neither the
 parameter count nor the FFN: Llama 3.1's "llama3" RoPE frequency scaling, Mistral's and Phi-3's
@@ -23,9 +24,10 @@ import os
 
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .hf_moe import MOE_TYPES, moe_fields
 from .jsonfile import field, read_json_object
 
-SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text")
+SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text") + MOE_TYPES
 
 # transformers' hidden_act / activation_function -> the activation inside ffnlab's FFN kinds
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
@@ -151,7 +153,7 @@ def _decoder(d, req, model_type, path, name):
         ffn_bias=req("mlp_bias", bool, False), attn_bias=attention_bias,
         attn_out_bias=attention_bias and model_type in ("llama", "mistral"),
         norm="rmsnorm", norm_eps=req("rms_norm_eps", float, 1e-6 if gemma else 1e-5, lo=1e-30, hi=1.0),
-        positions="rope", rope_pairing="normal" if model_type in ("llama", "mistral") else "neox",
+        positions="rope", rope_pairing="normal" if model_type in ("llama", "mistral", "mixtral") else "neox",
         rope_theta=req("rope_theta", float, None, lo=1e-30, hi=1e30) or 10000.0,
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
         tie_embeddings=req("tie_word_embeddings", bool, gemma), name=name)
@@ -160,6 +162,8 @@ def _decoder(d, req, model_type, path, name):
         kw["rope_scale"] = field(scaling, "factor", float, f"{path}: rope_scaling", lo=1e-30, hi=1e30)
     if model_type == "qwen2":
         kw["attn_bias"] = True                             # Qwen2 always has q/k/v biases (no config flag)
+    if model_type in MOE_TYPES:
+        kw.update(moe_fields(d, req, model_type, path))    # formats/hf_moe.py
     if model_type == "phi3":
         kw["fused_qkv"] = True                             # qkv_proj: one [q+2kv, hidden] matrix
     if gemma:

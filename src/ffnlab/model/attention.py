@@ -134,12 +134,16 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
 
 
 def _head_norm(a, p, cfg, w, name, hook):
-    """Gemma 3: RMS-norm each head's vector (over hd) before RoPE -> normed [B, T, h, hd], cache"""
+    """Gemma 3, Qwen3: RMS-norm each head's vector (over hd) before RoPE; OLMoE (qk_norm_full):
+    the whole projection, all heads at once -> normed [B, T, h, hd], cache"""
+    shape = a.shape
+    if cfg.qk_norm_full:
+        a = a.reshape(*shape[:-2], -1)                                 # [B, T, h, hd] -> [B, T, h*hd]
     a, ncache = rmsnorm_forward(a, p[w], cfg.norm_eps)
     x_hat = hook("norm", ncache[0], "RMS_NORM", (name,))
     if x_hat is not ncache[0]:                 # a hook replaced the unscaled norm: scale what it gave
         a, ncache = x_hat * p[w], (x_hat, ncache[1])
-    return hook(name + "_normed", a, "MUL", ("norm", w)), ncache
+    return hook(name + "_normed", a, "MUL", ("norm", w)).reshape(shape), ncache
 
 
 def _split_qkv(qkv, cfg):
@@ -185,6 +189,8 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     if cfg.positions == "rope":
         dq = rope_backward(dq, cos, sin, cfg.rope_pairing)
         dk = rope_backward(dk, cos, sin, cfg.rope_pairing)
+    if cfg.qk_norm_full:                         # OLMoE: the norms saw [B, T, h*hd]
+        dq, dk = dq.reshape(B, T, -1), dk.reshape(B, T, -1)
     if cfg.qk_norm:
         dq, g[blk + "attn_q_norm.weight"] = rmsnorm_backward(dq, p[blk + "attn_q_norm.weight"], c.q_norm)
         dk, g[blk + "attn_k_norm.weight"] = rmsnorm_backward(dk, p[blk + "attn_k_norm.weight"], c.k_norm)

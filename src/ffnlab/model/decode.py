@@ -160,7 +160,10 @@ def _attention(x, L, cfg, n, K, V, rot):
         qkv += L.qkv_b
     qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads
     v = qkv[(H + Hkv) * hd:].reshape(Hkv, hd)
-    if L.q_norm is not None:                                          # Gemma 3: RMS-norm each head
+    if L.q_norm is not None and cfg.qk_norm_full:                    # OLMoE: one norm over all q (k) heads
+        qk = np.concatenate([_norm(qk[:H].reshape(-1), (L.q_norm, None), cfg).reshape(H, hd),
+                             _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg).reshape(Hkv, hd)])
+    elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg), _norm(qk[H:], (L.k_norm, None), cfg)])
     if rot is not None:
         if cfg.rope_pairing == "normal":                              # (x0, x1) pairs as x0 + i x1, rotated

@@ -37,8 +37,9 @@ def param_shapes(cfg) -> dict:
                 if cfg.attn_bias:
                     s[b + f"attn_{which}.bias"] = (out,)
         if cfg.qk_norm:
-            s[b + "attn_q_norm.weight"] = (cfg.head_dim,)
-            s[b + "attn_k_norm.weight"] = (cfg.head_dim,)
+            # per head, or (OLMoE) over the whole projection
+            s[b + "attn_q_norm.weight"] = (cfg.q_dim if cfg.qk_norm_full else cfg.head_dim,)
+            s[b + "attn_k_norm.weight"] = (cfg.kv_dim if cfg.qk_norm_full else cfg.head_dim,)
         s[b + "attn_output.weight"] = (D, cfg.q_dim)
         if cfg.attn_out_bias:
             s[b + "attn_output.bias"] = (D,)

@@ -1,0 +1,117 @@
+"""Mixture-of-experts HF directories (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE) against transformers.
+
+Each test builds a tiny random model with transformers' from_config, re-draws every weight with
+a wide spread (norm weights 0.5..1.5, nonzero q/k/v/o biases where the family has them, the
+router large enough that the top-k choice is decisive), saves it with save_pretrained (the hub's
+per-expert tensors) and compares ffnlab's float32 logits with transformers' forward: <= 1e-4
+absolute, as tests/test_hf_dirs.py does for the dense families.
+"""
+import numpy as np
+import pytest
+
+import ffnlab
+from ffnlab.config import ConfigError
+from ffnlab.errors import ModelFileError
+from ffnlab.formats.hf_config import config_from_hf
+from ffnlab.formats.hf_moe import IRRELEVANT, REFUSED, USED
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TOL = 1e-4
+VOCAB = 300
+IDS = [3, 17, 250, 9, 42, 0, 101, 7, 299, 64, 5, 12, 77, 180]
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=64, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+FAMILIES = {
+    "mixtral": ("MixtralConfig", dict(intermediate_size=48, num_local_experts=6, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(intermediate_size=96, moe_intermediate_size=40, num_experts=6,
+                                         num_experts_per_tok=2, shared_expert_intermediate_size=56,
+                                         norm_topk_prob=False)),
+    "qwen2_moe_norm": ("Qwen2MoeConfig", dict(intermediate_size=96, moe_intermediate_size=40, num_experts=5,
+                                              num_experts_per_tok=3, shared_expert_intermediate_size=32,
+                                              norm_topk_prob=True)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(intermediate_size=96, moe_intermediate_size=40, num_experts=8,
+                                         num_experts_per_tok=2, norm_topk_prob=True, attention_bias=True,
+                                         head_dim=24)),
+    "olmoe": ("OlmoeConfig", dict(intermediate_size=48, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+                                  attention_bias=True)),
+}
+
+
+def randomize(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))          # biases
+            else:
+                scale = 1.0 if name.endswith("gate.weight") and "expert" not in name else 0.25
+                p.copy_(scale * torch.randn(p.shape, generator=g))        # routers decisive
+    return model.eval()
+
+
+def build(family, seed=0):
+    cls, kw = FAMILIES[family]
+    cfg = getattr(transformers, cls)(**COMMON, **kw)
+    return randomize(transformers.AutoModelForCausalLM.from_config(cfg), seed)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_moe_dir_logits_match_transformers(family, tmp_path):
+    model = build(family)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    with torch.no_grad():
+        ref = model(torch.tensor([IDS])).logits[0].numpy()
+    m = ffnlab.load(str(tmp_path), progress=False)
+    assert m.config.ffn == "moe" and m.config.n_expert == FAMILIES[family][1].get(
+        "num_local_experts", FAMILIES[family][1].get("num_experts"))
+    ours = m.forward(IDS)
+    assert np.abs(ref).max() > 1.0
+    err = np.abs(ours - ref).max()
+    assert err <= TOL, f"{family}: max |ffnlab - transformers| = {err:.2e}"
+    # the KV-cache decode path gives the same logits
+    kv = m.new_cache()
+    steps = np.stack([m.forward_last([t], kv) for t in IDS])
+    assert np.abs(steps - ref).max() <= TOL
+
+
+@pytest.mark.parametrize("cls", ["MixtralConfig", "Qwen2MoeConfig", "Qwen3MoeConfig", "OlmoeConfig"])
+def test_every_config_field_is_used_known_irrelevant_or_refused(cls):
+    fields = set(getattr(transformers, cls)().to_dict())
+    unaccounted = fields - set(USED) - set(IRRELEVANT) - set(REFUSED)
+    assert not unaccounted, f"{cls}: fields neither used, irrelevant nor refused: {sorted(unaccounted)}"
+
+
+def hf_dict(family, **over):
+    cls, kw = FAMILIES[family]
+    d = getattr(transformers, cls)(**COMMON, **kw).to_dict()
+    d.update(over)
+    return d
+
+
+@pytest.mark.parametrize("family,over,msg", [
+    ("mixtral", {"num_experts_per_tok": 7}, r"'num_experts_per_tok' = 7 exceeds 'num_local_experts' = 6"),
+    ("qwen2_moe", {"decoder_sparse_step": 2}, r"'decoder_sparse_step' = 2"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, r"'mlp_only_layers' = \[1\]"),
+    ("qwen2_moe", {"use_sliding_window": True}, r"'use_sliding_window' = true"),
+    ("mixtral", {"sliding_window": 16}, r"'sliding_window' = 16"),
+    ("olmoe", {"clip_qkv": 8.0}, r"'clip_qkv' = 8.0"),
+    ("olmoe", {"hidden_act": "gelu"}, r"'hidden_act' = 'gelu'"),
+])
+def test_fields_that_change_the_math_are_refused(family, over, msg):
+    with pytest.raises(ConfigError, match=msg):
+        config_from_hf(hf_dict(family, **over), "x/config.json")
+
+
+def test_a_missing_expert_is_named(tmp_path):
+    from safetensors.numpy import load_file, save_file
+    build("mixtral").save_pretrained(tmp_path, safe_serialization=True)
+    f = tmp_path / "model.safetensors"
+    t = load_file(f)
+    del t["model.layers.1.block_sparse_moe.experts.4.w3.weight"]
+    save_file(t, f)
+    with pytest.raises(ModelFileError, match=r"no weights for expert 4 of blk.1.ffn_up_exps.weight"):
+        ffnlab.load(str(tmp_path), progress=False)
