@@ -41,8 +41,8 @@ class _Reader:
 
     def need(self, n, what):
         if n < 0 or self.pos + n > self.size:
-            raise ModelFileError(f"{self.path}: truncated or corrupt: {what} needs {n} bytes at offset "
-                                 f"{self.pos}, the file has {self.size - self.pos} left")
+            raise ModelFileError(f"{self.path}: truncated or corrupt at offset {self.pos}: {what} would take {n} "
+                                 f"bytes, the file has {self.size - self.pos} left")
 
     def scalar(self, fmt, n, what):
         self.need(n, what)
