@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install ffnlab and the real models it runs by default. Usage: bash scripts/install.sh [--test]
 #   --test   also the verification extras: torch (CPU wheel, pinned), transformers, accelerate,
-#            pytest, and llama-cpp-python built without AMX (the default build segfaults in
+#            pytest, transformer-lens, and llama-cpp-python built without AMX (the default build segfaults in
 #            ggml_backend_amx_mul_mat on these CPUs); skipped when already importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,10 @@ if [ "${1:-}" = "--test" ]; then
   # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
   python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
   $PIP -e ".[test]"
+  # TransformerLens 4.3 (the activation-patching reference): it needs torch>=2.6 and
+  # transformers>=5.9, and pulls datasets, wandb, pandas, einops, jaxtyping, beartype and
+  # friends; torch stays pinned on the same line so the resolver cannot swap the CPU wheel
+  python3 -c "import transformer_lens" 2>/dev/null || $PIP transformer-lens==4.3.0 torch==2.13.0
 else
   $PIP -e .
 fi
