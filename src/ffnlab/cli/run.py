@@ -32,6 +32,8 @@ def add_arguments(p):
                    help="chat in a loop: read a user turn per line from stdin, answer it with the whole "
                         "conversation as context; -p is the first turn; end with EOF (Ctrl-D)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
+    from ..interventions.flags import add_flags
+    add_flags(p)                                        # --ablate / --scale / --steer (interventions/flags.py)
 
 
 def _check(args):
@@ -67,6 +69,10 @@ def run(args):
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
     n_ctx = context_size(args, model)
+    from ..interventions.flags import intervention_editor
+    editor, interventions = intervention_editor(model, args.ablate, args.scale, args.steer)
+    if editor is not None:
+        model.hooks.attach(editor)                      # for the whole command: hooked generation
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
     if args.interactive:
@@ -89,7 +95,7 @@ def run(args):
     load_ms = 1000 * getattr(model, "load_seconds", 0.0)
     if args.json:
         print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
-                          "text": out.text, "stop_reason": out.stop_reason,
+                          "text": out.text, "stop_reason": out.stop_reason, "interventions": interventions,
                           "timings": {"load_ms": load_ms, "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
                                       "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))

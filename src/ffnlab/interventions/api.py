@@ -25,10 +25,15 @@ from ..tracing.tracer import Tracer
 
 def node_names(model):
     """Every node name of the model's forward, in order (one token run with only a tracer attached)."""
+    return list(node_shapes(model))
+
+
+def node_shapes(model):
+    """{node name: its shape for one token} (the last node of a name wins), in order of first appearance."""
     t = Tracer(keep=False)
     forward(model.params, model.config, np.zeros((1, 1), np.int64), hooks=Hooks(t), last_only=True,
             packs=model.packs)
-    return t.names()
+    return {n.name: n.shape for n in t.nodes}
 
 
 @contextmanager
