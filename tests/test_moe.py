@@ -9,6 +9,8 @@ in float32 (sums over tokens and experts) and 1e-9 in float64 (same math, anothe
 finite differences in float64 within test_gradcheck's FD_TOL (eps 1e-6: truncation ~1e-12,
 rounding ~1e-10; no router choice flips at that step for these random inputs, checked below).
 """
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -196,10 +198,10 @@ def test_moe_trace_names_every_node_under_llama_cpp_names():
     m.forward([1, 2, 3])
     names = [n.name for n in tr.nodes if n.name.endswith("-0")]
     moe_nodes = [n.removesuffix("-0") for n in names if n.startswith(("ffn_moe", "ffn_shexp", "ffn_out"))]
-    assert moe_nodes == ["ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights",
+    assert moe_nodes == ["ffn_moe_logits", "ffn_moe_probs", "ffn_moe_argsort", "ffn_moe_topk", "ffn_moe_weights",
                          "ffn_moe_weights_sum", "ffn_moe_weights_sum_clamped", "ffn_moe_weights_norm",
-                         "ffn_moe_up", "ffn_moe_gate", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted",
-                         "ffn_moe_out", "ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_shexp", "ffn_shexp_out",
+                         "ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted",
+                         "ffn_moe_out", "ffn_shexp", "ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_shexp_out",
                          "ffn_out"]
     shapes = {n.name: n.shape for n in tr.nodes}
     assert shapes["ffn_moe_up-0"] == (3, 2, cfg.d_ff) and shapes["ffn_moe_weights-0"] == (3, 2, 1)
@@ -213,10 +215,58 @@ def test_editing_the_router_choice_reroutes_tokens():
     x = np.random.default_rng(9).normal(size=(1, 4, cfg.d_model))
 
     def hook(name, a, op=None, srcs=(), bare=False):
-        return np.tile(np.array([0, 1], np.int32), a.shape[:-1] + (1,)) if name == "ffn_moe_topk" else a
+        return np.tile(np.array([0, 1], np.int32), a.shape[:-1] + (1,)) if name.startswith("ffn_moe_topk") else a
     y, _ = moe_forward(x, w, hook)
     probs = R.to_numpy(torch.softmax(torch.from_numpy(x @ w.gate_inp.T), -1))[..., :2]
     wts = probs / probs.sum(-1, keepdims=True)
     want = sum(wts[..., e:e + 1] * ((lambda g, u: g / (1 + np.exp(-g)) * u)(x @ w.gate_exps[e].T, x @ w.up_exps[e].T) @ w.down_exps[e].T)
                for e in range(2))
     R.assert_close(y, want, GRAD_FP64, "forced routing")
+
+
+# --- GGUF: bad files ---------------------------------------------------------------------------
+def moe_gguf(path, cfg, params, **lie):
+    """Export cfg + params to GGUF, with metadata fields in `lie` written as given (not as params hold)."""
+    from ffnlab.formats.export_gguf import export_gguf
+    from ffnlab.training.data import byte_tokenizer, tokenizer_meta
+    meta = ModelConfig(**{**cfg.to_dict(), "vocab_size": 256})
+    for k, v in lie.items():
+        object.__setattr__(meta, k, v)                 # past ModelConfig's own checks: a lying file
+    tok = byte_tokenizer()
+    return export_gguf(meta, params, tok, tokenizer_meta(tok, "byte"), str(path))
+
+
+def test_gguf_round_trip_keeps_the_experts(tmp_path):
+    import ffnlab
+    cfg = moe_config(shared=True, norm=False, arch="qwen2moe", attn_bias=True, vocab_size=256)
+    p = random_params(cfg)
+    m = ffnlab.load(moe_gguf(tmp_path / "m.gguf", cfg, p), progress=False)
+    assert (m.config.n_expert, m.config.n_expert_used, m.config.d_ff, m.config.d_ff_shexp) == (6, 2, 24, 20)
+    assert np.array_equal(m.params["blk.1.ffn_up_exps.weight"], p["blk.1.ffn_up_exps.weight"])
+    R.assert_close(m.forward([1, 2, 3]), Model(cfg, p).forward([1, 2, 3]), FP32, "reloaded logits")
+
+
+@pytest.mark.parametrize("lie,msg", [
+    ({"n_expert": 4}, r"m.gguf: tensor blk.0.ffn_gate_inp.weight holds 6 experts \(ggml shape \{16, 6\}\) "
+                      r"but llama.expert_count is 4"),
+    ({"n_expert_used": 7}, r"m.gguf: llama.expert_used_count = 7 exceeds llama.expert_count = 6"),
+])
+def test_gguf_whose_expert_metadata_disagrees_is_one_line(tmp_path, lie, msg):
+    import subprocess
+    import sys
+    cfg = moe_config(vocab_size=256)
+    path = moe_gguf(tmp_path / "m.gguf", cfg, random_params(cfg), **lie)
+    r = subprocess.run([sys.executable, "-m", "ffnlab.cli.main", "run", "-m", path, "-p", "hi", "-n", "1"],
+                       capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert re.search(msg, lines[0]), lines[0]
+
+
+def test_export_refuses_what_llama_cpps_graph_would_compute_differently():
+    from ffnlab.errors import UsageError
+    from ffnlab.formats.export_gguf import gguf_arch
+    cfg = moe_config(norm=False)                    # a llama (Mixtral) graph always renormalises
+    with pytest.raises(UsageError, match=r"expert_norm=False \(llama.cpp's llama graph always renormalises"):
+        gguf_arch(cfg)
+    assert gguf_arch(moe_config(norm=True)) == "llama"

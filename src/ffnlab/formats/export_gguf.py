@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .export_targets import config_mismatches
+from .gguf_moe import gguf_moe_arch, write_moe_keys
 from .gguf_write import finish_atomically, writer_class
 
 Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
@@ -27,6 +28,8 @@ Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a mul
 
 def gguf_arch(cfg) -> str:
     """The llama.cpp architecture that runs this config exactly, or UsageError saying why none does."""
+    if cfg.moe:
+        return gguf_moe_arch(cfg)                    # llama (Mixtral), qwen2moe, qwen3moe, olmoe
     why = []
     if cfg.positions == "learned":
         want = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True)
@@ -74,7 +77,7 @@ def gguf_tensors(cfg, params, arch) -> dict:
     out = {}
     for name, a in params.items():
         a = np.asarray(a, dtype=np.float32)
-        if cfg.positions == "rope" and cfg.rope_pairing == "neox":
+        if arch == "llama" and cfg.rope_pairing == "neox":     # the MoE archs rotate NEOX pairs themselves
             if name.endswith("attn_q.weight"):
                 a = neox_to_normal_rows(a, cfg.n_head)
             elif name.endswith("attn_k.weight"):
@@ -174,6 +177,8 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
         w.add_rope_dimension_count(cfg.head_dim)
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+    if cfg.moe:
+        write_moe_keys(w, cfg, arch)
     for key, val, vtype, sub in tokenizer_fields(tok, tok_meta):
         w.add_key_value(key, val, vtype, sub_type=sub)
     for name, a in gguf_tensors(cfg, params, arch).items():

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
 from .gguf_check import check_gguf
+from .gguf_moe import MOE_ARCHS, check_expert_tensors, moe_fields
 from .jsonfile import check_regular_file
 
-ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3")
-_ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "gemma2": "gelu_tanh", "gemma3": "gelu_tanh"}
+ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3") + MOE_ARCHS          # MoE: formats/gguf_moe.py
+_ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "gemma2": "gelu_tanh", "gemma3": "gelu_tanh",
+               **{a: "silu" for a in MOE_ARCHS}}
 _GATED_KIND = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
@@ -204,7 +206,8 @@ def config_from_gguf(reader, path) -> ModelConfig:
     has = lambda t: f"blk.0.{t}" in names                       # noqa: E731
     act = _ACTIVATION[arch]
     gated = has("ffn_gate.weight")
-    if arch != "gpt2" and not gated:
+    moe = moe_fields(key, arch, names, path)                     # {} for a dense file
+    if arch != "gpt2" and not gated and not moe:
         raise ModelFileError(f"{path}: missing tensor blk.0.ffn_gate.weight ({arch} has a gated FFN)")
     kw = dict(
         arch=arch, n_layer=n_layer, d_model=d_model, n_head=n_head,
@@ -230,8 +233,12 @@ def config_from_gguf(reader, path) -> ModelConfig:
         kw["rope_scale"] = factor
     if arch in ("gemma2", "gemma3"):
         kw.update(_gemma(reader, arch, path, kw))
+    kw.update(moe)
     try:
-        return ModelConfig(**kw)
+        cfg = ModelConfig(**kw)
+        if cfg.moe:
+            check_expert_tensors(cfg, shapes, path)
+        return cfg
     except ConfigError as e:                 # e.g. embedding_length not a multiple of head_count
         raise ModelFileError(f"{path}: the metadata describes no valid model: {e}") from None
 

@@ -91,7 +91,9 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
                      ("wqkv_b" if blk + "attn_qkv.bias" in p else "wqkv",))
         else:
             a = _proj(x, p, blk, which, name, hook, parts[which] if buf is not None else None)
-            a = hook(name, a.reshape(B, T, heads[which], hd), "RESHAPE", (name,))       # [B, T, h, hd]
+            a = a.reshape(B, T, heads[which], hd)                                       # [B, T, h, hd]
+            if not (cfg.qk_norm_full and which != "v"):   # OLMoE norms q/k first; its reshape is unnamed
+                a = hook(name, a, "RESHAPE", (name,))
         pre, ncache = a, None
         if cfg.qk_norm and which != "v":
             a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook)

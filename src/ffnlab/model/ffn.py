@@ -15,7 +15,7 @@ op), ffn_down (only when a down bias follows), and ffn_out for the FFN's result.
 source like "ffn_up.weight" is the block's own tensor (blk.L.ffn_up.weight).
 A mixture of experts is hooked under build_moe_ffn's names: ffn_moe_logits, ffn_moe_probs,
 ffn_moe_argsort / ffn_moe_topk (the chosen experts), ffn_moe_weights (their probabilities),
-ffn_moe_weights_sum / _sum_clamped / _norm (norm_topk_prob), ffn_moe_up, ffn_moe_gate,
+ffn_moe_weights_sum / _sum_clamped / _norm (norm_topk_prob), ffn_moe_gate, ffn_moe_up,
 ffn_moe_swiglu, ffn_moe_down, ffn_moe_weighted, ffn_moe_out; Qwen2-MoE's shared expert adds
 ffn_shexp_gate_inp, ffn_shexp_gate, the dense nodes with ffn_shexp for its result,
 ffn_shexp_out, and ffn_out for the sum (models/qwen2moe.cpp).
@@ -271,9 +271,11 @@ def moe_forward(x, w: MoEWeights, hook=identity):
     logits = node("ffn_moe_logits", linear_forward(x2, w.gate_inp), "MUL_MAT",
                   ("ffn_gate_inp.weight", "ffn_norm"))                    # [N, E]
     probs = node("ffn_moe_probs", softmax_forward(logits.copy()), "SOFT_MAX", ("ffn_moe_logits",))
-    # top-k by a stable descending sort: ties keep the lower expert index first
-    topk = np.argsort(-probs, axis=-1, kind="stable")[:, :K].astype(np.int32)   # [N, K]
-    topk = node("ffn_moe_topk", topk, "TOP_K", ("ffn_moe_probs",))
+    # top-k by a stable descending sort (ties keep the lower expert first), as llama.cpp: the
+    # whole order (ffn_moe_argsort), then a view of its first k columns (ffn_moe_topk)
+    order = node("ffn_moe_argsort", np.argsort(-probs, axis=-1, kind="stable").astype(np.int32), "ARGSORT",
+                 ("ffn_moe_probs",))                                      # [N, E]
+    topk = node("ffn_moe_topk", order[:, :K], "VIEW", ("ffn_moe_argsort",))   # [N, K]
     if topk.size and (topk.min() < 0 or topk.max() >= E):
         raise ValueError(f"ffn_moe_topk holds expert {int(topk.max())}; the layer has {E}")
     weights = node("ffn_moe_weights", np.take_along_axis(probs, topk, -1), "GET_ROWS",
@@ -288,10 +290,11 @@ def moe_forward(x, w: MoEWeights, hook=identity):
     groups = expert_groups(topk, E)
     xr = x2[np.repeat(np.arange(N), K)]                                    # [N*K, d_model] row n*K+j is token n
     src = ("ffn_norm", "ffn_moe_topk")
-    up = node("ffn_moe_up", experts_forward(xr, w.up_exps, groups), "MUL_MAT_ID",
-              ("ffn_up_exps.weight",) + src, (K, w.up_exps.shape[1]))          # [N*K, d_ff]
+    # gate before up, the order ggml evaluates them in
     gate = node("ffn_moe_gate", experts_forward(xr, w.gate_exps, groups), "MUL_MAT_ID",
-                ("ffn_gate_exps.weight",) + src, (K, w.gate_exps.shape[1]))
+                ("ffn_gate_exps.weight",) + src, (K, w.gate_exps.shape[1]))   # [N*K, d_ff]
+    up = node("ffn_moe_up", experts_forward(xr, w.up_exps, groups), "MUL_MAT_ID",
+              ("ffn_up_exps.weight",) + src, (K, w.up_exps.shape[1]))
     act = ACTIVATIONS["silu"].forward(gate)
     h = node("ffn_moe_swiglu", act * up, "SWIGLU", ("ffn_moe_gate", "ffn_moe_up"), (K, up.shape[1]))
     out = node("ffn_moe_down", experts_forward(h, w.down_exps, groups), "MUL_MAT_ID",
@@ -303,14 +306,14 @@ def moe_forward(x, w: MoEWeights, hook=identity):
     y = node("ffn_moe_out", y, "ADD", ("ffn_moe_weighted",))
     sh = sh_y = s = None
     if w.shexp is not None:
+        def shexp_hook(name, a, op=None, srcs=(), bare=False):            # the shared FFN's result is ffn_shexp
+            return hook("ffn_shexp" if name == "ffn_out" else name, a, op, srcs, bare)
+        # the shared FFN, then its gate: the order ggml evaluates them in
+        sh_y, sh = ffn_forward(x2.reshape(*lead, D), w.shexp, "swiglu", shexp_hook)
+        sh_y = sh_y.reshape(N, D)
         z = node("ffn_shexp_gate_inp", linear_forward(x2, w.gate_inp_shexp[None]), "MUL_MAT",
                  ("ffn_gate_inp_shexp.weight", "ffn_norm"))               # [N, 1]
         s = node("ffn_shexp_gate", sigmoid(z), "DIV", ("ffn_shexp_gate_inp",))   # llama.cpp: silu(z) / z
-
-        def shexp_hook(name, a, op=None, srcs=(), bare=False):            # the shared FFN's result is ffn_shexp
-            return hook("ffn_shexp" if name == "ffn_out" else name, a, op, srcs, bare)
-        sh_y, sh = ffn_forward(x2.reshape(*lead, D), w.shexp, "swiglu", shexp_hook)
-        sh_y = sh_y.reshape(N, D)
         y = node("ffn_out", y + node("ffn_shexp_out", sh_y * s, "MUL", ("ffn_shexp", "ffn_shexp_gate")),
                  "ADD", ("ffn_moe_out", "ffn_shexp_out"))
     return y.reshape(*lead, D), MoECache(x2, probs, topk, wsum, weights, up, gate, act, h, out, sh, sh_y, s)
