@@ -22,6 +22,10 @@ def run(args):
     ids = prompt_ids(model, args.prompt)
     target = one_token(model, args.target, "--target")
     r = attribute(model, ids, target, args.top)
+    m = f" -m {args.model}" if args.model else ""
+    for lay in r["layers"]:                             # each unit's own page: what makes it fire
+        lay["neurons"] = [f"ffnlab neurons{m} --layer {lay['layer']} --neuron {u} --data TEXT_FILE"
+                          for u, _, _ in lay["units"]]
     if args.json:
         print(json.dumps({"target": model.tokenizer.decode([target]), "target_id": target, **r}))
         return 0
@@ -31,9 +35,7 @@ def run(args):
     for lay in r["layers"]:
         units = "  ".join(f"{u}: {a:+.3f}" for u, a, _ in lay["units"])
         print(f"{lay['layer']:>5} {lay['total']:>+10.3f}  {units}")
-    best = max(r["layers"], key=lambda x: x["units"][0][1])
-    u = best["units"][0][0]
-    m = f" -m {args.model}" if args.model else ""
-    print(f"what makes unit {u} of layer {best['layer']} fire: ffnlab neurons{m} --layer {best['layer']} "
-          f"--neuron {u} --data TEXT_FILE")
+    print("what makes the strongest units fire (TEXT_FILE: any text, e.g. a Wikipedia dump):")
+    for lay in sorted(r["layers"], key=lambda x: -x["units"][0][1])[:3]:
+        print(f"  {lay['neurons'][0]}")
     return 0
