@@ -36,8 +36,8 @@ def run(args):
         return 0
     from ..interventions.plots import patch_heatmap
     path = args.out or f"patch-{args.node}.png"
-    patch_heatmap(path, r, tokens, f"patching {args.node}: {args.clean!r} into {args.corrupt!r}, "
-                                   f"logit({out['target']!r}) - logit({out['foil']!r})")
+    patch_heatmap(path, r, tokens, f"patching {args.node} from {args.clean!r} into {args.corrupt!r}; "
+                                   f"metric logit({out['target']!r}) - logit({out['foil']!r})")
     w = max(6, *(len(repr(t)) for t in tokens))
     print(f"logit({out['target']!r}) - logit({out['foil']!r}): clean {r['clean']:.3f}, corrupt {r['corrupt']:.3f}")
     print(f"effect of patching {args.node}-L at each position (1 = restores the clean difference):")

@@ -1,4 +1,6 @@
 """Pictures of the interventions (matplotlib, Agg backend): layers down, token positions across."""
+import textwrap
+
 import numpy as np
 
 from ..errors import UsageError
@@ -27,7 +29,7 @@ def patch_heatmap(path, result, tokens, title):
     im = ax.imshow(e, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(e.shape[1]), _labels(tokens), rotation=60, ha="right", fontsize=8)
     ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)
     fig.colorbar(im, ax=ax, label="restored fraction of the logit difference")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
