@@ -22,12 +22,15 @@ PUBLISHED = {
     "llama2-7b": 6_738_415_616,
     "llama3-8b": 8_030_261_248,
     "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,          # mixtures of experts: active counts in test_moe_sizing.py
+    "qwen3-30b-a3b": 30_532_122_624,
+    "olmoe-1b-7b": 6_919_161_856,
 }
 
 EXPECTED_ALIASES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "llama2-7b", "llama2-13b",
                     "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mistral-7b", "qwen2.5-0.5b",
                     "qwen2.5-7b", "gemma2-2b", "gemma3-270m", "smollm2-135m", "smollm2-360m", "smollm2-1.7b",
-                    "tinyllama-1.1b", "phi3-mini-4k"}
+                    "tinyllama-1.1b", "phi3-mini-4k", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b"}
 
 
 def _total(alias):

@@ -46,6 +46,10 @@ def ffn_config(d_model, d_ff, ffn="gelu_tanh", bias=None, name="", n_layer=1):
     """A config holding just what sizes an MLP; bias defaults to the usual choice (dense yes, gated no)."""
     if ffn not in FFN_KINDS:
         raise UsageError(f"--ffn must be one of {', '.join(FFN_KINDS)}, got {ffn!r}")
+    if FFN_KINDS[ffn].moe:
+        raise UsageError(f"{name or 'this model'} has a mixture of experts: `ffnlab shapes` draws one dense or gated "
+                         f"MLP; `ffnlab analyze` sizes the experts (total and active parameters), `ffnlab trace` "
+                         f"shows their ffn_moe_* nodes")
     if bias is None:
         bias = not FFN_KINDS[ffn].gated
     return ModelConfig(arch="custom", n_layer=n_layer, d_model=d_model, n_head=1, d_ff=d_ff, ffn=ffn, ffn_bias=bias,

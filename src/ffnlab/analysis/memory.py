@@ -34,16 +34,27 @@ def kv_cache_bytes(cfg, batch, context, kv_bytes_per_elem) -> dict:
     return {"full": int(full), "swa": int(swa)}
 
 
+def ffn_rows(cfg):
+    """(width, gated) of the FFN intermediates per token: d_ff; for a mixture of experts, the k
+    chosen experts' d_ff each plus a shared expert's (ffn_moe_gate is [T, k, d_ff])."""
+    if cfg.moe:
+        return cfg.n_expert_used * cfg.d_ff + cfg.d_ff_shexp, True
+    return cfg.d_ff, cfg.gated
+
+
 def mlp_activation_bytes(cfg, batch, seq_len, bytes_per_elem) -> dict:
-    """The FFN's widest intermediates in one layer: gate and up outputs, B*T*d_ff elements each."""
-    each = int(batch * seq_len * cfg.d_ff * bytes_per_elem)
-    return {"gate": each if cfg.gated else 0, "up": each, "together": each * (2 if cfg.gated else 1),
-            "elements_each": batch * seq_len * cfg.d_ff}
+    """The FFN's widest intermediates in one layer: gate and up outputs, B*T*d_ff elements each
+    (B*T*k*d_ff for k experts per token)."""
+    F, gated = ffn_rows(cfg)
+    each = int(batch * seq_len * F * bytes_per_elem)
+    return {"gate": each if gated else 0, "up": each, "together": each * (2 if gated else 1),
+            "elements_each": batch * seq_len * F}
 
 
 def layer_kept(cfg, B, T, S) -> dict:
     """Elements one block keeps for its backward -> {what: elements}. T queries, S keys."""
-    D, F, q, kv = cfg.d_model, cfg.d_ff, cfg.q_dim, cfg.kv_dim
+    D, q, kv = cfg.d_model, cfg.q_dim, cfg.kv_dim
+    F, gated = ffn_rows(cfg)
     BT = B * T
     kept = {
         "attn_norm (x_hat, output)": 2 * BT * D,
@@ -51,8 +62,10 @@ def layer_kept(cfg, B, T, S) -> dict:
         "attention probabilities [B,H,T,S]": B * cfg.n_head * T * S,
         "attention output (merged heads)": BT * q,
         "ffn_norm (x_hat, output)": 2 * BT * D,
-        "ffn gate, up, act, act*up" if cfg.gated else "ffn up, act": (4 if cfg.gated else 2) * BT * F,
+        "ffn gate, up, act, act*up" if gated else "ffn up, act": (4 if gated else 2) * BT * F,
     }
+    if cfg.moe:                                       # router logits and probabilities, each expert's output
+        kept["ffn router probs, expert outputs"] = BT * cfg.n_expert + BT * cfg.n_expert_used * D
     if cfg.qk_norm:
         kept["q/k norm x_hat"] = BT * (q + kv)
     if cfg.positions == "rope":
@@ -75,15 +88,16 @@ def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
                    activation's scratch array (tanh-GELU: x^2, SiLU: exp(-|x|); none for ReLU and
                    erf-GELU) and its output, and the block's locals (attention output, x + attn);
       block end:   the whole kept set plus the locals and the FFN output and the block output."""
-    D, F, q = cfg.d_model, cfg.d_ff, cfg.q_dim
+    D, q = cfg.d_model, cfg.q_dim
+    F, gated = ffn_rows(cfg)
     BT = B * T
     k = layer_kept(cfg, B, T, S)
     kept = sum(k.values())
     probs = k["attention probabilities [B,H,T,S]"]
     before_scores = _kept_before_mlp(cfg, B, T, S) - probs - k["attention output (merged heads)"]
     softmax = before_scores + 3 * probs + BT * q
-    act_product = BT * F if cfg.gated else 0                           # act*up is made after the scratch is freed
-    activation = kept - act_product + _ACT_TEMPS[cfg.ffn] * BT * F + 2 * BT * D
+    act_product = BT * F if gated else 0                               # act*up is made after the scratch is freed
+    activation = kept - act_product + _ACT_TEMPS["swiglu" if cfg.moe else cfg.ffn] * BT * F + 2 * BT * D
     end = kept + 4 * BT * D
     peak = max(softmax, activation, end)
     return {"kept": int(kept * bytes_per_elem), "transient": int((peak - kept) * bytes_per_elem),

@@ -87,6 +87,22 @@ PRESETS = [
     Preset("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", _llama(2048, 5632, 32, 4, 22, 2048, 32000)),
     Preset("phi3-mini-4k", "microsoft/Phi-3-mini-4k-instruct",
            {**_llama(3072, 8192, 32, 32, 32, 4096, 32064), "model_type": "phi3", "sliding_window": 2047}),
+    # mixtures of experts: total / active parameters 46,702,792,704 / 12,879,925,248 (Mixtral),
+    # 30,532,122,624 / 3,353,032,704 (Qwen3), 6,919,161,856 / 1,282,017,280 (OLMoE)
+    Preset("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1",
+           {**_llama(4096, 14336, 32, 8, 32, 32768, 32000, 1000000.0), "model_type": "mixtral",
+            "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None, "router_aux_loss_coef": 0.02},
+           "mixture of experts: 8 SwiGLU experts per layer, 2 per token"),
+    Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B",
+           {**_llama(2048, 6144, 32, 4, 48, 40960, 151936, 1000000.0, 1e-6), "model_type": "qwen3_moe",
+            "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+            "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 48},
+           "mixture of experts: 128 experts per layer, 8 per token"),
+    Preset("olmoe-1b-7b", "allenai/OLMoE-1B-7B-0924",
+           {**_llama(2048, 1024, 16, 16, 16, 4096, 50304), "model_type": "olmoe", "num_experts": 64,
+            "num_experts_per_tok": 8, "norm_topk_prob": False, "clip_qkv": None, "attention_bias": False},
+           "mixture of experts: 64 experts per layer, 8 per token"),
 ]
 
 # short names every sizing command takes (shapes, inspect, analyze, compare); `smollm2` and

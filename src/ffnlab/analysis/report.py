@@ -29,7 +29,7 @@ def bytes_per_element(type_name) -> float:
 
 
 FFN_LABEL = {"gelu": "dense GELU (erf)", "gelu_tanh": "dense GELU (tanh)", "relu": "dense ReLU",
-             "swiglu": "gated SwiGLU", "geglu": "gated GeGLU (tanh GELU)"}
+             "swiglu": "gated SwiGLU", "geglu": "gated GeGLU (tanh GELU)", "moe": "mixture of SwiGLU experts"}
 
 
 def model_summary(src) -> dict:
@@ -44,6 +44,8 @@ def model_summary(src) -> dict:
         "head_dim": c.head_dim, "n_layer": c.n_layer, "vocab_size": c.vocab_size, "n_ctx": c.n_ctx,
         "positions": c.positions, "rope_theta": c.rope_theta, "sliding_window": c.sliding_window,
         "sliding_window_pattern": c.sliding_window_pattern, "tie_embeddings": c.tie_embeddings,
+        "n_expert": c.n_expert, "n_expert_used": c.n_expert_used, "expert_norm": c.expert_norm,
+        "d_ff_shexp": c.d_ff_shexp,
     }
 
 
@@ -94,7 +96,8 @@ def compare_row(src) -> dict:
     p = param_counts(c, src.extra)
     return {"model": src.label, "d_model": c.d_model, "d_ff": c.d_ff, "ratio": c.d_ff / c.d_model,
             "ffn": c.ffn, "mlp_params_per_layer": p["per_layer"]["mlp"], "n_layer": c.n_layer,
-            "mlp_params": p["mlp"], "mlp_share": p["mlp_share"], "params_total": p["total"]}
+            "mlp_params": p["mlp"], "mlp_share": p["mlp_share"], "params_total": p["total"],
+            "params_active": p["active"], "n_expert": c.n_expert, "n_expert_used": c.n_expert_used}
 
 
 def _block(name):

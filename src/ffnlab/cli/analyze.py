@@ -102,14 +102,19 @@ def render(r) -> str:
                      ("attn_output", "attention o"), ("attn_bias", "attention biases")):
         if pl[k]:
             rows.append([label, f"{pl[k]:,d}", count(pl[k] * m["n_layer"])])
-    for k, label in (("ffn_gate", "MLP gate"), ("ffn_up", "MLP up"), ("ffn_down", "MLP down"), ("ffn_bias", "MLP biases")):
-        if pl[k]:
+    experts = f" ({m['n_expert']} experts)" if m["n_expert"] else ""
+    for k, label in (("ffn_gate", "MLP gate" + experts), ("ffn_up", "MLP up" + experts),
+                     ("ffn_down", "MLP down" + experts), ("ffn_bias", "MLP biases"),
+                     ("ffn_gate_inp", "MoE router"), ("ffn_shexp", "shared expert + gate")):
+        if pl.get(k):
             rows.append([label, f"{pl[k]:,d}", count(pl[k] * m["n_layer"])])
     rows.append(["norms (incl. final)", f"{pl['norm']:,d}", count(p["norm"])])
     rows.append(["LM head", "", "tied to the token table (0)" if p["lm_head_tied"] else count(p["lm_head"])])
     for k, v in p["extra"].items():
         rows.append([f"other: {k}", "", count(v)])
     rows.append(["total", f"{pl['total']:,d}", count(p["total"])])
+    if p["active"] != p["total"]:
+        rows.append([f"active per token ({m['n_expert_used']} of {m['n_expert']} experts)", "", count(p["active"])])
     out += ["Parameters", table(rows, ["component", "per layer", "total"]),
             f"MLP: {count(p['mlp'])} = {_pct(p['mlp_share'])} of all parameters, "
             f"{_pct(p['mlp_share_non_embedding'])} of the non-embedding {count(p['non_embedding'])}", ""]
@@ -120,7 +125,7 @@ def render(r) -> str:
              human(f["attention_projections"])],
             ["attention scores + weighted sum (2*2*S*q_dim)", f"{fl['attn_scores'] + fl['attn_weighted_sum']:,d}",
              human(f["attention_scores"])],
-            [f"MLP: {f['mlp_formula']}", f"{fl['ffn_gate'] + fl['ffn_up'] + fl['ffn_down']:,d}", human(f["mlp"])],
+            [f"MLP: {f['mlp_formula']}", f"{f['mlp'] // m['n_layer']:,d}", human(f["mlp"])],
             ["LM head (2*d_model*vocab)", "", human(f["lm_head"])],
             ["forward", "", human(f["forward"])]]
     out += [f"FLOPs per token at context S={f['seq_len']} (matmuls only, 2*in*out each)",

@@ -34,9 +34,9 @@ def render(rows) -> str:
 
     cells = [[r["model"], r["d_model"], r["d_ff"], f"{r['ratio']:.2f}", r["ffn"], f"{r['mlp_params_per_layer']:,d}",
               r["n_layer"], f"{r['mlp_params']:,d} ({human(r['mlp_params'])})", f"{100 * r['mlp_share']:.1f}%",
-              human(r["params_total"])] for r in rows]
+              human(r["params_total"]), human(r["params_active"])] for r in rows]
     return table(cells, ["model", "d_model", "d_ff", "ratio", "FFN", "MLP params/layer", "layers", "MLP params",
-                         "MLP share", "total params"], "lrrrlrrrrr")
+                         "MLP share", "total params", "active"], "lrrrlrrrrrr")
 
 
 def _render_list(rows) -> str:
