@@ -83,11 +83,12 @@ def test_mlp_share_of_total_and_of_non_embedding():
 # --- FLOPs ----------------------------------------------------------------------------------------
 
 class MatmulCounter:
-    """Counts 2*in*out*rows for every linear_forward and 2*(q.k + p.v) for every attention call."""
+    """Counts 2*in*out*rows for every linear_forward and 2*(q.k + p.v) for every attention product."""
 
     def __init__(self, monkeypatch):
         self.flops = {"linear": 0, "ffn": 0, "attention": 0}
-        real_linear, real_attn = attention_mod.linear_forward, attention_mod.attention_forward
+        real_linear = attention_mod.linear_forward
+        real_scores, real_mix = attention_mod.attention_scores, attention_mod.attention_mix
 
         def counted(bucket):
             def linear(x, w, b=None):
@@ -95,16 +96,21 @@ class MatmulCounter:
                 return real_linear(x, w, b)
             return linear
 
-        def attention(q, k, v, scale, allowed):
+        def scores(q, k):                                   # q [B, T, H, hd], k [B, S, Hkv, hd]
             B, T, H, hd = q.shape
-            S = k.shape[1]
-            self.flops["attention"] += 2 * B * H * T * S * hd + 2 * B * H * T * S * v.shape[-1]
-            return real_attn(q, k, v, scale, allowed)
+            self.flops["attention"] += 2 * B * H * T * k.shape[1] * hd
+            return real_scores(q, k)
+
+        def mix(probs, v):                                  # probs [B, H, T, S], v [B, S, Hkv, hd]
+            B, H, T, S = probs.shape
+            self.flops["attention"] += 2 * B * H * T * S * v.shape[-1]
+            return real_mix(probs, v)
 
         monkeypatch.setattr(attention_mod, "linear_forward", counted("linear"))
         monkeypatch.setattr(transformer_mod, "linear_forward", counted("linear"))
         monkeypatch.setattr(ffn_mod, "linear_forward", counted("ffn"))
-        monkeypatch.setattr(attention_mod, "attention_forward", attention)
+        monkeypatch.setattr(attention_mod, "attention_scores", scores)
+        monkeypatch.setattr(attention_mod, "attention_mix", mix)
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

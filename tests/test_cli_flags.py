@@ -49,6 +49,11 @@ def base_args(cmd, f):
         "export": [f["ckpt"], "--to", "gguf", out + ".gguf"],
         "inspect": [m], "analyze": [m], "compare": [m], "models": [],
         "shapes": ["--preset", "gpt2"],
+        "patch": ["-m", m, "--clean", "ab", "--corrupt", "cd", "--target", "#1", "--foil", "#2",
+                  "--out", out + ".png"],
+        "causal-trace": ["-m", m, "-p", "hello", "--subject", "he", "--samples", "2", "--out", out + ".png"],
+        "lens": ["-m", m, "-p", "hi"],
+        "attribute": ["-m", m, "-p", "hi", "--target", "#1"],
     }.get(cmd)
 
 

@@ -16,7 +16,7 @@ def add_arguments(p):
                    help="noise std as a multiple of the embeddings' std (default 3, as ROME)")
     p.add_argument("--samples", type=positive("--samples"), default=10, help="noise samples (default 10)")
     p.add_argument("--window", type=positive("--window"), default=10, help="MLP/attention layers restored together (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the noise (default 0)")
+    p.add_argument("--seed", type=nonneg("--seed"), default=0, help="seed of the noise (default 0)")
     p.add_argument("--out", default="causal-trace.png", metavar="PNG", help="the three-panel figure (default causal-trace.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
 
