@@ -459,8 +459,9 @@ def resume_cases(tmp):
                                                                "rb").read()})
     variant("settings-wrong-type", files={"ffnlab.json": json.dumps({**json.load(open(base / "ffnlab.json")),
                                                                      "train": {"settings": {"lr": "fast"}}}).encode()})
-    variant("train-section-missing", files={"ffnlab.json": json.dumps({k: v for k, v in json.load(
-        open(base / "ffnlab.json")).items() if k != "train"}).encode()})
+    for section in ("train", "tokenizer", "config"):
+        variant(f"{section}-section-missing", files={"ffnlab.json": json.dumps({k: v for k, v in json.load(
+            open(base / "ffnlab.json")).items() if k != section}).encode()})
     return cases
 
 

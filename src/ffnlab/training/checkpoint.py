@@ -159,6 +159,7 @@ def read_resume_meta(out) -> dict:
     meta = read_meta(out)
     f = os.path.join(out, META_FILE)
     field(meta, "config", dict, f, error=ModelFileError)
+    field(meta, "tokenizer", dict, f, error=ModelFileError)
     train = field(meta, "train", dict, f, error=ModelFileError)
     settings = field(train, "settings", dict, f"{f}: train", error=ModelFileError)
     data = field(train, "data", dict, f"{f}: train", {}, error=ModelFileError)
