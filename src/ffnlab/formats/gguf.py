@@ -1,10 +1,16 @@
-"""Load a GGUF file: config from the metadata, tensors dequantized with gguf.quants, tokenizer.
+"""Load a GGUF file: config from the metadata, weights kept in their blocks, tokenizer.
 
-Every tensor is dequantized to float32 once, at load time (gguf.quants.dequantize knows every
-quant type the gguf package supports). A tensor whose shape disagrees with what the metadata
+Weight matrices stay as they lie in the memory-mapped file: a quant.QuantTensor over the blocks
+(every type quant/blocks.py has kernels for), or a float32 array view for F32. Nothing is read
+until a product touches it, and no float32 copy of a quantized matrix is ever made: the kernels
+dequantize inside the product. Tensors of other types (the ones gguf-py can dequantize but
+ffnlab has no kernel for) and 1-D tensors (norms, biases) become float32 arrays at load, with
+one line on stderr naming the quantized ones. dequantize=True gives float32 arrays for every
+tensor, as training and gradients need. A tensor whose shape disagrees with what the metadata
 implies (e.g. an edited feed_forward_length) is an error naming both.
 """
 import os
+import sys
 import time
 
 import numpy as np
@@ -13,6 +19,8 @@ from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
+from ..quant import KERNEL_TYPES, QuantTensor
+from ..quant.warmup import compile_kernels
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from .gguf_tokenizer import tokenizer_from_gguf
 
@@ -35,15 +43,47 @@ def _ggml_shape(shape):
     return "{" + ", ".join(str(n) for n in reversed(shape)) + "}"
 
 
-def load_gguf(path, dtype=np.float32, progress=None) -> Model:
+def _tensor(path, t, shape, dtype, dequantize, fallback):
+    """One GGUF tensor -> a QuantTensor over its blocks, a float32 view of an F32 matrix, or
+    (dequantize, 1-D, or a type without a kernel) a fresh array of dtype."""
     import gguf
 
+    kernel = t.tensor_type in KERNEL_TYPES and len(shape) == 2
+    if kernel and not dequantize:
+        if t.tensor_type == gguf.GGMLQuantizationType.F32:
+            if t.data.size != shape[0] * shape[1]:
+                raise ModelFileError(f"{path}: tensor {t.name} (F32) has {t.data.size} values, "
+                                     f"its shape {_ggml_shape(shape)} needs {shape[0] * shape[1]}")
+            return t.data.reshape(shape)                                  # the mapped file, no copy
+        try:
+            return QuantTensor(t.data, t.tensor_type, shape)
+        except ValueError as e:
+            raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}): {e}") from None
+    if not kernel and len(shape) == 2:
+        fallback.append(t)
+    try:
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+    except NotImplementedError:
+        raise ModelFileError(f"{path}: tensor {t.name} has quant type {t.tensor_type.name}, "
+                             f"which gguf {_gguf_version()} cannot dequantize") from None
+    except (ValueError, IndexError) as e:
+        raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}) is corrupt: {e}") from None
+    if a.size != int(np.prod(shape)):
+        raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}) holds {a.size} values, "
+                             f"its shape {_ggml_shape(shape)} needs {int(np.prod(shape))}")
+    return np.ascontiguousarray(a.reshape(shape), dtype=dtype)
+
+
+def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
+    """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
+    matrices stay in their blocks (float32 products only, so another dtype implies dequantize)."""
     path = os.fspath(path)
     t0 = time.perf_counter()
+    dequantize = dequantize or np.dtype(dtype) != np.float32
     reader = open_gguf(path)
     cfg = config_from_gguf(reader, path)
     expected = param_shapes(cfg)
-    params = {}
+    params, fallback = {}, []
     bar = Progress(len(reader.tensors), "loading", enabled=progress)
     for t in reader.tensors:
         bar.update(1, t.name)
@@ -57,21 +97,20 @@ def load_gguf(path, dtype=np.float32, progress=None) -> Model:
             raise ModelFileError(f"{path}: tensor {t.name} has ggml shape {_ggml_shape(shape)} but the metadata "
                                  f"implies {_ggml_shape(expected[t.name])} (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "
                                  f"n_head={cfg.n_head}, n_kv_head={cfg.n_kv_head}, vocab={cfg.vocab_size})")
-        try:
-            a = gguf.quants.dequantize(t.data, t.tensor_type)
-        except NotImplementedError:
-            raise ModelFileError(f"{path}: tensor {t.name} has quant type {t.tensor_type.name}, "
-                                 f"which gguf {_gguf_version()} cannot dequantize") from None
-        except (ValueError, IndexError) as e:
-            raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}) is corrupt: {e}") from None
-        params[t.name] = np.ascontiguousarray(a.reshape(shape), dtype=dtype)
+        params[t.name] = _tensor(path, t, shape, dtype, dequantize, fallback)
     bar.close()
     missing = [n for n in expected if n not in params]
     if missing:
         raise ModelFileError(f"{path}: missing tensor {missing[0]} (expected {len(expected)} tensors for a "
                              f"{cfg.arch} model, {len(missing)} missing)")
+    if fallback:
+        types = sorted({t.tensor_type.name for t in fallback})
+        print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
+              f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
+              f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
     tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
     m = Model(cfg, params, tok, source=path, pack_weights=True)
+    m.compile_seconds = compile_kernels(params)       # numba: compiled once, then loaded from its disk cache
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)
     return m

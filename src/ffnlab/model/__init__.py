@@ -12,7 +12,7 @@ from .transformer import backward, forward
 class Model:
     def __init__(self, config, params, tokenizer=None, source=None, pack_weights=False):
         self.config = config          # ModelConfig
-        self.params = params          # {GGUF tensor name: np.ndarray [out, in]}
+        self.params = params          # {GGUF tensor name: np.ndarray or quant.QuantTensor [out, in]}
         # inference models pack q/k/v and gate/up rows into one buffer each (views, no copy kept)
         self.packs = pack(params, config) if pack_weights else None
         self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)

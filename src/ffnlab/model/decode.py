@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..ops.linear import linear_forward
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..ops.softmax import softmax_forward
@@ -122,7 +123,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
             f = _norm(f, L.post_ffn_norm, cfg)
         x = h + f                                                     # [d_model] residual
     kv.n = n + 1
-    logits = plan.head @ _norm(x, plan.output_norm, cfg)             # [vocab, d_model] @ [d_model]
+    logits = linear_forward(_norm(x, plan.output_norm, cfg), plan.head)   # [d_model] -> [vocab]
     if cfg.final_logit_softcap:
         c = cfg.final_logit_softcap
         logits = np.tanh(logits / c) * c
@@ -153,9 +154,9 @@ def _attention(x, L, cfg, n, K, V, rot):
     writes position n's key and value into K and V."""
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     if L.qkv is not None:
-        qkv = L.qkv @ x                                               # [q_dim + 2*kv_dim]: one product
+        qkv = linear_forward(x, L.qkv)                                # [q_dim + 2*kv_dim]: one product
     else:
-        qkv = np.concatenate([L.q @ x, L.k @ x, L.v @ x])
+        qkv = np.concatenate([linear_forward(x, L.q), linear_forward(x, L.k), linear_forward(x, L.v)])
     if L.qkv_b is not None:
         qkv += L.qkv_b
     qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads
@@ -181,7 +182,7 @@ def _attention(x, L, cfg, n, K, V, rot):
     if scale != 1.0:
         kq *= np.asarray(scale, dtype=kq.dtype)
     out = softmax_forward(kq) @ V[:, lo:n + 1]                        # [Hkv, G, S] @ [Hkv, S, hd] -> [Hkv, G, hd]
-    y = (L.wo @ out.reshape(H * hd))[:cfg.d_model]                    # [d_model, q_dim] @ [q_dim]
+    y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b
     return y

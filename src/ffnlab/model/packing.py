@@ -26,6 +26,9 @@ reads out for streaming, without changing a single value or tensor name:
   sweep over the weights would otherwise walk ~130,000 page-table entries, and the hardware
   prefetcher stops at every 4 KB boundary. Where the platform has no such advice, it is
   ordinary memory.
+Only float arrays are packed. Quantized matrices (quant.QuantTensor) stay where they are, in the
+memory-mapped file: a copy of their blocks would add to the resident memory what the kernels
+save, and the products run through their own kernels anyway.
 With model/decode.py, SmolLM2 decoding went from 26.5 to 28-44 tokens/s on the shared machine
 (bench/RESULTS.md, run 3 against runs 8-15).
 """
@@ -47,7 +50,7 @@ def pack(params, cfg) -> dict:
 
     def add(key, parts):
         names = [f"blk.{il}.{n}" for n in parts]
-        if all(n in params for n in names):
+        if all(isinstance(params.get(n), np.ndarray) for n in names):
             groups.append((key, names))
             return True
         return False
@@ -57,10 +60,13 @@ def pack(params, cfg) -> dict:
         add((il, "attn_output"), ("attn_output.weight",))
         add((il, "gate_up"), GATE_UP) or add(None, ("ffn_up.weight",))  # dense FFN: up alone
         add(None, ("ffn_down.weight",))
-    groups.append((None, [lm_head_name(cfg)]))
+    if isinstance(params[lm_head_name(cfg)], np.ndarray):
+        groups.append((None, [lm_head_name(cfg)]))
+    if not groups:
+        return {}
     shapes = [_padded_shape(sum(params[n].shape[0] for n in names), params[names[0]].shape[1]) for _, names in groups]
     starts = np.cumsum([0] + [-(-r * c // 16) * 16 for r, c in shapes])   # each matrix 64-byte aligned (float32)
-    arena = _huge_page_array(int(starts[-1]), params[lm_head_name(cfg)].dtype)
+    arena = _huge_page_array(int(starts[-1]), params[groups[0][1][0]].dtype)
     packs = {}
     for (key, names), (rows, cols), start in zip(groups, shapes, starts):
         flat = arena[start:start + rows * cols]

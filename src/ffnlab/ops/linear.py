@@ -1,14 +1,24 @@
-"""Linear layer y = x W^T + b.
+"""Linear layer y = x W^T + b: the one product every weight goes through.
 
 Weights are stored [out, in], like nn.Linear and like the numpy view of a GGUF tensor
-(whose ggml ne order is {in, out}).
+(whose ggml ne order is {in, out}). A weight is either a float array (training, HF files,
+checkpoints) or a quant.QuantTensor (GGUF blocks kept as they lie in the file); only this
+function and the kernels behind QuantTensor know the difference.
 """
+from ..quant import QuantTensor
+
+
 def linear_forward(x, w, b=None):
-    """x: [..., in], w: [out, in], b: [out] or None -> y: [..., out]"""
-    # one 2-D GEMM over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs
+    """x: [..., in], w: [out, in] (array or QuantTensor), b: [out] or None -> y: [..., out]"""
+    # one 2-D product over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])               # [N, in]
-    if x2.shape[0] == 1:
+    if isinstance(w, QuantTensor):
+        # the blocks are dequantized inside the product: a fused matrix-vector kernel for one row
+        # (decoding), BLAS over cache-sized float32 tiles of rows for several (prefill)
+        y2 = w.matvec(x2[0])[None] if x2.shape[0] == 1 else w.matmul(x2)
+        y = y2.reshape(*lead, w.shape[0])
+    elif x2.shape[0] == 1:
         # one row (decoding a token): a matrix-vector product over the [out, in] rows streams
         # the weights ~25% faster than a 1-row GEMM, and decode time is weight streaming
         y = (w @ x2[0]).reshape(*lead, w.shape[0])
@@ -21,6 +31,9 @@ def linear_forward(x, w, b=None):
 
 def linear_backward(dy, x, w, has_bias=True):
     """dy: [..., out] -> dx: [..., in], dw: [out, in], db: [out] or None"""
+    if isinstance(w, QuantTensor):
+        raise TypeError(f"gradients need float weights, and this one is {w!r}: "
+                        f"load the model with ffnlab.load(path, dequantize=True)")
     dy2 = dy.reshape(-1, dy.shape[-1])            # [N, out]
     x2 = x.reshape(-1, x.shape[-1])               # [N, in]
     dx = (dy2 @ w).reshape(*x.shape[:-1], w.shape[1])   # [N, out] @ [out, in] -> [..., in]

@@ -20,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from ..errors import UsageError
+from ..quant import floats
 
 BLOCK = 32                 # weights per quant block along a row (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)
 
@@ -50,10 +51,10 @@ def weight_scores(params, cfg):
     out = np.empty((cfg.n_layer, cfg.d_ff))
     for il in range(cfg.n_layer):
         n = ffn_names(il, cfg.gated)
-        s = np.linalg.norm(params[n["up"]].astype(np.float64), axis=1)          # [d_ff] rows of up
+        s = np.linalg.norm(floats(params[n["up"]]).astype(np.float64), axis=1)          # [d_ff] rows of up
         if cfg.gated:
-            s *= np.linalg.norm(params[n["gate"]].astype(np.float64), axis=1)   # [d_ff] rows of gate
-        s *= np.linalg.norm(params[n["down"]].astype(np.float64), axis=0)       # [d_ff] columns of down
+            s *= np.linalg.norm(floats(params[n["gate"]]).astype(np.float64), axis=1)   # [d_ff] rows of gate
+        s *= np.linalg.norm(floats(params[n["down"]]).astype(np.float64), axis=0)       # [d_ff] columns of down
         out[il] = s
     return out
 

@@ -1,0 +1,17 @@
+"""Quantized-resident weights: GGUF blocks, the QuantTensor that holds them, compiled kernels.
+
+  blocks.py   the block layouts and which ggml types have kernels
+  dequant.py  one compiled dequantizer per type (a row of blocks -> float32)
+  kernels.py  the products: matrix-vector (decode) and row tiles for BLAS (prefill)
+  tensor.py   QuantTensor, the weight object ops/linear.py multiplies by
+"""
+from .blocks import KERNEL_TYPES
+from .tensor import QuantTensor
+
+__all__ = ["KERNEL_TYPES", "QuantTensor", "floats"]
+
+
+def floats(w):
+    """A weight as a float array: a QuantTensor dequantized (a float32 copy), an array as it is.
+    For the few places that need every value (weight statistics, export), not for products."""
+    return w.dequantize() if isinstance(w, QuantTensor) else w

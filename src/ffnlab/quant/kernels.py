@@ -1,0 +1,181 @@
+"""Products with quantized weights: y = W x, the weights dequantized inside the product.
+
+  matvec(qtype, data, table, x, y, 16)  decode: W [rows, n] as blocks, x [n] -> y [rows]
+  dequant_rows(qtype, data, table, out) prefill: a tile of rows -> float32 [rows, n] for BLAS
+
+Decoding a token reads every weight once, so its speed is how fast the blocks stream from memory;
+the float32 weights are never written anywhere. Rows are split into blocks of ROWS_PER_TASK
+over the threads (prange); Q4_0, Q4_1, Q5_0 and Q8_0 (SmolLM2's and most of
+Gemma 3's weights) have fused loops that dequantize a block in registers and factor its scale
+out of the block's sum; the other types dequantize a row into a buffer that stays in L1 and take
+its dot product with x.
+
+All sums are float32 (fastmath lets LLVM split them into SIMD lanes), so a product differs from
+the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/test_quant_kernels.py uses.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, dequant_row
+
+ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
+FAST = dict(cache=True, nogil=True, fastmath=True)
+
+# The fused kernels take four rows at a time: x is loaded once for four rows, and the eight
+# independent sums keep the FMA units busy. Their inner loops run over `half` = 16 lanes, passed
+# as an argument rather than written as a constant: LLVM unrolls a constant 16-trip loop into
+# scalar code, but vectorizes a loop whose trip count it does not know. A high nibble is taken
+# as (q & 0xF0) / 16 (exact in float32), which keeps the integer work in 32-bit lanes.
+
+
+@njit(**FAST)
+def _scale(row, o, table):
+    return table[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
+
+
+@njit(**FAST)
+def _rows4_q4_0(data, r, table, x, xsum, y, half):
+    """y[r:r+4] for Q4_0: w = d (q - 8), so w.x = d (sum q x - 8 sum x) per block"""
+    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(xsum.shape[0]):
+        o, xo = b * 18 + 2, b * 32
+        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
+        for j in range(half):
+            xl, xh = x[xo + j], x[xo + half + j]
+            s0 += np.float32(q0[o + j] & 15) * xl
+            t0 += np.float32(q0[o + j] & 240) * xh
+            s1 += np.float32(q1[o + j] & 15) * xl
+            t1 += np.float32(q1[o + j] & 240) * xh
+            s2 += np.float32(q2[o + j] & 15) * xl
+            t2 += np.float32(q2[o + j] & 240) * xh
+            s3 += np.float32(q3[o + j] & 15) * xl
+            t3 += np.float32(q3[o + j] & 240) * xh
+        c, m = np.float32(0.0625), np.float32(8.0) * xsum[b]
+        a0 += _scale(q0, o - 2, table) * (s0 + t0 * c - m)
+        a1 += _scale(q1, o - 2, table) * (s1 + t1 * c - m)
+        a2 += _scale(q2, o - 2, table) * (s2 + t2 * c - m)
+        a3 += _scale(q3, o - 2, table) * (s3 + t3 * c - m)
+    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+
+
+@njit(**FAST)
+def _rows4_q4_1(data, r, table, x, xsum, y, half):
+    """y[r:r+4] for Q4_1: w = d q + m, so w.x = d sum q x + m sum x per block"""
+    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(xsum.shape[0]):
+        o, xo = b * 20 + 4, b * 32
+        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
+        for j in range(half):
+            xl, xh = x[xo + j], x[xo + half + j]
+            s0 += np.float32(q0[o + j] & 15) * xl
+            t0 += np.float32(q0[o + j] & 240) * xh
+            s1 += np.float32(q1[o + j] & 15) * xl
+            t1 += np.float32(q1[o + j] & 240) * xh
+            s2 += np.float32(q2[o + j] & 15) * xl
+            t2 += np.float32(q2[o + j] & 240) * xh
+            s3 += np.float32(q3[o + j] & 15) * xl
+            t3 += np.float32(q3[o + j] & 240) * xh
+        c, xs = np.float32(0.0625), xsum[b]
+        a0 += _scale(q0, o - 4, table) * (s0 + t0 * c) + _scale(q0, o - 2, table) * xs
+        a1 += _scale(q1, o - 4, table) * (s1 + t1 * c) + _scale(q1, o - 2, table) * xs
+        a2 += _scale(q2, o - 4, table) * (s2 + t2 * c) + _scale(q2, o - 2, table) * xs
+        a3 += _scale(q3, o - 4, table) * (s3 + t3 * c) + _scale(q3, o - 2, table) * xs
+    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+
+
+@njit(**FAST)
+def _rows4_q5_0(data, r, table, x, xsum, y, half):
+    """y[r:r+4] for Q5_0: w = d (q | h << 4) - 16 d; bit j of the block's 32-bit qh is weight j's h"""
+    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(xsum.shape[0]):
+        o, xo = b * 22 + 6, b * 32
+        h0, h1, h2, h3 = _u32(q0, o - 4), _u32(q1, o - 4), _u32(q2, o - 4), _u32(q3, o - 4)
+        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
+        for j in range(half):
+            xl, xh = x[xo + j], x[xo + half + j]
+            s0 += np.float32((q0[o + j] & 15) | (((h0 >> j) & 1) << 4)) * xl
+            t0 += np.float32((q0[o + j] & 240) | (((h0 >> (j + 16)) & 1) << 8)) * xh
+            s1 += np.float32((q1[o + j] & 15) | (((h1 >> j) & 1) << 4)) * xl
+            t1 += np.float32((q1[o + j] & 240) | (((h1 >> (j + 16)) & 1) << 8)) * xh
+            s2 += np.float32((q2[o + j] & 15) | (((h2 >> j) & 1) << 4)) * xl
+            t2 += np.float32((q2[o + j] & 240) | (((h2 >> (j + 16)) & 1) << 8)) * xh
+            s3 += np.float32((q3[o + j] & 15) | (((h3 >> j) & 1) << 4)) * xl
+            t3 += np.float32((q3[o + j] & 240) | (((h3 >> (j + 16)) & 1) << 8)) * xh
+        c, m = np.float32(0.0625), np.float32(16.0) * xsum[b]
+        a0 += _scale(q0, o - 6, table) * (s0 + t0 * c - m)
+        a1 += _scale(q1, o - 6, table) * (s1 + t1 * c - m)
+        a2 += _scale(q2, o - 6, table) * (s2 + t2 * c - m)
+        a3 += _scale(q3, o - 6, table) * (s3 + t3 * c - m)
+    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+
+
+@njit(**FAST)
+def _rows4_q8_0(data, r, table, x, xsum, y, half):
+    """y[r:r+4] for Q8_0: w = d q, q the signed byte"""
+    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
+    a0 = a1 = a2 = a3 = np.float32(0.0)
+    for b in range(xsum.shape[0]):
+        o, xo = b * 34 + 2, b * 32
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for j in range(2 * half):
+            xj = x[xo + j]
+            s0 += np.float32((np.int32(q0[o + j]) ^ 128) - 128) * xj
+            s1 += np.float32((np.int32(q1[o + j]) ^ 128) - 128) * xj
+            s2 += np.float32((np.int32(q2[o + j]) ^ 128) - 128) * xj
+            s3 += np.float32((np.int32(q3[o + j]) ^ 128) - 128) * xj
+        a0 += _scale(q0, o - 2, table) * s0
+        a1 += _scale(q1, o - 2, table) * s1
+        a2 += _scale(q2, o - 2, table) * s2
+        a3 += _scale(q3, o - 2, table) * s3
+    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+
+
+@njit(**FAST)
+def _u32(row, o):
+    return np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16) | (np.int64(row[o + 3]) << 24)
+
+
+@njit(**FAST)
+def _dot(a, x):
+    acc = np.float32(0.0)
+    for i in range(x.shape[0]):
+        acc += a[i] * x[i]
+    return acc
+
+
+@njit(parallel=True, **FAST)
+def matvec(qtype, data, table, x, y, half):
+    """data: [rows, row_bytes] uint8 blocks of ggml type qtype, x: [n] float32 -> y: [rows] float32;
+    half: 16, as a run-time value (see above)"""
+    rows, n = data.shape[0], x.shape[0]
+    xsum = np.zeros(n // 32, np.float32)          # per-block sums of x, once for all rows
+    for b in range(n // 32):
+        xsum[b] = x[b * 32:(b + 1) * 32].sum()
+    fused = qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q8_0
+    for t in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        r, end = t * ROWS_PER_TASK, min(rows, (t + 1) * ROWS_PER_TASK)
+        while fused and r + 4 <= end:
+            if qtype == Q4_1:
+                _rows4_q4_1(data, r, table, x, xsum, y, half)
+            elif qtype == Q8_0:
+                _rows4_q8_0(data, r, table, x, xsum, y, half)
+            elif qtype == Q5_0:
+                _rows4_q5_0(data, r, table, x, xsum, y, half)
+            else:
+                _rows4_q4_0(data, r, table, x, xsum, y, half)
+            r += 4
+        if r < end:                               # the other types, and rows left over
+            buf = np.empty(n, np.float32)
+            for i in range(r, end):
+                dequant_row(qtype, data[i], table, buf)
+                y[i] = _dot(buf, x)
+
+
+@njit(parallel=True, cache=True, nogil=True)      # no fastmath: the exact values
+def dequant_rows(qtype, data, table, out):
+    """data: [rows, row_bytes] uint8 -> out: [rows, n] float32 (a tile for a BLAS product)"""
+    for r in prange(data.shape[0]):
+        dequant_row(qtype, data[r], table, out[r])

@@ -1,0 +1,97 @@
+"""QuantTensor: a weight matrix kept in its GGUF blocks.
+
+It holds the blocks as they lie in the file (a memory-mapped [rows, row_bytes] uint8 array, so
+nothing is read until a product touches it), the ggml type and the logical shape [out, in]. It is
+what ops/linear.py's linear_forward accepts besides a float array; everything else that needs
+floats asks for them: dequantize() for the whole matrix, w[ids] for some rows (the embedding
+lookup reads only the tokens it needs). It never turns into a float array by accident:
+np.asarray(w) raises, so a float32 copy of a matrix is always a visible dequantize() call.
+"""
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from . import kernels
+from .blocks import KERNEL_TYPES, row_bytes, table_for
+
+TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights: fits in L2 with room for x and y
+HALF_BLOCK = 16                      # the fused kernels' lane count, passed at run time (kernels.py says why)
+
+
+class QuantTensor:
+    dtype = np.dtype(np.float32)     # what its products and dequantize() give
+    ndim = 2
+
+    def __init__(self, data, qtype, shape):
+        """data: the blocks (any array over the file's bytes), qtype: ggml type, shape: (out, in)"""
+        self.qtype = GGMLQuantizationType(qtype)
+        if self.qtype not in KERNEL_TYPES:
+            raise ValueError(f"no kernel for ggml type {self.qtype.name}")
+        out, n = (int(s) for s in shape)
+        self.shape = (out, n)
+        nbytes = row_bytes(self.qtype, n)
+        raw = np.asarray(data)
+        if raw.dtype != np.uint8:
+            raw = raw.view(np.uint8)
+        if raw.size != out * nbytes:
+            raise ValueError(f"{raw.size} bytes of {self.qtype.name} blocks, but [{out}, {n}] needs {out * nbytes}")
+        self.data = raw.reshape(out, nbytes)          # [out, row_bytes]: a view, no copy
+        self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
+
+    @property
+    def size(self):
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self):
+        return self.data.nbytes
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return f"QuantTensor({self.qtype.name}, [{self.shape[0]}, {self.shape[1]}])"
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(f"{self!r} is kept in its GGUF blocks: call .dequantize() for a float32 array")
+
+    def dequantize(self) -> np.ndarray:
+        """-> float32 [out, in], the exact values gguf.quants.dequantize gives."""
+        out = np.empty(self.shape, np.float32)
+        kernels.dequant_rows(int(self.qtype), self.data, self.table, out)
+        return out
+
+    def __getitem__(self, key):
+        """w[i] / w[ids]: dequantized rows ([in] / [*ids.shape, in]), reading only those blocks;
+        w[a:b]: the rows a..b as a QuantTensor (blocks are per row, so no copy)."""
+        if isinstance(key, slice):
+            rows = self.data[key]
+            return QuantTensor(rows, self.qtype, (rows.shape[0], self.shape[1]))
+        ids = np.asarray(key)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"{self!r} takes integer row indices or a slice, not {key!r}")
+        flat = ids.reshape(-1)
+        if flat.size and (flat.min() < -self.shape[0] or flat.max() >= self.shape[0]):
+            raise IndexError(f"row index out of range for {self!r}")
+        out = np.empty((flat.size, self.shape[1]), np.float32)
+        kernels.dequant_rows(int(self.qtype), self.data[flat], self.table, out)   # [k, row_bytes] gathered
+        return out.reshape(*ids.shape, self.shape[1])
+
+    def matvec(self, x) -> np.ndarray:
+        """x: [in] float32 -> W x: [out] float32"""
+        y = np.empty(self.shape[0], np.float32)
+        kernels.matvec(int(self.qtype), self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
+        return y
+
+    def matmul(self, x) -> np.ndarray:
+        """x: [N, in] float32 -> x W^T: [N, out]. Tiles of rows are dequantized into a
+        cache-sized float32 buffer and multiplied by BLAS, so the float32 matrix never exists whole."""
+        x = np.ascontiguousarray(x, np.float32)
+        out, n = self.shape
+        rows = max(16, TILE_BYTES // (4 * n))
+        tile = np.empty((min(rows, out), n), np.float32)
+        yt = np.empty((out, x.shape[0]), np.float32)                # [out, N]: each tile's rows are contiguous
+        for r0 in range(0, out, rows):
+            t = tile[:min(rows, out - r0)]
+            kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t)
+            np.matmul(t, x.T, out=yt[r0:r0 + t.shape[0]])           # [rows, in] @ [in, N]
+        return np.ascontiguousarray(yt.T)                           # [N, out]
