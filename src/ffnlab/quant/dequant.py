@@ -4,8 +4,10 @@ One function per ggml type, each a straight transcription of the block layout in
 written with the same float32 operations in the same order as gguf-py's dequantize_blocks (so
 the values are the ones gguf.quants.dequantize gives, bit for bit; tests/test_quant_kernels.py
 checks it). `row` is a 1-D uint8 array (one row's blocks), `out` a float32 array of the row's
-weights, `half` the 16-bit -> float32 table of blocks.py. dequant_row() dispatches on the
-type id; the product kernels (kernels.py) call it, or a fused version for the common types.
+weights, `table` the 16-bit -> float32 table of blocks.py, `half` = 16 (a run-time value, so
+that LLVM vectorizes the 16- and 32-lane loops instead of unrolling them into scalar code, as it
+does for a constant trip count). The product kernels (kernels.py) use them, and fused versions
+for the commonest types.
 """
 import numpy as np
 from numba import njit
@@ -16,7 +18,7 @@ JIT = dict(cache=True, nogil=True)          # compiled once, cached on disk next
 
 
 @njit(**JIT)
-def half(row, o, table):
+def half_float(row, o, table):
     """The 16-bit float stored little-endian at row[o:o+2], as float32."""
     return table[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
 
@@ -27,82 +29,85 @@ def u32(row, o):
 
 
 @njit(**JIT)
-def _f32(row, table, out):
+def _f32(row, table, out, half):
     v = row.view(np.float32)
     for i in range(out.shape[0]):
         out[i] = v[i]
 
 
 @njit(**JIT)
-def _f16(row, table, out):                   # F16 and BF16: the table says which
+def _f16(row, table, out, half):             # F16 and BF16: the table says which
     for i in range(out.shape[0]):
-        out[i] = half(row, 2 * i, table)
+        out[i] = half_float(row, 2 * i, table)
 
 
 @njit(**JIT)
-def _q4_0(row, table, out):
+def _q4_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
         o, y = b * 18, b * 32
-        d = half(row, o, table)
-        for j in range(16):
-            q = row[o + 2 + j]
+        d = half_float(row, o, table)
+        for j in range(half):
+            q = np.int32(row[o + 2 + j])
             out[y + j] = d * np.float32(np.int32(q & 15) - 8)
-            out[y + j + 16] = d * np.float32(np.int32(q >> 4) - 8)
+            out[y + half + j] = d * np.float32(np.int32(q >> 4) - 8)
 
 
 @njit(**JIT)
-def _q4_1(row, table, out):
+def _q4_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
         o, y = b * 20, b * 32
-        d, m = half(row, o, table), half(row, o + 2, table)
-        for j in range(16):
-            q = row[o + 4 + j]
+        d, m = half_float(row, o, table), half_float(row, o + 2, table)
+        for j in range(half):
+            q = np.int32(row[o + 4 + j])
             out[y + j] = d * np.float32(q & 15) + m
-            out[y + j + 16] = d * np.float32(q >> 4) + m
+            out[y + half + j] = d * np.float32(q >> 4) + m
 
 
 @njit(**JIT)
-def _q5_0(row, table, out):
+def _q5_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
         o, y = b * 22, b * 32
-        d = half(row, o, table)
-        h = u32(row, o + 2)
-        for j in range(16):
-            q = row[o + 6 + j]
+        d = half_float(row, o, table)
+        h = np.int32(u32(row, o + 2))      # as int32: bit 31 may turn the sign, the shifts below mask it
+        for j in range(half):
+            q = np.int32(row[o + 6 + j])
             out[y + j] = d * np.float32(np.int32((q & 15) | (((h >> j) & 1) << 4)) - 16)
-            out[y + j + 16] = d * np.float32(np.int32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) - 16)
+            out[y + half + j] = d * np.float32(np.int32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) - 16)
 
 
 @njit(**JIT)
-def _q5_1(row, table, out):
+def _q5_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
         o, y = b * 24, b * 32
-        d, m = half(row, o, table), half(row, o + 2, table)
-        h = u32(row, o + 4)
-        for j in range(16):
-            q = row[o + 8 + j]
+        d, m = half_float(row, o, table), half_float(row, o + 2, table)
+        h = np.int32(u32(row, o + 4))
+        for j in range(half):
+            q = np.int32(row[o + 8 + j])
             out[y + j] = d * np.float32((q & 15) | (((h >> j) & 1) << 4)) + m
-            out[y + j + 16] = d * np.float32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) + m
+            out[y + half + j] = d * np.float32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) + m
 
 
 @njit(**JIT)
-def _q8_0(row, table, out):
+def _q8_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
         o, y = b * 34, b * 32
-        d = half(row, o, table)
-        for j in range(32):
+        d = half_float(row, o, table)
+        for j in range(2 * half):
             out[y + j] = d * np.float32((np.int32(row[o + 2 + j]) ^ 128) - 128)   # the byte as int8
 
 
 @njit(**JIT)
-def _q2_k(row, table, out):
+def _q2_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
         o, y = b * 84, b * 256
-        d, dmin = half(row, o + 80, table), half(row, o + 82, table)
-        for e in range(256):
-            sc = row[o + e // 16]                                       # 4-bit scale | 4-bit min << 4
-            q = (row[o + 16 + (e // 128) * 32 + e % 32] >> (2 * ((e // 32) % 4))) & 3
-            out[y + e] = (d * np.float32(sc & 15)) * np.float32(q) - dmin * np.float32(sc >> 4)
+        d, dmin = half_float(row, o + 80, table), half_float(row, o + 82, table)
+        for g in range(16):                                             # 16 groups of 16 weights
+            h, s = g // 8, (g // 2) % 4                                 # 128-weight half, 2-bit plane
+            sc = row[o + g]                                             # 4-bit scale | 4-bit min << 4
+            dl, ml = d * np.float32(sc & 15), dmin * np.float32(sc >> 4)
+            qo = o + 16 + h * 32 + (g % 2) * 16
+            for l in range(half):
+                out[y + g * 16 + l] = dl * np.float32((np.int32(row[qo + l]) >> (2 * s)) & 3) - ml
 
 
 @njit(**JIT)
@@ -115,15 +120,18 @@ def _k_scale(row, o, i):
 
 
 @njit(**JIT)
-def _q3_k(row, table, out):
+def _q3_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
         o, y = b * 110, b * 256
-        d = half(row, o + 108, table)
-        for e in range(256):
-            dl = d * np.float32(_k_scale(row, o + 96, e // 16))
-            q = (row[o + 32 + (e // 128) * 32 + e % 32] >> (2 * ((e // 32) % 4))) & 3
-            hbit = (row[o + e % 32] >> (e // 32)) & 1                  # hmask: bit set -> no -4 offset
-            out[y + e] = dl * np.float32(np.int32(q) - 4 * (1 - np.int32(hbit)))
+        d = half_float(row, o + 108, table)
+        for g in range(16):                                             # 16 groups of 16 weights
+            h, s = g // 8, (g // 2) % 4
+            dl = d * np.float32(_k_scale(row, o + 96, g))
+            qo, mo = o + 32 + h * 32 + (g % 2) * 16, o + (g % 2) * 16
+            for l in range(half):
+                q = (np.int32(row[qo + l]) >> (2 * s)) & 3
+                hbit = (np.int32(row[mo + l]) >> (g // 2)) & 1                   # hmask: bit set -> no -4 offset
+                out[y + g * 16 + l] = dl * np.float32(np.int32(q) - 4 * (1 - np.int32(hbit)))
 
 
 @njit(**JIT)
@@ -137,71 +145,56 @@ def _k_scale_min(row, o, j):
 
 
 @njit(**JIT)
-def _q4_k(row, table, out):
+def _q4_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
         o, y = b * 144, b * 256
-        d, dmin = half(row, o, table), half(row, o + 2, table)
+        d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):                                              # 8 sub-blocks of 32
             sc, m = _k_scale_min(row, o + 4, s)
             ds, ms = d * np.float32(sc), dmin * np.float32(m)
             qo, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
-            for l in range(32):
-                out[y + s * 32 + l] = ds * np.float32((row[qo + l] >> shift) & 15) - ms
+            for l in range(2 * half):
+                out[y + s * 32 + l] = ds * np.float32((np.int32(row[qo + l]) >> shift) & 15) - ms
 
 
 @njit(**JIT)
-def _q5_k(row, table, out):
+def _q5_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
         o, y = b * 176, b * 256
-        d, dmin = half(row, o, table), half(row, o + 2, table)
+        d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):
             sc, m = _k_scale_min(row, o + 4, s)
             ds, ms = d * np.float32(sc), dmin * np.float32(m)
             qo, shift = o + 48 + (s // 2) * 32, 4 * (s % 2)
-            for l in range(32):
-                q = ((row[qo + l] >> shift) & 15) | (((row[o + 16 + l] >> s) & 1) << 4)
+            for l in range(2 * half):
+                q = ((np.int32(row[qo + l]) >> shift) & 15) | (((np.int32(row[o + 16 + l]) >> s) & 1) << 4)
                 out[y + s * 32 + l] = ds * np.float32(q) - ms
 
 
 @njit(**JIT)
-def _q6_k(row, table, out):
+def _q6_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
         o, y = b * 210, b * 256
-        d = half(row, o + 208, table)
-        for e in range(256):
-            h, s, l = e // 128, (e % 128) // 32, e % 32                 # half, quarter, lane
-            lo = (row[o + h * 64 + (s % 2) * 32 + l] >> (4 * (s // 2))) & 15
-            hi = (row[o + 128 + h * 32 + l] >> (2 * s)) & 3
-            sc = (np.int32(row[o + 192 + e // 16]) ^ 128) - 128        # int8 scale
-            out[y + e] = (d * np.float32(sc)) * np.float32(np.int32(lo | (hi << 4)) - 32)
+        d = half_float(row, o + 208, table)
+        for h in range(2):                                              # two halves of 128 weights
+            ql, qh, sc, y0 = o + 64 * h, o + 128 + 32 * h, o + 192 + 8 * h, y + 128 * h
+            for g in range(2):                                          # lanes 0-15, 16-31
+                # weights l, l+32, l+64, l+96 share ql[l], ql[l+32], qh[l]; int8 scales per 16
+                d1 = d * np.float32((np.int32(row[sc + g]) ^ 128) - 128)
+                d2 = d * np.float32((np.int32(row[sc + g + 2]) ^ 128) - 128)
+                d3 = d * np.float32((np.int32(row[sc + g + 4]) ^ 128) - 128)
+                d4 = d * np.float32((np.int32(row[sc + g + 6]) ^ 128) - 128)
+                for k in range(half):
+                    l = g * 16 + k
+                    a, c, hh = np.int32(row[ql + l]), np.int32(row[ql + l + 32]), np.int32(row[qh + l])
+                    out[y0 + l] = d1 * np.float32(((a & 15) | ((hh & 3) << 4)) - 32)
+                    out[y0 + l + 32] = d2 * np.float32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
+                    out[y0 + l + 64] = d3 * np.float32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
+                    out[y0 + l + 96] = d4 * np.float32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
 
 
-@njit(**JIT)
-def dequant_row(qtype, row, table, out):
-    """row: [row_bytes] uint8 -> out: [n] float32 (n = len(out)) for ggml type id qtype."""
-    if qtype == Q4_1:
-        _q4_1(row, table, out)
-    elif qtype == Q8_0:
-        _q8_0(row, table, out)
-    elif qtype == Q4_0:
-        _q4_0(row, table, out)
-    elif qtype == Q4_K:
-        _q4_k(row, table, out)
-    elif qtype == Q6_K:
-        _q6_k(row, table, out)
-    elif qtype == Q5_K:
-        _q5_k(row, table, out)
-    elif qtype == Q5_0:
-        _q5_0(row, table, out)
-    elif qtype == Q5_1:
-        _q5_1(row, table, out)
-    elif qtype == Q3_K:
-        _q3_k(row, table, out)
-    elif qtype == Q2_K:
-        _q2_k(row, table, out)
-    elif qtype == F16 or qtype == BF16:
-        _f16(row, table, out)
-    elif qtype == F32:
-        _f32(row, table, out)
-    else:
-        raise ValueError("no kernel for this ggml type")
+# ggml type id -> its dequantizer. The product kernels take the function itself as an argument,
+# so numba compiles one specialized kernel per type: a single kernel that branched on the type
+# id would inline all thirteen dequantizers and come out several times slower.
+DEQUANTIZERS = {F32: _f32, F16: _f16, BF16: _f16, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1,
+                Q8_0: _q8_0, Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}

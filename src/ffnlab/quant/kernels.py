@@ -1,7 +1,7 @@
 """Products with quantized weights: y = W x, the weights dequantized inside the product.
 
-  matvec(qtype, data, table, x, y, 16)  decode: W [rows, n] as blocks, x [n] -> y [rows]
-  dequant_rows(qtype, data, table, out) prefill: a tile of rows -> float32 [rows, n] for BLAS
+  matvec(*KERNELS[type], data, table, x, y, 16)  decode: W [rows, n] as blocks, x [n] -> y [rows]
+  dequant_rows(KERNELS[type][0], data, table, out, 16)  prefill: a tile of rows -> float32 [rows, n]
 
 Decoding a token reads every weight once, so its speed is how fast the blocks stream from memory;
 the float32 weights are never written anywhere. Rows are split into blocks of ROWS_PER_TASK
@@ -16,7 +16,7 @@ the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/test_quant_ke
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, dequant_row
+from .dequant import DEQUANTIZERS, Q4_0, Q4_1, Q5_0, Q8_0
 
 ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
 FAST = dict(cache=True, nogil=True, fastmath=True)
@@ -147,35 +147,33 @@ def _dot(a, x):
 
 
 @njit(parallel=True, **FAST)
-def matvec(qtype, data, table, x, y, half):
-    """data: [rows, row_bytes] uint8 blocks of ggml type qtype, x: [n] float32 -> y: [rows] float32;
-    half: 16, as a run-time value (see above)"""
+def matvec(dequant, rows4, data, table, x, y, half):
+    """data: [rows, row_bytes] uint8 blocks, x: [n] float32 -> y: [rows] float32.
+    dequant: the type's row dequantizer; rows4: its fused four-row kernel, or None."""
     rows, n = data.shape[0], x.shape[0]
     xsum = np.zeros(n // 32, np.float32)          # per-block sums of x, once for all rows
     for b in range(n // 32):
         xsum[b] = x[b * 32:(b + 1) * 32].sum()
-    fused = qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q8_0
     for t in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         r, end = t * ROWS_PER_TASK, min(rows, (t + 1) * ROWS_PER_TASK)
-        while fused and r + 4 <= end:
-            if qtype == Q4_1:
-                _rows4_q4_1(data, r, table, x, xsum, y, half)
-            elif qtype == Q8_0:
-                _rows4_q8_0(data, r, table, x, xsum, y, half)
-            elif qtype == Q5_0:
-                _rows4_q5_0(data, r, table, x, xsum, y, half)
-            else:
-                _rows4_q4_0(data, r, table, x, xsum, y, half)
-            r += 4
+        if rows4 is not None:                     # resolved at compile time: one kernel per type
+            while r + 4 <= end:
+                rows4(data, r, table, x, xsum, y, half)
+                r += 4
         if r < end:                               # the other types, and rows left over
             buf = np.empty(n, np.float32)
             for i in range(r, end):
-                dequant_row(qtype, data[i], table, buf)
+                dequant(data[i], table, buf, half)
                 y[i] = _dot(buf, x)
 
 
 @njit(parallel=True, cache=True, nogil=True)      # no fastmath: the exact values
-def dequant_rows(qtype, data, table, out):
+def dequant_rows(dequant, data, table, out, half):
     """data: [rows, row_bytes] uint8 -> out: [rows, n] float32 (a tile for a BLAS product)"""
     for r in prange(data.shape[0]):
-        dequant_row(qtype, data[r], table, out[r])
+        dequant(data[r], table, out[r], half)
+
+
+# ggml type id -> (row dequantizer, fused four-row matvec kernel or None)
+KERNELS = {t: (f, {Q4_0: _rows4_q4_0, Q4_1: _rows4_q4_1, Q5_0: _rows4_q5_0, Q8_0: _rows4_q8_0}.get(t))
+           for t, f in DEQUANTIZERS.items()}

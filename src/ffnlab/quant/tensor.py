@@ -36,6 +36,7 @@ class QuantTensor:
             raise ValueError(f"{raw.size} bytes of {self.qtype.name} blocks, but [{out}, {n}] needs {out * nbytes}")
         self.data = raw.reshape(out, nbytes)          # [out, row_bytes]: a view, no copy
         self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
+        self.dequant, self.rows4 = kernels.KERNELS[int(self.qtype)]
 
     @property
     def size(self):
@@ -57,7 +58,7 @@ class QuantTensor:
     def dequantize(self) -> np.ndarray:
         """-> float32 [out, in], the exact values gguf.quants.dequantize gives."""
         out = np.empty(self.shape, np.float32)
-        kernels.dequant_rows(int(self.qtype), self.data, self.table, out)
+        kernels.dequant_rows(self.dequant, self.data, self.table, out, HALF_BLOCK)
         return out
 
     def __getitem__(self, key):
@@ -73,13 +74,13 @@ class QuantTensor:
         if flat.size and (flat.min() < -self.shape[0] or flat.max() >= self.shape[0]):
             raise IndexError(f"row index out of range for {self!r}")
         out = np.empty((flat.size, self.shape[1]), np.float32)
-        kernels.dequant_rows(int(self.qtype), self.data[flat], self.table, out)   # [k, row_bytes] gathered
+        kernels.dequant_rows(self.dequant, self.data[flat], self.table, out, HALF_BLOCK)   # [k, row_bytes] gathered
         return out.reshape(*ids.shape, self.shape[1])
 
     def matvec(self, x) -> np.ndarray:
         """x: [in] float32 -> W x: [out] float32"""
         y = np.empty(self.shape[0], np.float32)
-        kernels.matvec(int(self.qtype), self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
+        kernels.matvec(self.dequant, self.rows4, self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
         return y
 
     def matmul(self, x) -> np.ndarray:
@@ -92,6 +93,6 @@ class QuantTensor:
         yt = np.empty((out, x.shape[0]), np.float32)                # [out, N]: each tile's rows are contiguous
         for r0 in range(0, out, rows):
             t = tile[:min(rows, out - r0)]
-            kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t)
+            kernels.dequant_rows(self.dequant, self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
             np.matmul(t, x.T, out=yt[r0:r0 + t.shape[0]])           # [rows, in] @ [in, N]
         return np.ascontiguousarray(yt.T)                           # [N, out]
