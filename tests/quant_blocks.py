@@ -56,3 +56,20 @@ def offset_bound(qtype, data, n) -> np.ndarray:
     mult = MIN_MULT[qtype] if qtype in MIN_MULT else D_OFFSET[qtype]
     m = np.abs(blocks[:, o:o + 2].copy().view(np.float16).astype(np.float64)[:, 0]) * mult
     return np.repeat(m, elems).reshape(rows, n)
+
+
+def fill_random_blocks(path, seed=0):
+    """Overwrite every quantized tensor of a GGUF file (tests/models.tiny_gguf writes zero blocks)
+    with random blocks of its type, in place: a small model whose weights are real blocks."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    reader = gguf.GGUFReader(path)
+    todo = [(int(t.data_offset), T(t.tensor_type), tuple(int(n) for n in reversed(t.shape)))
+            for t in reader.tensors if T(t.tensor_type) in SCALES or T(t.tensor_type) in (T.F16, T.BF16)]
+    del reader
+    with open(path, "r+b") as f:
+        for offset, qtype, (rows, n) in todo:
+            f.seek(offset)
+            f.write(random_blocks(qtype, rows, n, rng).tobytes())
+    return path

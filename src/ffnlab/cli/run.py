@@ -34,6 +34,8 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
     from ..interventions.flags import add_flags
     add_flags(p)                                        # --ablate / --scale / --steer (interventions/flags.py)
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never stop at an end-of-generation token: exactly -n tokens (llama.cpp's flag, for benchmarks)")
 
 
 def _check(args):
@@ -90,20 +92,22 @@ def run(args):
             sys.stdout.write(prompt)
         sys.stdout.flush()
     n_predict = n_ctx if args.n_predict < 0 else args.n_predict        # -1: the context ends it
-    out = generate(model, ids, n_predict, params, None if args.json else _stream, n_ctx=n_ctx)
+    out = generate(model, ids, n_predict, params, None if args.json else _stream, n_ctx=n_ctx,
+                   ignore_eos=args.ignore_eos)
     t = out.timings
     load_ms = 1000 * getattr(model, "load_seconds", 0.0)
     if args.json:
         print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
                           "text": out.text, "stop_reason": out.stop_reason, "interventions": interventions,
-                          "timings": {"load_ms": load_ms, "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
+                          "timings": {"load_ms": load_ms, "kernels_ms": 1000 * getattr(model, "compile_seconds", 0.0),
+                                      "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
                                       "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
     context_notice(out, n_ctx, args.n_predict)
-    _perf(load_ms, t)
+    _perf(load_ms, t, 1000 * getattr(model, "compile_seconds", 0.0))
     return 0
 
 
@@ -139,7 +143,7 @@ def _stream(_id, piece):
     sys.stdout.flush()
 
 
-def _perf(load_ms, t):
+def _perf(load_ms, t, compile_ms=0.0):
     """The timing summary, in the shape of llama.cpp's llama_perf_context_print lines."""
     def per(ms, n):
         return (ms / n if n else 0.0), (1000.0 * n / ms if ms else 0.0)
@@ -148,7 +152,8 @@ def _perf(load_ms, t):
     from ..threads import describe
     err = sys.stderr
     print(f"ffnlab_perf:          threads = {describe()}", file=err)
-    print(f"ffnlab_perf:        load time = {load_ms:10.2f} ms", file=err)
+    kernels = f" (of which {compile_ms:.2f} ms compiling or loading the quant kernels)" if compile_ms else ""
+    print(f"ffnlab_perf:        load time = {load_ms:10.2f} ms{kernels}", file=err)
     print(f"ffnlab_perf: prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_tokens:5d} tokens "
           f"({pms:8.2f} ms per token, {ptps:8.2f} tokens per second)", file=err)
     print(f"ffnlab_perf:        eval time = {t.eval_ms:10.2f} ms / {t.eval_tokens:5d} runs   "

@@ -43,9 +43,12 @@ def check_prompt_fits(model, prompt_ids, n_ctx=None):
                          f"(expected at most {n_ctx - 1} prompt tokens)")
 
 
-def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None, n_ctx=None):
+def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None, n_ctx=None,
+             ignore_eos=False):
     """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them.
-    n_ctx: the context to stay within (llama.cpp's -c; default and at most the model's)."""
+    n_ctx: the context to stay within (llama.cpp's -c; default and at most the model's).
+    ignore_eos: never sample an end-of-generation token (llama.cpp's --ignore-eos gives them a
+    -inf logit bias), so exactly n_predict tokens come out: what benchmarks need."""
     params = params or SamplingParams()
     cfg = model.config
     prompt_ids = list(prompt_ids)
@@ -66,7 +69,10 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
     history = list(prompt_ids)
     t1 = time.perf_counter()
     text_so_far = ""
+    eot = sorted(tok.eot_ids) if ignore_eos and tok is not None else []
     for step in range(n_predict):
+        if eot:
+            logits[eot] = -np.inf
         nxt = sample(logits, params, rng, history)
         if tok is not None and nxt in tok.eot_ids:
             out.stop_reason = "eos"

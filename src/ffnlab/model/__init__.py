@@ -46,12 +46,13 @@ class Model:
             self._plan = make_plan(self.params, self.config, self.packs)
         return self._plan
 
-    def generate(self, prompt, n_predict=64, params=None, on_token=None, **sampling):
+    def generate(self, prompt, n_predict=64, params=None, on_token=None, ignore_eos=False, **sampling):
         """prompt: text or a list of ids -> Generation (ids, text, stop_reason, timings).
-        sampling: SamplingParams fields (temp, top_k, top_p, min_p, repeat_penalty, seed)."""
+        sampling: SamplingParams fields (temp, top_k, top_p, min_p, repeat_penalty, seed);
+        ignore_eos: never stop at an end-of-generation token (exactly n_predict tokens)."""
         from ..generation import SamplingParams, generate
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        return generate(self, ids, n_predict, params or SamplingParams(**sampling), on_token)
+        return generate(self, ids, n_predict, params or SamplingParams(**sampling), on_token, ignore_eos=ignore_eos)
 
     def new_cache(self, n_ctx=None, batch=1):
         return KVCache(self.config, batch=batch, n_ctx=n_ctx, dtype=self.params["token_embd.weight"].dtype)

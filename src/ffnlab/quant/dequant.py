@@ -191,10 +191,3 @@ def _q6_k(row, table, out, half):
                     out[y0 + l + 32] = d2 * np.float32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
                     out[y0 + l + 64] = d3 * np.float32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
                     out[y0 + l + 96] = d4 * np.float32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
-
-
-# ggml type id -> its dequantizer. The product kernels take the function itself as an argument,
-# so numba compiles one specialized kernel per type: a single kernel that branched on the type
-# id would inline all thirteen dequantizers and come out several times slower.
-DEQUANTIZERS = {F32: _f32, F16: _f16, BF16: _f16, Q4_0: _q4_0, Q4_1: _q4_1, Q5_0: _q5_0, Q5_1: _q5_1,
-                Q8_0: _q8_0, Q2_K: _q2_k, Q3_K: _q3_k, Q4_K: _q4_k, Q5_K: _q5_k, Q6_K: _q6_k}

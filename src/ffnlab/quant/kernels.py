@@ -1,7 +1,7 @@
 """Products with quantized weights: y = W x, the weights dequantized inside the product.
 
-  matvec(*KERNELS[type], data, table, x, y, 16)  decode: W [rows, n] as blocks, x [n] -> y [rows]
-  dequant_rows(KERNELS[type][0], data, table, out, 16)  prefill: a tile of rows -> float32 [rows, n]
+  matvec(type, data, table, x, y, 16)      decode: W [rows, n] as blocks, x [n] -> y [rows]
+  dequant_rows(type, data, table, out, 16)  prefill: a tile of rows -> float32 [rows, n] for BLAS
 
 Decoding a token reads every weight once, so its speed is how fast the blocks stream from memory;
 the float32 weights are never written anywhere. Rows are split into blocks of ROWS_PER_TASK
@@ -16,7 +16,8 @@ the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/test_quant_ke
 import numpy as np
 from numba import njit, prange
 
-from .dequant import DEQUANTIZERS, Q4_0, Q4_1, Q5_0, Q8_0
+from .dequant import (BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _f16, _f32, _q2_k,
+                      _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0)
 
 ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
 FAST = dict(cache=True, nogil=True, fastmath=True)
@@ -146,34 +147,94 @@ def _dot(a, x):
     return acc
 
 
+@njit(cache=True, nogil=True)                     # no fastmath: the exact values
+def _dequant_rows(qtype, data, r, end, table, out, half):
+    """Rows r..end of ggml type qtype -> out[0:end-r] float32.
+
+    One branch per type, each with its own loop over the rows: numba compiles a specialized loop
+    per type. (A branch per row, or one generic loop handed the type's function, is slower: the
+    first inlines all thirteen dequantizers into one loop that LLVM no longer vectorizes, and
+    numba cannot cache the second across processes, so every run would recompile for seconds.)"""
+    if qtype == Q4_1:
+        for i in range(r, end):
+            _q4_1(data[i], table, out[i - r], half)
+    elif qtype == Q8_0:
+        for i in range(r, end):
+            _q8_0(data[i], table, out[i - r], half)
+    elif qtype == Q4_0:
+        for i in range(r, end):
+            _q4_0(data[i], table, out[i - r], half)
+    elif qtype == Q5_0:
+        for i in range(r, end):
+            _q5_0(data[i], table, out[i - r], half)
+    elif qtype == Q4_K:
+        for i in range(r, end):
+            _q4_k(data[i], table, out[i - r], half)
+    elif qtype == Q6_K:
+        for i in range(r, end):
+            _q6_k(data[i], table, out[i - r], half)
+    elif qtype == Q5_K:
+        for i in range(r, end):
+            _q5_k(data[i], table, out[i - r], half)
+    elif qtype == Q5_1:
+        for i in range(r, end):
+            _q5_1(data[i], table, out[i - r], half)
+    elif qtype == Q3_K:
+        for i in range(r, end):
+            _q3_k(data[i], table, out[i - r], half)
+    elif qtype == Q2_K:
+        for i in range(r, end):
+            _q2_k(data[i], table, out[i - r], half)
+    elif qtype == F16 or qtype == BF16:
+        for i in range(r, end):
+            _f16(data[i], table, out[i - r], half)
+    elif qtype == F32:
+        for i in range(r, end):
+            _f32(data[i], table, out[i - r], half)
+
+
+@njit(**FAST)
+def _matvec_rows(qtype, data, r, end, table, x, xsum, y, half, buf):
+    """y[r:end] = rows r..end of W times x: the fused four-row kernel of the type where there is
+    one, then the rest dequantized into buf [ROWS_PER_TASK, n] and multiplied."""
+    if qtype == Q4_1:
+        while r + 4 <= end:
+            _rows4_q4_1(data, r, table, x, xsum, y, half)
+            r += 4
+    elif qtype == Q8_0:
+        while r + 4 <= end:
+            _rows4_q8_0(data, r, table, x, xsum, y, half)
+            r += 4
+    elif qtype == Q4_0:
+        while r + 4 <= end:
+            _rows4_q4_0(data, r, table, x, xsum, y, half)
+            r += 4
+    elif qtype == Q5_0:
+        while r + 4 <= end:
+            _rows4_q5_0(data, r, table, x, xsum, y, half)
+            r += 4
+    if r < end:                                   # the types without a fused kernel, and rows left over
+        _dequant_rows(qtype, data, r, end, table, buf, half)
+        for i in range(r, end):
+            y[i] = _dot(buf[i - r], x)
+
+
 @njit(parallel=True, **FAST)
-def matvec(dequant, rows4, data, table, x, y, half):
-    """data: [rows, row_bytes] uint8 blocks, x: [n] float32 -> y: [rows] float32.
-    dequant: the type's row dequantizer; rows4: its fused four-row kernel, or None."""
+def matvec(qtype, data, table, x, y, half):
+    """data: [rows, row_bytes] uint8 blocks of ggml type id qtype, x: [n] float32 -> y: [rows] float32"""
     rows, n = data.shape[0], x.shape[0]
     xsum = np.zeros(n // 32, np.float32)          # per-block sums of x, once for all rows
     for b in range(n // 32):
         xsum[b] = x[b * 32:(b + 1) * 32].sum()
     for t in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
-        r, end = t * ROWS_PER_TASK, min(rows, (t + 1) * ROWS_PER_TASK)
-        if rows4 is not None:                     # resolved at compile time: one kernel per type
-            while r + 4 <= end:
-                rows4(data, r, table, x, xsum, y, half)
-                r += 4
-        if r < end:                               # the other types, and rows left over
-            buf = np.empty(n, np.float32)
-            for i in range(r, end):
-                dequant(data[i], table, buf, half)
-                y[i] = _dot(buf, x)
+        buf = np.empty((ROWS_PER_TASK, n), np.float32)
+        _matvec_rows(qtype, data, t * ROWS_PER_TASK, min(rows, (t + 1) * ROWS_PER_TASK), table, x, xsum, y, half, buf)
 
 
 @njit(parallel=True, cache=True, nogil=True)      # no fastmath: the exact values
-def dequant_rows(dequant, data, table, out, half):
+def dequant_rows(qtype, data, table, out, half):
     """data: [rows, row_bytes] uint8 -> out: [rows, n] float32 (a tile for a BLAS product)"""
-    for r in prange(data.shape[0]):
-        dequant(data[r], table, out[r], half)
-
-
-# ggml type id -> (row dequantizer, fused four-row matvec kernel or None)
-KERNELS = {t: (f, {Q4_0: _rows4_q4_0, Q4_1: _rows4_q4_1, Q5_0: _rows4_q5_0, Q8_0: _rows4_q8_0}.get(t))
-           for t, f in DEQUANTIZERS.items()}
+    rows = data.shape[0]
+    for t in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
+        r = t * ROWS_PER_TASK
+        _dequant_rows(qtype, data, r, min(rows, r + ROWS_PER_TASK), table, out[r:], half)

@@ -35,8 +35,10 @@ class QuantTensor:
         if raw.size != out * nbytes:
             raise ValueError(f"{raw.size} bytes of {self.qtype.name} blocks, but [{out}, {n}] needs {out * nbytes}")
         self.data = raw.reshape(out, nbytes)          # [out, row_bytes]: a view, no copy
+        # read-only, like the mapped file: numba compiles a kernel per array kind, so one kind
+        # (read-only, C-contiguous) keeps it to one compilation per type
+        self.data.flags.writeable = False
         self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
-        self.dequant, self.rows4 = kernels.KERNELS[int(self.qtype)]
 
     @property
     def size(self):
@@ -58,7 +60,7 @@ class QuantTensor:
     def dequantize(self) -> np.ndarray:
         """-> float32 [out, in], the exact values gguf.quants.dequantize gives."""
         out = np.empty(self.shape, np.float32)
-        kernels.dequant_rows(self.dequant, self.data, self.table, out, HALF_BLOCK)
+        kernels.dequant_rows(int(self.qtype), self.data, self.table, out, HALF_BLOCK)
         return out
 
     def __getitem__(self, key):
@@ -74,13 +76,15 @@ class QuantTensor:
         if flat.size and (flat.min() < -self.shape[0] or flat.max() >= self.shape[0]):
             raise IndexError(f"row index out of range for {self!r}")
         out = np.empty((flat.size, self.shape[1]), np.float32)
-        kernels.dequant_rows(self.dequant, self.data[flat], self.table, out, HALF_BLOCK)   # [k, row_bytes] gathered
+        rows = self.data[flat]                                       # [k, row_bytes]: only these rows' blocks
+        rows.flags.writeable = False
+        kernels.dequant_rows(int(self.qtype), rows, self.table, out, HALF_BLOCK)
         return out.reshape(*ids.shape, self.shape[1])
 
     def matvec(self, x) -> np.ndarray:
         """x: [in] float32 -> W x: [out] float32"""
         y = np.empty(self.shape[0], np.float32)
-        kernels.matvec(self.dequant, self.rows4, self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
+        kernels.matvec(int(self.qtype), self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
         return y
 
     def matmul(self, x) -> np.ndarray:
@@ -93,6 +97,6 @@ class QuantTensor:
         yt = np.empty((out, x.shape[0]), np.float32)                # [out, N]: each tile's rows are contiguous
         for r0 in range(0, out, rows):
             t = tile[:min(rows, out - r0)]
-            kernels.dequant_rows(self.dequant, self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
+            kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
             np.matmul(t, x.T, out=yt[r0:r0 + t.shape[0]])           # [rows, in] @ [in, N]
         return np.ascontiguousarray(yt.T)                           # [N, out]
