@@ -271,6 +271,16 @@ def hf_cases(tmp):
         d, _ = new(f"tokenizer-json-{name}")
         tj = d / "tokenizer.json"
         tj.write_text(tj.read_text()[:200] if text is None else text)
+    for name, edit in (("merge-result-unknown", lambda m: m["merges"].append("a b")),
+                       ("merge-part-unknown", lambda m: m["merges"].append("\u4e00 a")),
+                       ("merge-one-part", lambda m: m["merges"].append("ab")),
+                       ("merge-number", lambda m: m["merges"].append(5)),
+                       ("vocab-id-string", lambda m: m["vocab"].__setitem__("a", "0")),
+                       ("vocab-list", lambda m: m.__setitem__("vocab", [1]))):
+        d, _ = new(f"tokenizer-json-{name}")
+        tj = json.loads((d / "tokenizer.json").read_text())
+        edit(tj["model"])
+        (d / "tokenizer.json").write_text(json.dumps(tj))
     for name, tc in (("add-bos-string", {"add_bos_token": "yes"}), ("bos-number", {"bos_token": 5}),
                      ("bos-object-no-content", {"bos_token": {"x": 1}}), ("chat-template-number", {"chat_template": 5}),
                      ("chat-template-list-no-default", {"chat_template": [{"name": "x", "template": "hi"}]}),
@@ -406,6 +416,9 @@ def checkpoint_cases(tmp):
     variant("tokenizer-json-missing", files={"tokenizer.json": None})
     variant("tokenizer-json-truncated", files={"tokenizer.json": open(os.path.join(base, "tokenizer.json")).read()[:100]})
     variant("tokenizer-json-garbage", files={"tokenizer.json": b"\x00\xff" * 10})
+    tj = json.load(open(os.path.join(base, "tokenizer.json")))
+    tj["model"]["merges"] = ["a b"]
+    variant("tokenizer-json-bad-merge", files={"tokenizer.json": json.dumps(tj).encode()})
     return cases
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..config import RUNNABLE_ARCHS, ConfigError, ModelConfig
 from ..errors import ModelFileError
-from .jsonfile import check_regular_file, field, read_json_object
+from .jsonfile import field, read_json_object
 
 FORMAT = "ffnlab-checkpoint"
 VERSION = 1
@@ -85,13 +85,9 @@ def read_tokenizer(path, meta=None):
     _check_tokenizer_meta(tmeta, f"{mf}: tokenizer")
     f = os.path.join(path, TOKENIZER_FILE)
     if os.path.lexists(f):
-        check_regular_file(f, "tokenizer")
-        try:
-            with open(f, encoding="utf-8") as fh:
-                tok = tokenizer_from_json(fh.read(), tmeta)
-            tok.template_source = f"{mf}: tokenizer.chat_template"
-        except Exception as e:   # tokenizers raises its own Exception type for bad JSON
-            raise ModelFileError(f"{f}: unreadable tokenizer ({str(e)[:200]})") from None
+        from .hf_tokenizer import read_tokenizer_json
+        tok = tokenizer_from_json(read_tokenizer_json(f).to_str(), tmeta)
+        tok.template_source = f"{mf}: tokenizer.chat_template"
         for key in ("bos_id", "eos_id"):
             if tmeta.get(key) is not None and tmeta[key] >= tok.vocab_size:
                 raise ModelFileError(f"{mf}: tokenizer {key} {tmeta[key]} is outside the vocabulary of {tok.vocab_size}")

@@ -14,7 +14,7 @@ Every field read is type-checked; token ids must lie in the vocabulary.
 import os
 
 from ..errors import ModelFileError
-from .jsonfile import check_regular_file, field, read_json_object
+from .jsonfile import MAX_JSON_BYTES, field, read_json_object
 from .tokenizer import Tokenizer
 
 
@@ -25,11 +25,7 @@ def tokenizer_from_hf(path, config: dict):
     f = os.path.join(path, "tokenizer.json")
     if not os.path.lexists(f):
         return None
-    check_regular_file(f, "tokenizer")
-    try:
-        tk = HFTokenizer.from_file(f)
-    except Exception as e:                       # the tokenizers library raises a plain Exception
-        raise ModelFileError(f"{f}: unreadable tokenizer ({str(e)[:200]})") from None
+    tk = read_tokenizer_json(f)
     tcf = os.path.join(path, "tokenizer_config.json")
     tc = read_json_object(tcf, "tokenizer config", 64 << 20) if os.path.lexists(tcf) else {}
     post = _post_processor_specials(tk, f)
@@ -66,6 +62,43 @@ def tokenizer_from_hf(path, config: dict):
                              f"ffnlab appends only the EOS token")
     return Tokenizer(tk, bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
                      chat_template=_chat_template(tc, tcf), template_source=f"{tcf}: chat_template")
+
+
+def read_tokenizer_json(f):
+    """tokenizer.json -> tokenizers.Tokenizer, its BPE model checked first (check_bpe_model)."""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+
+    d = read_json_object(f, "tokenizer", MAX_JSON_BYTES)
+    check_bpe_model(d.get("model"), f)
+    try:
+        return HFTokenizer.from_str(json.dumps(d))
+    except Exception as e:                       # the tokenizers library raises a plain Exception
+        raise ModelFileError(f"{f}: unreadable tokenizer ({str(e)[:200]})") from None
+
+
+def check_bpe_model(model, f):
+    """A BPE model whose merges name tokens outside its vocabulary makes the tokenizers library
+    panic in Rust (a backtrace on stderr, an exception Python's `except Exception` misses), so the
+    merges are checked here: "A B" (or [A, B]) with A, B and the merged token in the vocabulary."""
+    if not isinstance(model, dict) or model.get("type", "BPE") != "BPE" or "merges" not in model:
+        return
+    vocab, merges = model.get("vocab"), model.get("merges")
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
+        raise ModelFileError(f"{f}: model.vocab must map tokens to integer ids")
+    if not isinstance(merges, list):
+        raise ModelFileError(f"{f}: model.merges must be a list")
+    prefix = model.get("continuing_subword_prefix") or ""
+    for i, m in enumerate(merges):
+        pair = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) and p for p in pair)):
+            raise ModelFileError(f"{f}: model.merges[{i}] = {str(m)[:40]!r} is not a pair of tokens")
+        a, b = pair
+        merged = a + (b[len(prefix):] if prefix and b.startswith(prefix) else b)
+        if a not in vocab or b not in vocab or merged not in vocab:
+            raise ModelFileError(f"{f}: model.merges[{i}] = {str(m)[:40]!r}: {a!r}, {b!r} and {merged!r} must all "
+                                 f"be in model.vocab")
 
 
 def _chat_template(tc, tcf):
