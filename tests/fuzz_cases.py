@@ -369,24 +369,30 @@ def checkpoint_dir(path):
     return str(path)
 
 
-def checkpoint_cases(tmp):
+def copied_dir(base, d, json_name=None, obj=None, edit=None, files=None):
+    """Copy directory base to d; then json_name gets a copy of obj passed through edit, and files
+    {name: bytes or str, or None to delete} are written."""
     import shutil
+    shutil.copytree(base, d)
+    if edit is not None:
+        o = json.loads(json.dumps(obj))
+        edit(o)
+        (d / json_name).write_text(json.dumps(o))
+    for fname, content in (files or {}).items():
+        if content is None:
+            os.remove(d / fname)
+        else:
+            (d / fname).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return d
+
+
+def checkpoint_cases(tmp):
     base = checkpoint_dir(tmp / "ckpt-base")
     meta = json.load(open(os.path.join(base, "ffnlab.json")))
     cases = []
 
     def variant(name, edit_meta=None, files=None):
-        d = tmp / f"ckpt-{len(cases)}"
-        shutil.copytree(base, d)
-        if edit_meta is not None:
-            m = json.loads(json.dumps(meta))
-            edit_meta(m)
-            (d / "ffnlab.json").write_text(json.dumps(m))
-        for fname, content in (files or {}).items():
-            if content is None:
-                os.remove(d / fname)
-            else:
-                (d / fname).write_bytes(content if isinstance(content, bytes) else content.encode())
+        d = copied_dir(base, tmp / f"ckpt-{len(cases)}", "ffnlab.json", meta, edit_meta, files)
         cases.append(run_case(f"ckpt-{name}", d))
 
     variant("intact")
@@ -424,11 +430,9 @@ def checkpoint_cases(tmp):
 
 def resume_cases(tmp):
     """trainer.json and the state file it names, corrupted; each resumed with `ffnlab train --resume`."""
-    import shutil
-
     from ffnlab.cli.main import main
     data = tmp / "data.txt"
-    data.write_text(M.__dict__.get("TEXT", "") or ("the quick brown fox jumps over the lazy dog. " * 200))
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 200)
     base = tmp / "train-base"
     small = ["--n-layer", "1", "--d-model", "16", "--n-head", "2", "--d-ff", "32", "--n-ctx", "16", "--seq-len", "16",
              "--batch", "2", "--eval-batches", "1", "--warmup", "0", "--quiet"]
@@ -440,17 +444,7 @@ def resume_cases(tmp):
     cases = []
 
     def variant(name, edit=None, files=None):
-        d = tmp / f"resume-{len(cases)}"
-        shutil.copytree(base, d)
-        if edit is not None:
-            r = json.loads(json.dumps(rec))
-            edit(r)
-            (d / "trainer.json").write_text(json.dumps(r))
-        for fname, content in (files or {}).items():
-            if content is None:
-                os.remove(d / fname)
-            else:
-                (d / fname).write_bytes(content)
+        d = copied_dir(base, tmp / f"resume-{len(cases)}", "trainer.json", rec, edit, files)
         # a finished run: resuming reads and checks everything, then has no step left to take
         cases.append({"name": f"resume-{name}", "argv": ["train", "--resume", "--out", str(d), "--quiet"]})
 
