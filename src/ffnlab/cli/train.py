@@ -8,7 +8,10 @@ MODEL_FLAGS = {  # flag -> (ModelConfig field, type, help)
     "--n-head": ("n_head", "positive", "attention heads"),
     "--n-kv-head": ("n_kv_head", "positive", "key/value heads (fewer than --n-head: grouped-query attention)"),
     "--d-ff": ("d_ff", "positive", "MLP hidden width (default: 4*d_model dense, 8/3*d_model gated)"),
-    "--ffn": ("ffn", str, "MLP kind: gelu | gelu_tanh | relu | swiglu | geglu"),
+    "--ffn": ("ffn", str, "MLP kind: gelu | gelu_tanh | relu | swiglu | geglu | moe (a mixture of SwiGLU experts)"),
+    "--experts": ("n_expert", "positive", "--ffn moe: experts per layer (each --d-ff wide; default 4)"),
+    "--top-k": ("n_expert_used", "positive", "--ffn moe: experts per token (default 2; k > 1 renormalises "
+                                             "their weights as Mixtral does, k = 1 keeps p as Switch does)"),
     "--norm": ("norm", str, "layernorm | rmsnorm"),
     "--n-ctx": ("n_ctx", "positive", "context length (learned position table size); must be >= --seq-len"),
 }
@@ -29,6 +32,7 @@ SETTING_FLAGS = {  # flag -> (TrainSettings field, type, help)
     "--eval-batches": ("eval_batches", int, "batches per evaluation (default 4)"),
     "--ckpt-every": ("ckpt_every", int, "checkpoint every N steps, 0 = only at the end (default 100)"),
     "--val-frac": ("val_frac", float, "held-out fraction at the end of the data (default 0.1)"),
+    "--aux-loss": ("aux_loss", float, "--ffn moe: weight of the Switch/Mixtral load-balancing loss (default 0.01)"),
 }
 
 

@@ -229,6 +229,7 @@ class MoECache(NamedTuple):
     shexp: FFNCache | None              # the shared expert's cache
     shexp_y: np.ndarray | None          # [N, d_model] its output before the gate
     shexp_s: np.ndarray | None          # [N, 1] sigmoid(gate_inp_shexp . x)
+    daux: np.ndarray | None = None      # [N, E] d(auxiliary loss)/d probs, set by training/moe_loss.py
 
 
 def expert_groups(topk, n_expert):
@@ -348,6 +349,8 @@ def moe_backward(dy, w: MoEWeights, c: MoECache):
         dsel = dweights
     dprobs = np.zeros_like(c.probs)
     np.put_along_axis(dprobs, c.topk.astype(np.intp), dsel.astype(dprobs.dtype), -1)   # [N, E]
+    if c.daux is not None:
+        dprobs += c.daux                                                  # the load-balancing loss
     dlogits = softmax_backward(dprobs, c.probs)
     dx_r, g["gate_inp"], _ = linear_backward(dlogits, c.x, w.gate_inp, False)
     dx += dx_r

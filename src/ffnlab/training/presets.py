@@ -21,7 +21,7 @@ def default_d_ff(d_model: int, ffn: str, mult: float = 4.0, multiple_of: int = 8
     """Dense MLPs: mult * d_model. Gated MLPs have a third matrix, so at equal parameters they
     get 2/3 of that width (4x dense -> 8/3 gated, Shazeer 2020), rounded up to multiple_of
     (Llama rounds to 256 for fast kernels; 1 keeps the parameter match exact)."""
-    if ffn in ("swiglu", "geglu"):
+    if ffn in ("swiglu", "geglu", "moe"):             # moe: each expert is a SwiGLU MLP
         return int(-(-round(mult * d_model * 2 / 3) // multiple_of) * multiple_of)
     return int(round(mult * d_model))
 
@@ -39,4 +39,8 @@ def build_config(preset: str, vocab_size: int, **overrides) -> ModelConfig:
     if "n_head" in given and "n_kv_head" not in given:
         fields["n_kv_head"] = 0        # multi-head unless asked otherwise
     fields["vocab_size"] = vocab_size
+    if fields.get("ffn") == "moe":
+        fields.setdefault("n_expert", 4)
+        fields.setdefault("n_expert_used", min(2, fields["n_expert"]))
+        fields.setdefault("expert_norm", fields["n_expert_used"] > 1)   # Mixtral renormalises; Switch (k=1) not
     return ModelConfig(**fields)

@@ -27,6 +27,7 @@ from ..errors import FfnlabError, UsageError
 from ..model.params import init_params
 from ..model.transformer import backward, forward
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
+from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
 from .data import TokenData, eval_batches, sample_batch
 from .optim import AdamW, clip_grad_norm, lr_at
@@ -58,6 +59,7 @@ class TrainSettings:
     eval_batches: int = 4       # fixed windows per evaluation: eval_batches * batch sequences
     ckpt_every: int = 100       # commit a checkpoint every N steps (and at the end); 0: only at the end
     val_frac: float = 0.1       # held-out tail of the data
+    aux_loss: float = 0.01      # mixture of experts: weight of the load-balancing loss (Switch: 0.01)
     schedule_steps: int = 0     # the steps warmup + cosine span; 0: steps. A run extended with
                                 # --resume --steps M keeps its first schedule, so the added steps
                                 # run at its final rate, min_lr_frac * lr (no jump back up)
@@ -70,6 +72,8 @@ class TrainSettings:
             raise UsageError(f"--lr must be a positive number, got {self.lr}")
         if self.warmup < 0 or self.ckpt_every < 0:
             raise UsageError("--warmup and --ckpt-every must be >= 0")
+        if not (self.aux_loss >= 0 and math.isfinite(self.aux_loss)):
+            raise UsageError(f"--aux-loss must be a number >= 0, got {self.aux_loss}")
 
     def lr_at(self, s) -> float:
         """The learning rate of 0-based step s: warmup + cosine over the schedule's steps, then
@@ -94,13 +98,17 @@ class TrainSettings:
 
 
 # --- the step -----------------------------------------------------------------------------
-def loss_and_grads(params, cfg, x, y):
-    """x, y: [B, T] -> loss (float32 scalar), {name: grad}"""
+def loss_and_grads(params, cfg, x, y, aux_loss=0.0):
+    """x, y: [B, T] -> loss (float32 scalar, the language-model loss), {name: grad}
+    aux_loss: weight of a mixture of experts' load-balancing loss (training/moe_loss.py), whose
+    gradient joins the language-model loss's."""
     B, T = x.shape
     logits, cache = forward(params, cfg, x, train=True)                 # [B, T, V]
     loss, probs = cross_entropy_forward(logits.reshape(B * T, -1), y.reshape(-1))
     if not np.isfinite(loss):
         return loss, None
+    if cfg.moe and aux_loss:
+        load_balancing_loss(cache, cfg, aux_loss)                      # puts its gradient in the cache
     dlogits = cross_entropy_backward(probs, y.reshape(-1)).reshape(logits.shape)
     return loss, backward(dlogits, params, cfg, cache)
 
@@ -257,7 +265,7 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
             t0 = time.perf_counter()
             lr = settings.lr_at(s)
             x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
-            loss, grads = loss_and_grads(params, cfg, x, y)
+            loss, grads = loss_and_grads(params, cfg, x, y, settings.aux_loss)
             if grads is None:
                 raise diverged(step, f"the loss ({float(loss)})", params, cfg, x)
             norm = clip_grad_norm(grads, settings.grad_clip)
