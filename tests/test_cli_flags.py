@@ -25,7 +25,9 @@ def files(tmp_path_factory):
     text = mlp_models.write_text(d, TEXT)
     ckpt = d / "ckpt"
     make_checkpoint(ckpt, config(LLAMA, n_ctx=64))
-    return {"gguf": mlp_models.tiny_gguf("f32"), "text": text, "ckpt": str(ckpt), "dir": d}
+    moe = d / "moe"                                   # a mixture of experts, for `ffnlab experts`
+    make_checkpoint(moe, config(LLAMA, n_ctx=64, ffn="moe", n_expert=3, n_expert_used=2, expert_norm=True))
+    return {"gguf": mlp_models.tiny_gguf("f32"), "text": text, "ckpt": str(ckpt), "moe": str(moe), "dir": d}
 
 
 _counter = itertools.count()
@@ -43,6 +45,7 @@ def base_args(cmd, f):
         "verify": ["-m", m, "-p", "hi", "--against", "hf"],
         "perplexity": ["-m", m, "--data", t, "--ctx", "32", "--chunks", "2"],
         "neurons": ["-m", m, "--data", t, "--layer", "0", "--ctx", "32", "--max-windows", "2", "--units", "2"],
+        "experts": ["-m", f["moe"], "--data", t, "--ctx", "32", "--max-windows", "2"],
         "prune": ["-m", m, "--keep", "0.5", "--by", "weight", "--out", out + ".gguf", "--ctx", "32"],
         "train": ["--data", t, "--out", out, "--quiet", *small_train],
         "ablate": ["--data", t, "--out", out, "--ffn", "gelu", "--mult", "1", "--seeds", "1", *small_train],

@@ -1,0 +1,117 @@
+"""`ffnlab experts`: how a mixture of experts routes a text, layer by layer."""
+import json
+import sys
+
+COMMAND = "experts"
+HELP = "routing statistics of a mixture of experts on a text: tokens per expert, balance, entropy, co-firing"
+
+
+def add_arguments(p):
+    from .common import add_model_argument, count_or_all, positive
+    add_model_argument(p)
+    p.add_argument("--data", required=True, help="UTF-8 text file to stream through the model")
+    p.add_argument("--layer", type=int, default=None, help="report this block only (default: every layer)")
+    p.add_argument("--top", type=positive("--top"), default=5, help="tokens listed per expert (default 5)")
+    p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
+    p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
+    p.add_argument("--max-windows", type=count_or_all("--max-windows"), default=-1,
+                   help="stop after this many windows; -1 = the whole file (default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--png", metavar="OUT.png", help="write a heatmap of each layer's load share per expert")
+    p.add_argument("--html", metavar="OUT.html", help="write one self-contained page with every table")
+
+
+def run(args):
+    from ..errors import DataError, UsageError
+    from ..evaluation.experts import layer_report, scan_routing
+    from ..progress import Progress
+    from ..training.data import read_text
+    from .common import load_model
+
+    text = read_text(args.data)
+    model = load_model(args)
+    cfg = model.config
+    if not cfg.moe:
+        raise UsageError(f"{model.source} has a dense MLP ({cfg.ffn}), not a mixture of experts; "
+                         f"`ffnlab neurons` studies its units")
+    if args.layer is not None and not 0 <= args.layer < cfg.n_layer:
+        raise UsageError(f"--layer {args.layer} is out of range: {model.source} has {cfg.n_layer} layers")
+    if args.ctx > cfg.n_ctx:
+        raise UsageError(f"--ctx {args.ctx} is longer than the model's context length {cfg.n_ctx}")
+    if model.tokenizer is None:
+        raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
+    bar = Progress(0, "routing")
+
+    def on_batch(done, total):
+        bar.total = total
+        bar.update(done - bar.n)
+    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch)
+    bar.close()
+    shown = [args.layer] if args.layer is not None else list(range(cfg.n_layer))
+    reports = {il: layer_report(layers[il], model.tokenizer, args.top) for il in shown}
+    if args.json:
+        print(json.dumps({"model": model.source, "data": args.data, "n_expert": cfg.n_expert,
+                          "n_expert_used": cfg.n_expert_used, "layers": {str(k): v for k, v in reports.items()}},
+                         ensure_ascii=False))
+    else:
+        print(render(reports, cfg))
+    if args.png:
+        write_heatmap(args.png, reports, cfg)
+        print(f"wrote {args.png}", file=sys.stderr)
+    if args.html:
+        write_page(args.html, reports, cfg, model.source)
+        print(f"wrote {args.html}", file=sys.stderr)
+    return 0
+
+
+def render(reports, cfg) -> str:
+    from ..analysis.text import table
+    out = []
+    for il, r in reports.items():
+        out.append(f"layer {il}: {r['n_tokens']} tokens, {cfg.n_expert_used} of {cfg.n_expert} experts each; "
+                   f"load CV {r['cv']:.3f}, router entropy {r['router_entropy']:.3f} nats "
+                   f"({100 * r['router_entropy_frac']:.0f}% of log E)")
+        rows = [[e["expert"], e["tokens"], f"{100 * e['share']:.1f}%",
+                 "  ".join(f"{t['text']!r} {t['count']} ({100 * t['of_occurrences']:.0f}%)" for t in e["top_tokens"])]
+                for e in r["experts"]]
+        out.append(table(rows, ["expert", "tokens", "share", "most routed tokens (count, % of that token)"], "rrrl"))
+        out.append("co-firing most: " + ", ".join(f"{p['pair'][0]}+{p['pair'][1]} {p['tokens']}"
+                                                  for p in r["cofire_top"]) + "\n")
+    return "\n".join(out).rstrip()
+
+
+def write_heatmap(path, reports, cfg):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    share = np.array([[e["share"] for e in r["experts"]] for r in reports.values()])   # [layers, E]
+    fig, ax = plt.subplots(figsize=(max(4, 0.4 * cfg.n_expert + 2), max(2.5, 0.35 * len(reports) + 1.5)))
+    im = ax.imshow(share, aspect="auto", cmap="viridis")
+    ax.set_xlabel("expert")
+    ax.set_ylabel("layer")
+    ax.set_yticks(range(len(reports)), [str(il) for il in reports])
+    ax.set_title(f"load share per expert (balanced: {1 / cfg.n_expert:.3f})", fontsize=10)
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_page(path, reports, cfg, source):
+    import html
+    parts = [f"<!doctype html><meta charset='utf-8'><title>experts: {html.escape(str(source))}</title>",
+             "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+             "td.t{text-align:left;font-family:monospace}</style>",
+             f"<h1>{html.escape(str(source))}</h1><p>{cfg.n_expert_used} of {cfg.n_expert} experts per token</p>"]
+    for il, r in reports.items():
+        parts.append(f"<h2>layer {il}</h2><p>{r['n_tokens']} tokens; load CV {r['cv']:.3f}; router entropy "
+                     f"{r['router_entropy']:.3f} nats ({100 * r['router_entropy_frac']:.0f}% of log E)</p>")
+        parts.append("<table><tr><th>expert<th>tokens<th>share<th>most routed tokens</tr>")
+        for e in r["experts"]:
+            toks = " ".join(f"{html.escape(repr(t['text']))}&nbsp;{t['count']}" for t in e["top_tokens"])
+            parts.append(f"<tr><td>{e['expert']}<td>{e['tokens']}<td>{100 * e['share']:.1f}%<td class=t>{toks}</tr>")
+        parts.append("</table>")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
