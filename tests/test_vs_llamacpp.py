@@ -10,11 +10,13 @@ agreement may be lower by at most one position, its mean cosine by at most 1e-5,
 cosine by at most 1e-4 (ffnlab and transformers differ by < 1e-3 in logits, which moves
 cosines by ~1e-7).
 The floors are not a property of the engine alone: on some texts transformers itself is below
-them (SmolLM2: min cosine 0.985-0.989 at one position of the "numbers" prompt and of two Chinese
-sentences; Gemma 3: argmax agreement 6 of 8 on the shortest Chinese sentence). Those prompts are
-listed in BELOW_FLOOR_FOR_TRANSFORMERS; on them the test checks that transformers really misses a
-floor there (so the list cannot hide anything) and that ffnlab is as close as transformers; every
-other prompt must reach the floors.
+them (seen on Intel: SmolLM2 min cosine 0.985-0.989 at one position of the "numbers" prompt and of
+two Chinese sentences; Gemma 3 argmax agreement 6 of 8 on the shortest Chinese sentence). Which
+prompts those are depends on the CPU, because llama.cpp's 8-bit activation rounding runs through
+different kernels (AMX, AVX-512, AVX2) that round differently: on AMD EPYC (AVX-512) transformers
+reaches the floors on "numbers". So no list is kept: where transformers (the float32 function
+ffnlab computes too) misses a floor, ffnlab is held to being as close as transformers (the next
+test); on every other prompt, ffnlab must reach the floors, and that must be most prompts.
 That the gap is only llama.cpp's activation rounding is checked directly on SmolLM2: on an F32
 copy of the same file (every tensor dequantized by gguf.quants and written back as F32), llama.cpp's
 logits equal ffnlab's within 1e-3 at every position, the prompts below the floors included. (Not on
@@ -35,7 +37,6 @@ pytestmark = pytest.mark.slow
 ARGMAX_FLOOR, COS_MEAN_FLOOR, COS_MIN_FLOOR = 0.85, 0.998, 0.99
 COS_MEAN_MARGIN, COS_MIN_MARGIN = 1e-5, 1e-4
 F32_TOL = 1e-3
-BELOW_FLOOR_FOR_TRANSFORMERS = {"smollm2": {"numbers", "chinese-ai", "chinese-beijing"}, "gemma3": {"chinese-ai"}}
 
 
 def texts(name):
@@ -53,16 +54,16 @@ def misses_a_floor(a):
 
 @pytest.mark.parametrize("name", M.MODELS)
 def test_logits_reach_the_issue_floors_against_llama_cpp(name):
-    below = BELOW_FLOOR_FOR_TRANSFORMERS[name]
+    held = 0
     for label, text in texts(name).items():
         ours, hf = closeness(name, text)
-        if label in below:
-            assert misses_a_floor(hf), f"{name} {label}: transformers reaches the floors now ({hf}): drop the exception"
-            continue
+        if misses_a_floor(hf):
+            continue                                            # the float32 function itself is below
         assert ours["argmax"] >= ARGMAX_FLOOR, f"{name} {label}: {ours}"
         assert ours["cos_mean"] >= COS_MEAN_FLOOR, f"{name} {label}: {ours}"
         assert ours["cos_min"] >= COS_MIN_FLOOR, f"{name} {label}: {ours}"
-    assert len(texts(name)) - len(below) >= 4                  # the floors hold on most prompts
+        held += 1
+    assert held >= 4 and held >= len(texts(name)) // 2, f"{name}: the floors hold on only {held} prompts"
 
 
 @pytest.mark.parametrize("name", M.MODELS)

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import UsageError
 from .export_targets import config_mismatches
 from .gguf_moe import gguf_moe_arch, write_moe_keys
-from .gguf_write import finish_atomically, writer_class
+from .gguf_write import copied_field, finish_atomically, writer_class
 
 Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
 
@@ -135,14 +135,12 @@ def tokenizer_fields(tok, tok_meta) -> list:
 def _copied_tokenizer_fields(src) -> list:
     """A model's own tokenizer: its tokenizer.* keys, copied from the GGUF it came from."""
     from gguf import GGUFReader
-    from gguf import GGUFValueType as T
 
     r = GGUFReader(src)
     out = []
     for key, f in r.fields.items():
         if key.startswith("tokenizer."):
-            sub = f.types[1] if f.types[0] == T.ARRAY else None
-            out.append((key, f.contents(), f.types[0], sub))
+            out.append((key, *copied_field(f)))
     return out
 
 

@@ -21,6 +21,19 @@ def writer_class():
     return Writer
 
 
+def copied_field(f):
+    """(value, type, array item type or None) of a GGUFReader field, as GGUFWriter.add_key_value
+    takes them. An empty array has no item in f.types; its item type is the part after the
+    array's own type tag (parts: key length, key, type, item type, count)."""
+    import gguf
+
+    vtype = f.types[0]
+    if vtype != gguf.GGUFValueType.ARRAY:
+        return f.contents(), vtype, None
+    sub = f.types[1] if len(f.types) > 1 else gguf.GGUFValueType(int(f.parts[3][0]))
+    return f.contents(), vtype, sub
+
+
 def finish_atomically(writer, tmp, out_path):
     """Write header, metadata and tensors to tmp, then rename it to out_path: a reader never
     sees a half-written file, and a failure leaves no temporary file behind."""

@@ -197,18 +197,20 @@ def f32_copy(src, dst):
     dequantization ffnlab and transformers use) and the metadata copied. llama.cpp then runs
     float32 matmuls instead of rounding activations to 8 bits for quantized weights."""
     import gguf
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFReader
+
+    from ..formats.gguf_write import copied_field, writer_class
 
     r = GGUFReader(os.fspath(src))
-    w = gguf.GGUFWriter(os.fspath(dst), r.fields["general.architecture"].contents())
+    w = writer_class()(os.fspath(dst), r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue                  # the writer writes these itself
         if key == "general.file_type":
             w.add_file_type(int(gguf.LlamaFileType.ALL_F32))
             continue
-        sub = f.types[1] if f.types[0] == GGUFValueType.ARRAY else None
-        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+        value, vtype, sub = copied_field(f)
+        w.add_key_value(key, value, vtype, sub_type=sub)
     for t in r.tensors:
         w.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
     w.write_header_to_file()
