@@ -294,3 +294,12 @@ def test_chat_template_that_loops_forever_is_stopped(tmp_path, capsys, monkeypat
     tok.chat_template = '{{ "x" * 10**10 }}'
     with pytest.raises(UsageError, match="repeats a value"):
         chat.render_chat(tok, [{"role": "user", "content": "hi"}])
+
+
+def test_huge_claimed_context_with_unbounded_generation_is_refused_not_allocated(tmp_path, capsys):
+    """A config claiming 2^30 positions and -n -1 (until the context fills): the KV cache would be
+    256 GiB; refused in one line before it is allocated."""
+    hf_dir(tmp_path, {"max_position_embeddings": 2**30})
+    assert main(["run", "-m", str(tmp_path), "-p", "hi", "-n", "-1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a KV cache for 1073741824 positions needs 256.0 GiB" in err[0], err

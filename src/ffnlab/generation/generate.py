@@ -1,4 +1,5 @@
 """Generation with a KV cache: prefill the prompt in one forward, then one token per step."""
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +44,21 @@ def check_prompt_fits(model, prompt_ids, n_ctx=None):
                          f"(expected at most {n_ctx - 1} prompt tokens)")
 
 
+def check_cache_fits(model, n_positions):
+    """The KV cache is allocated up front; a context of 2^30 positions (a file may claim one) with
+    -n -1 would ask for tens of GiB: refused in one line if it exceeds the machine's memory."""
+    cfg = model.config
+    need = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * n_positions * 4          # K and V, float32
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        where = f"{model.source}: " if getattr(model, "source", None) else ""
+        raise UsageError(f"{where}a KV cache for {n_positions} positions needs {need / 2**30:.1f} GiB, more than this "
+                         f"machine's {have / 2**30:.1f} GiB (the model's context is {cfg.n_ctx}); give -n or -c")
+
+
 def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = None, on_token=None, n_ctx=None,
              ignore_eos=False):
     """Generate up to n_predict tokens after prompt_ids; on_token(id, text_piece) streams them.
@@ -59,6 +75,7 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
     room = n_ctx - len(prompt_ids)
     capped, n_predict = n_predict > room, min(n_predict, room)
     rng = np.random.default_rng(None if params.seed < 0 else params.seed)
+    check_cache_fits(model, len(prompt_ids) + n_predict)
     kv = model.new_cache(n_ctx=len(prompt_ids) + n_predict)
     out = Generation(prompt_ids=prompt_ids)
     tok = model.tokenizer
