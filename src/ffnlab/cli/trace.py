@@ -77,8 +77,15 @@ def run(args):
             dumper.add(node)
         node.array = None                      # printed / written: no need to hold it
 
-    tracer = Tracer(filter=args.filter, keep=True, params=model.params, on_node=on_node,
-                    check_finite=args.check_finite)
+    class Counting(Tracer):                    # every node the forward emits, filtered or not
+        checked = 0
+
+        def observe(self, *a, **kw):
+            self.checked += 1
+            return super().observe(*a, **kw)
+
+    tracer = Counting(filter=args.filter, keep=True, params=model.params, on_node=on_node,
+                      check_finite=args.check_finite)
     bad = None
     try:
         with attached(model, tracer), np.errstate(all="ignore"):   # overflow is what --check-finite reports
@@ -98,5 +105,5 @@ def run(args):
     elif bad is not None:
         print("\n".join(bad.report()))
     elif args.check_finite:
-        print(f"every node is finite ({len(tracer.stats)} nodes checked)")
+        print(f"every node is finite ({tracer.checked} nodes checked)")
     return 1 if bad is not None else 0

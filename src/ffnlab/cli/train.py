@@ -50,7 +50,8 @@ def add_arguments(p):
     for flag, (_, typ, hlp) in MODEL_FLAGS.items():
         p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
     p.add_argument("--tokenizer", default=None,
-                   help="byte (default, vocab 256) | bpe (trained on --data) | path of a GGUF/HF model whose tokenizer to use")
+                   help="byte (default, vocab 256) | bpe (trained on --data) | a GGUF/HF model (or smollm2, gemma3) whose "
+                        "tokenizer to use")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary size of --tokenizer bpe (default 1024)")
     for flag, (_, typ, hlp) in SETTING_FLAGS.items():
         p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
@@ -94,7 +95,11 @@ def run(args):
         settings = TrainSettings.from_dict({k: v for k, v in given.items() if v is not None})
         settings.validate()
         text = read_text(data_path)
-        tok, tok_meta = make_tokenizer(args.tokenizer or "byte", text, args.vocab_size or 1024)
+        from ..formats.installed import NAMES, model_path
+        kind = args.tokenizer or "byte"
+        if kind.lower() in NAMES:                     # an installed model's tokenizer: smollm2, gemma3
+            kind = model_path(kind.lower())
+        tok, tok_meta = make_tokenizer(kind, text, args.vocab_size or 1024)
         if model_given["n_ctx"] is None:
             from ..training.presets import PRESETS
             model_given["n_ctx"] = max(settings.seq_len, PRESETS.get(args.preset or "tiny-llama", {}).get("n_ctx", 0))

@@ -1,0 +1,175 @@
+"""Run every example command of README.md and docs/*.md, and rewrite its output from the real run.
+
+    python3 scripts/docs_examples.py            # run them all, rewrite the outputs in place
+    python3 scripts/docs_examples.py --check    # run them all, change nothing, exit 1 if one fails
+    python3 scripts/docs_examples.py --list     # print the commands found
+
+An example is a code block (``` fenced, or indented four spaces) whose lines start with `$ `:
+    $ ffnlab shapes --preset gpt2          <- a command (a trailing `\\` continues it)
+    MLP of openai-community/gpt2: ...      <- its output: the lines up to the next `$ `, a blank line
+                                              or the end of the block
+A command followed by `# a comment` shows a selection of its output (selected keys, one table
+row, ...): it is run and must succeed, but its output lines are left as written. Every other
+`ffnlab` command's output is replaced by what the command prints now (stdout, then stderr, as
+a terminal shows them when not interleaved). Commands run in order, per file, in one scratch
+directory (so `train --out x` then `export x` works) that holds a link to the repository's
+docs/, so `docs/data/...` paths resolve; `ffnlab` is this checkout's (sys.executable -m
+ffnlab.cli.main).
+
+tests/test_docs_examples.py imports find_examples() and runs every command with small sizes
+(SMALL below), so a doc example that stops working fails a test.
+"""
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md"] + sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
+
+# flags the test shrinks so every example runs in seconds (the rewrite uses the docs' own values)
+SMALL = {"--steps": "2", "--seeds": "1", "--mult": "1", "--ffn": "gelu,swiglu", "--eval-every": "1",
+         "--eval-batches": "1", "--calib-chunks": "1", "--eval-chunks": "1", "--chunks": "1", "--max-windows": "2",
+         "-n": "4", "--batch": "2", "--seq-len": "16", "--units": "2"}
+
+
+@dataclass
+class Example:
+    path: str                 # the doc, relative to the repository
+    line: int                 # 0-based index of the `$ ` line in the file
+    command: str              # the shell command (continuations joined)
+    comment: str              # text after ` # `, or ""
+    indent: str               # the block's indentation ("" fenced, "    " indented)
+    out_start: int            # first output line index
+    out_end: int              # one past the last output line
+    output: list = field(default_factory=list)
+
+    @property
+    def rewritable(self) -> bool:
+        return self.command.startswith("ffnlab ") and not self.comment
+
+
+def _split_comment(cmd):
+    """'ffnlab x --json   # selected keys' -> ('ffnlab x --json', 'selected keys'); a # inside quotes stays."""
+    quote = None
+    for i, c in enumerate(cmd):
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "#" and i and cmd[i - 1].isspace():
+            return cmd[:i].rstrip(), cmd[i + 1:].strip()
+    return cmd, ""
+
+
+def find_examples(path) -> list[Example]:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    out, i, fenced = [], 0, False
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            fenced = not fenced
+            i += 1
+            continue
+        indent = "" if fenced else ("    " if line.startswith("    $ ") else None)
+        if indent is None or not line[len(indent):].startswith("$ "):
+            i += 1
+            continue
+        start, cmd = i, line[len(indent) + 2:]
+        while cmd.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
+        cmd, comment = _split_comment(cmd)
+        j = i + 1
+        while (j < len(lines) and lines[j].strip() and not lines[j].startswith("```")
+               and lines[j].startswith(indent) and not lines[j][len(indent):].startswith("$ ")):
+            j += 1
+        out.append(Example(path, start, cmd, comment, indent, i + 1, j, lines[i + 1:j]))
+        i = j
+    return out
+
+
+def all_examples() -> list[Example]:
+    return [e for p in DOCS for e in find_examples(p)]
+
+
+def shell_command(cmd, small=False) -> str:
+    """The command as run: `ffnlab` -> this checkout's module; with small, SMALL's flag values."""
+    words = shlex.split(cmd)
+    if small and words and words[0] == "ffnlab":
+        for i, w in enumerate(words[:-1]):
+            if w in SMALL and words[i + 1] != "-1" and words[1] in ("train", "ablate", "perplexity", "prune",
+                                                                       "neurons", "run"):
+                words[i + 1] = SMALL[w]
+    if words and words[0] == "ffnlab":
+        words = [sys.executable, "-m", "ffnlab.cli.main"] + words[1:]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def scratch_dir():
+    d = tempfile.mkdtemp(prefix="ffnlab-docs-")
+    os.symlink(os.path.join(ROOT, "docs"), os.path.join(d, "docs"))
+    os.symlink(os.path.join(ROOT, "README.md"), os.path.join(d, "README.md"))
+    return d
+
+
+def run_example(e: Example, cwd, small=False, timeout=1800) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               COLUMNS="120")
+    return subprocess.run(shell_command(e.command, small), shell=True, cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def expected_rc(e: Example) -> int:
+    """1 when the documented output is an error line (the example shows a refusal), else 0."""
+    return 1 if any(": error: " in x for x in e.output[-1:]) else 0
+
+
+def rewrite(path, done):
+    """Replace the outputs of the rewritable examples of one file with done[line] (lists of lines)."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for e in sorted(find_examples(path), key=lambda e: -e.line):          # bottom up: indices stay valid
+        if e.line in done:
+            lines[e.out_start:e.out_end] = [(e.indent + x).rstrip() for x in done[e.line]]
+    with open(os.path.join(ROOT, path), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="run every example, change nothing")
+    ap.add_argument("--list", action="store_true", help="print the examples found and exit")
+    ap.add_argument("--small", action="store_true", help="with --check: shrink sizes as the test does")
+    ap.add_argument("files", nargs="*", help="only these docs (default: README.md and docs/*.md)")
+    args = ap.parse_args()
+    files = args.files or DOCS
+    failed = 0
+    for path in files:
+        examples = find_examples(path)
+        if args.list:
+            for e in examples:
+                print(f"{path}:{e.line + 1}: {'rewrite' if e.rewritable else 'run    '} {e.command}")
+            continue
+        cwd, done = scratch_dir(), {}
+        for e in examples:
+            r = run_example(e, cwd, small=args.small)
+            ok = r.returncode == expected_rc(e)
+            print(f"{path}:{e.line + 1}: {'ok  ' if ok else 'FAIL'} {e.command}", file=sys.stderr)
+            if not ok:
+                failed += 1
+                print((r.stdout + r.stderr)[-2000:], file=sys.stderr)
+            elif e.rewritable:
+                done[e.line] = (r.stdout + r.stderr).rstrip("\n").split("\n")
+        if not args.check and not args.list:
+            rewrite(path, done)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
