@@ -8,7 +8,8 @@ An example is a code block (``` fenced, or indented four spaces) whose lines sta
     $ ffnlab shapes --preset gpt2          <- a command (a trailing `\\` continues it)
     MLP of openai-community/gpt2: ...      <- its output: the lines up to the next `$ `, a blank line
                                               or the end of the block
-A command followed by `# a comment` shows a selection of its output (selected keys, one table
+A block right after a line `<!-- examples: not run (why) -->` is not run (its inputs are made
+elsewhere, e.g. by the fuzz suite). A command followed by `# a comment` shows a selection of its output (selected keys, one table
 row, ...): it is run and must succeed, but its output lines are left as written. Every other
 `ffnlab` command's output is replaced by what the command prints now (stdout, then stderr, as
 a terminal shows them when not interleaved). Commands run in order, per file, in one scratch
@@ -69,15 +70,17 @@ def _split_comment(cmd):
 def find_examples(path) -> list[Example]:
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         lines = f.read().split("\n")
-    out, i, fenced = [], 0, False
+    out, i, fenced, skip = [], 0, False, False
     while i < len(lines):
         line = lines[i]
         if line.startswith("```"):
             fenced = not fenced
+            prev = next((x for x in reversed(lines[:i]) if x.strip()), "")
+            skip = fenced and prev.strip().startswith("<!-- examples: not run")
             i += 1
             continue
         indent = "" if fenced else ("    " if line.startswith("    $ ") else None)
-        if indent is None or not line[len(indent):].startswith("$ "):
+        if indent is None or not line[len(indent):].startswith("$ ") or (fenced and skip):
             i += 1
             continue
         start, cmd = i, line[len(indent) + 2:]
