@@ -92,7 +92,7 @@ def find_examples(path) -> list[Example]:
         while (j < len(lines) and lines[j].strip() and not lines[j].startswith("```")
                and lines[j].startswith(indent) and not lines[j][len(indent):].startswith("$ ")):
             j += 1
-        out.append(Example(path, start, cmd, comment, indent, i + 1, j, lines[i + 1:j]))
+        out.append(Example(path, start, cmd, comment, indent, i + 1, j, [x[len(indent):] for x in lines[i + 1:j]]))
         i = j
     return out
 

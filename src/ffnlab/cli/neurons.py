@@ -83,7 +83,8 @@ def run(args):
     units = [args.neuron] if args.neuron is not None else [int(u) for u in scan.ranking[:args.units]]
     reports = [unit_report(scan, tok, u) for u in units]
     if args.json:
-        print(json.dumps({"model": model.source, "data": args.data, "layer": args.layer, "node": scan.node,
+        from ..threads import threads
+        print(json.dumps({"model": model.source, "threads": threads(), "data": args.data, "layer": args.layer, "node": scan.node,
                           "d_ff": model.config.d_ff, "n_tokens": scan.n_tokens, "n_windows": scan.n_windows,
                           "units": reports}, ensure_ascii=False))
     else:

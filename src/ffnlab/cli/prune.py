@@ -87,7 +87,8 @@ def run(args):
     rep = write_pruned_gguf(model.source, args.out, keep_idx, args.type)
     ffn_before = cfg.n_layer * cfg.d_ff * cfg.d_model * (3 if cfg.gated else 2)
     ffn_after = ffn_before // cfg.d_ff * n_keep
-    result = {"model": model.source, "out": args.out, "by": args.by, "keep": args.keep, "calib_tokens": n_tokens,
+    from ..threads import threads
+    result = {"model": model.source, "threads": threads(), "out": args.out, "by": args.by, "keep": args.keep, "calib_tokens": n_tokens,
               "d_ff": cfg.d_ff, "d_ff_after": n_keep, "alignment": alignment(n_keep), "type": args.type or "source",
               "score_kept": kept_share, "mlp_params": ffn_before, "mlp_params_after": ffn_after,
               "params": rep["params_before"], "params_after": rep["params_after"],

@@ -96,7 +96,8 @@ def run(args):
         if dumper:
             dumper.close()
     if args.json:
-        out = {"model": model.source, "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}
+        from ..threads import threads
+        out = {"model": model.source, "threads": threads(), "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}
         if args.check_finite:
             out["non_finite"] = None if bad is None else {
                 "node": bad.node.name, "op": bad.node.op, "stats": bad.stats,

@@ -82,7 +82,8 @@ def run(args):
         reference = directory_reference(model, ids, args, tmp) if os.path.isdir(model.source) else None
         report = verify(model, ids, args.against, args.rtol, args.atol, f32=args.f32, reference=reference)
     if args.json:
-        print(json.dumps(json_safe({"model": model.source, "prompt": prompt, "ids": [int(i) for i in ids],
+        from ..threads import threads
+        print(json.dumps(json_safe({"model": model.source, "threads": threads(), "prompt": prompt, "ids": [int(i) for i in ids],
                                     **report_dict(report)})))
     else:
         print(f"model {model.source}\nprompt {prompt!r} -> {len(ids)} tokens {list(map(int, ids))}\n")
