@@ -6,8 +6,8 @@
 
 An example is a code block (``` fenced, or indented four spaces) whose lines start with `$ `:
     $ ffnlab shapes --preset gpt2          <- a command (a trailing `\\` continues it)
-    MLP of openai-community/gpt2: ...      <- its output: the lines up to the next `$ `, a blank line
-                                              or the end of the block
+    MLP of openai-community/gpt2: ...      <- its output: the lines up to the next `$ ` or the end
+                                              of the block (blank lines inside included)
 A block right after a line `<!-- examples: not run (why) -->` is not run (its inputs are made
 elsewhere, e.g. by the fuzz suite). A command followed by `# a comment` shows a selection of its output (selected keys, one table
 row, ...): it is run and must succeed, but its output lines are left as written. Every other
@@ -67,6 +67,20 @@ def _split_comment(cmd):
     return cmd, ""
 
 
+def _output_end(lines, j, indent):
+    """One past a command's last output line: the next `$ ` line or the end of the block (a fence,
+    or for an indented block the first line that is not indented); blank lines inside count."""
+    end = j
+    while j < len(lines) and not lines[j].startswith("```"):
+        line = lines[j]
+        if line.strip() and (not line.startswith(indent) or line[len(indent):].startswith("$ ")):
+            break
+        j += 1
+        if line.strip():
+            end = j                                   # trailing blank lines are not output
+    return end
+
+
 def find_examples(path) -> list[Example]:
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         lines = f.read().split("\n")
@@ -88,10 +102,7 @@ def find_examples(path) -> list[Example]:
             i += 1
             cmd = cmd[:-1].rstrip() + " " + lines[i].strip()
         cmd, comment = _split_comment(cmd)
-        j = i + 1
-        while (j < len(lines) and lines[j].strip() and not lines[j].startswith("```")
-               and lines[j].startswith(indent) and not lines[j][len(indent):].startswith("$ ")):
-            j += 1
+        j = _output_end(lines, i + 1, indent)
         out.append(Example(path, start, cmd, comment, indent, i + 1, j, [x[len(indent):] for x in lines[i + 1:j]]))
         i = j
     return out
