@@ -11,8 +11,8 @@ An example is a code block (``` fenced, or indented four spaces) whose lines sta
 A block right after a line `<!-- examples: not run (why) -->` is not run (its inputs are made
 elsewhere, e.g. by the fuzz suite). A command followed by `# a comment` shows a selection of its output (selected keys, one table
 row, ...): it is run and must succeed, but its output lines are left as written. Every other
-`ffnlab` command's output is replaced by what the command prints now (stdout, then stderr, as
-a terminal shows them when not interleaved). Commands run in order, per file, in one scratch
+`ffnlab` command's output is replaced by what the command prints now (stdout and stderr, as
+a terminal shows them). Commands run in order, per file, in one scratch
 directory (so `train --out x` then `export x` works) that holds a link to the repository's
 docs/, so `docs/data/...` paths resolve; `ffnlab` is this checkout's (sys.executable -m
 ffnlab.cli.main).
@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,17 +113,29 @@ def all_examples() -> list[Example]:
     return [e for p in DOCS for e in find_examples(p)]
 
 
+SHELL_OPERATORS = {"|", "&&", "||", ";", ">", ">>", "<", "2>&1"}
+HEAVY = ("train", "ablate", "perplexity", "prune", "neurons", "run")
+
+
 def shell_command(cmd, small=False) -> str:
-    """The command as run: `ffnlab` -> this checkout's module; with small, SMALL's flag values."""
-    words = shlex.split(cmd)
-    if small and words and words[0] == "ffnlab":
-        for i, w in enumerate(words[:-1]):
-            if w in SMALL and words[i + 1] != "-1" and words[1] in ("train", "ablate", "perplexity", "prune",
-                                                                       "neurons", "run"):
-                words[i + 1] = SMALL[w]
-    if words and words[0] == "ffnlab":
-        words = [sys.executable, "-m", "ffnlab.cli.main"] + words[1:]
-    return " ".join(shlex.quote(w) for w in words)
+    """The command as run: each `ffnlab` -> this checkout's module; with small, SMALL's flag values
+    for the commands that train or scan (HEAVY). Pipes and other shell operators stay as they are."""
+    words, sub = shlex.split(cmd), None
+    out = []
+    for i, w in enumerate(words):
+        if w in SHELL_OPERATORS:
+            sub = None
+            out.append(w)
+            continue
+        if w == "ffnlab":
+            sub = words[i + 1] if i + 1 < len(words) else None
+            out += [sys.executable, "-m", "ffnlab.cli.main"]
+            continue
+        prev = words[i - 1] if i else ""
+        if small and sub in HEAVY and prev in SMALL and w != "-1":
+            w = SMALL[prev]
+        out.append(shlex.quote(w))
+    return " ".join(out)
 
 
 def scratch_dir():
@@ -133,10 +146,12 @@ def scratch_dir():
 
 
 def run_example(e: Example, cwd, small=False, timeout=1800) -> subprocess.CompletedProcess:
+    """-> CompletedProcess; .stdout holds stdout and stderr merged in the order they were written
+    (PYTHONUNBUFFERED), as a terminal shows them."""
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               COLUMNS="120")
-    return subprocess.run(shell_command(e.command, small), shell=True, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+               COLUMNS="120", PYTHONUNBUFFERED="1")
+    return subprocess.run(shell_command(e.command, small), shell=True, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
 def expected_rc(e: Example) -> int:
@@ -177,11 +192,13 @@ def main():
             print(f"{path}:{e.line + 1}: {'ok  ' if ok else 'FAIL'} {e.command}", file=sys.stderr)
             if not ok:
                 failed += 1
-                print((r.stdout + r.stderr)[-2000:], file=sys.stderr)
+                print(r.stdout[-2000:], file=sys.stderr)
             elif e.rewritable:
-                done[e.line] = (r.stdout + r.stderr).rstrip("\n").split("\n")
+                text = r.stdout.rstrip("\n")
+                done[e.line] = text.split("\n") if text else []
         if not args.check and not args.list:
             rewrite(path, done)
+        shutil.rmtree(cwd, ignore_errors=True)
     return 1 if failed else 0
 
 

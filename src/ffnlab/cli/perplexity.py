@@ -58,5 +58,5 @@ def run(args):
     else:
         print(f"PPL = {r.ppl:.4f} +/- {r.ppl_stderr:.5f}")
         print(f"tokens scored: {r.tokens_scored} ({r.n_chunks} chunks x {args.ctx - first - 1}), "
-              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s, {threads()} threads)")
+              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s, {threads()} thread{'s' if threads() != 1 else ''})")
     return 0
