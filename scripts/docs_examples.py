@@ -52,7 +52,7 @@ class Example:
 
     @property
     def rewritable(self) -> bool:
-        return self.command.startswith("ffnlab ") and not self.comment
+        return not self.comment and re.search(r"(^|\|\s*)ffnlab ", self.command) is not None
 
 
 def _split_comment(cmd):
