@@ -47,7 +47,8 @@ def chat_loop(model, args, first, params, n_ctx, perf) -> int:
         if not sys.stdin.isatty():
             sys.stdout.write(f"{PROMPT_MARK}{turn}\n")    # a piped turn is echoed so the transcript reads
         n_predict = n_ctx if args.n_predict < 0 else args.n_predict
-        out = generate(model, ids, n_predict, params, _stream, n_ctx=n_ctx)
+        out = generate(model, ids, n_predict, params, _stream, n_ctx=n_ctx,
+                       ignore_eos=getattr(args, "ignore_eos", False))
         sys.stdout.write("\n")
         sys.stdout.flush()
         messages.append({"role": "assistant", "content": out.text})
