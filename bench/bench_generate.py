@@ -36,7 +36,7 @@ ap.add_argument("-n", type=int, default=128, dest="n", help="decoded tokens (def
 ap.add_argument("-m", "--model", default="smollm2",
                 help="smollm2 (SmolLM2-135M-Instruct Q4_1, default), gemma3 (Gemma 3 270M Q4_K_M) or a GGUF file")
 ap.add_argument("--skip", default="", help="comma-separated engines to leave out: ffnlab,llama.cpp,hf,memory")
-ap.add_argument("--child", default=None, help=argparse.SUPPRESS)   # internal: one llama.cpp run for load/RSS
+ap.add_argument("--child", default=None, help=argparse.SUPPRESS)   # internal: a llama.cpp run on these ids (a file)
 args = ap.parse_args()
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ[var] = str(args.threads)
@@ -46,10 +46,10 @@ import numpy as np  # noqa: E402  (after the thread variables)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import models as M  # noqa: E402  (tests/models.py: the llama.cpp C-API wrapper, shared GGUF readers)
 
-import ffnlab  # noqa: E402
-from ffnlab.threads import set_threads  # noqa: E402
-
-set_threads(args.threads)
+if args.child is None:           # a llama.cpp child measures llama.cpp's memory, not ffnlab's imports
+    import ffnlab
+    from ffnlab.threads import set_threads
+    set_threads(args.threads)
 # the issue's floors for the two real models: (decode / llama.cpp, prefill / llama.cpp, RSS / llama.cpp, load s)
 FLOORS = {"smollm2": (0.7, 1.5, 1.5, 0.5), "gemma3": (0.6, 1.5, 1.5, None)}
 
@@ -133,8 +133,11 @@ def model_path(name):
     return name
 
 
-def llama_child(path, ids):
-    """The --child run: load llama.cpp, prefill, decode args.n tokens; print load seconds."""
+def llama_child(path, ids_file):
+    """The --child run: load llama.cpp, prefill, decode args.n tokens; print load seconds.
+    (It reads the prompt ids from a file: loading ffnlab here would add to the RSS measured.)"""
+    with open(ids_file) as f:
+        ids = json.load(f)
     t = time.perf_counter()
     engine = LlamaCpp(path)
     load = time.perf_counter() - t
@@ -144,13 +147,16 @@ def llama_child(path, ids):
 
 def memory_runs(path, ids, tok):
     """-> {engine: ([load seconds], [peak RSS bytes])}, fresh processes alternating engines."""
-    prompt = os.path.join(tempfile.mkdtemp(), "prompt.txt")
+    tmp = tempfile.mkdtemp()
+    prompt, ids_file = os.path.join(tmp, "prompt.txt"), os.path.join(tmp, "ids.json")
     with open(prompt, "w", encoding="utf-8") as f:
         f.write(tok.decode(ids))
+    with open(ids_file, "w") as f:
+        json.dump(list(map(int, ids)), f)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     cmds = {"ffnlab": [sys.executable, "-m", "ffnlab.cli.main", "run", "-m", path, "-f", prompt, "-n", str(args.n),
                        "--temp", "0", "--ignore-eos", "--json", "-t", str(args.threads)],
-            "llama.cpp": [sys.executable, os.path.abspath(__file__), "--child", "llama.cpp", "-m", path,
+            "llama.cpp": [sys.executable, os.path.abspath(__file__), "--child", ids_file, "-m", path,
                           "-T", str(args.T), "-n", str(args.n), "--threads", str(args.threads)]}
     out = {name: ([], []) for name in cmds}
     for r in range(args.repeats):
@@ -177,8 +183,7 @@ def main():
     path = model_path(args.model)
     skip = set(filter(None, args.skip.split(",")))
     if args.child:
-        tok = ffnlab.load(path, progress=False).tokenizer
-        return llama_child(path, tok.encode(TEXT * (args.T // 40 + 2))[:args.T])
+        return llama_child(path, args.child)
     print(f"model {path}\nthreads {args.threads}, prompt {args.T} tokens, decode {args.n} tokens, "
           f"{args.repeats} repeats, load average {os.getloadavg()[0]:.2f} at start", flush=True)
     engines = []

@@ -92,6 +92,7 @@ def test_every_quant_type_gguf_can_dequantize_loads(tmp_path):
     import gguf
 
     import ffnlab
+    from ffnlab.quant import floats
     types = dequantizable_types()
     assert {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "IQ2_XXS", "BF16", "F16"} <= {t.name for t in types}
     rng = np.random.default_rng(0)
@@ -106,7 +107,7 @@ def test_every_quant_type_gguf_can_dequantize_loads(tmp_path):
             f.write(raw.tobytes())
         with np.errstate(all="ignore"):                         # random f16 scales: some inf / nan
             expected = gguf.quants.dequantize(raw, qtype).reshape(256, 256)     # [d_ff, d_model]
-            got = ffnlab.load(path, progress=False).params["blk.0.ffn_up.weight"]
+            got = floats(ffnlab.load(path, progress=False).params["blk.0.ffn_up.weight"])   # kernel types: blocks
         np.testing.assert_array_equal(got, expected.astype(np.float32), err_msg=qtype.name)
 
 

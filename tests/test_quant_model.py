@@ -109,3 +109,16 @@ def test_peak_resident_memory_stays_near_the_file_size(tmp_path):
                                check=True, env=os.environ).stdout.split()[-1])
     size = os.path.getsize(path)
     assert grown < size + 40e6, f"RSS grew {grown / 1e6:.0f} MB for a {size / 1e6:.0f} MB file ({f32 / 1e6:.0f} MB as float32)"
+
+
+def test_a_type_without_a_kernel_is_dequantized_at_load_with_one_line(tmp_path, capsys):
+    """IQ4_NL: gguf-py dequantizes it, ffnlab has no kernel for it; the rest stays in blocks."""
+    path = tiny_gguf(tmp_path / "iq.gguf", tensor_types={"blk.0.ffn_up.weight": T.IQ4_NL,
+                                                        "blk.1.ffn_up.weight": T.IQ4_NL,
+                                                        "blk.0.ffn_down.weight": T.Q8_0}, **SHAPE)
+    m = ffnlab.load(path)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "IQ4_NL" in ln]
+    assert len(lines) == 1 and "blk.0.ffn_up.weight" in lines[0] and "no kernel" in lines[0], lines
+    assert isinstance(m.params["blk.0.ffn_up.weight"], np.ndarray)           # zero blocks -> zeros
+    assert not m.params["blk.0.ffn_up.weight"].any()
+    assert isinstance(m.params["blk.0.ffn_down.weight"], QuantTensor)
