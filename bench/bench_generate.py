@@ -16,8 +16,8 @@ changes slows them alike; the table shows the median over the repeats, after one
 warm-up per engine. Greedy tokens are printed so a broken engine shows.
 Load time and peak RSS come from fresh processes, one per engine and repeat: `ffnlab run
 --ignore-eos --json` (its load line; the numba kernels come from their disk cache after the
-first run) and a llama.cpp process doing the same work (load, prefill, n decode steps); the
-peak is the kernel's ru_maxrss of that process (os.wait4).
+first run) and a llama.cpp process doing the same work (load, prefill, n decode steps); each
+reports its own peak RSS (VmHWM) at the end.
 """
 import argparse
 import json
@@ -142,7 +142,29 @@ def llama_child(path, ids_file):
     engine = LlamaCpp(path)
     load = time.perf_counter() - t
     timed_run(engine, ids, args.n)
-    print(json.dumps({"load_s": load}))
+    print(json.dumps({"load_s": load, "peak_rss": peak_rss()}))
+
+
+def peak_rss():
+    """This process's peak resident memory in bytes (VmHWM). Not the ru_maxrss a parent gets from
+    wait4: Linux starts a child's ru_maxrss at its parent's resident size (fork copies the
+    counters, exec keeps the maximum), which would charge this script's own memory to the child."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+# `ffnlab run` in a process that reports its own peak RSS when the command returns
+FFNLAB_RUN = """import json, runpy, sys
+sys.argv = ["ffnlab"] + sys.argv[1:]
+try:
+    runpy.run_module("ffnlab.cli.main", run_name="__main__")
+except SystemExit as e:
+    if e.code:
+        raise
+with open("/proc/self/status") as f:
+    hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+print(json.dumps({"peak_rss": hwm}))
+"""
 
 
 def memory_runs(path, ids, tok):
@@ -154,7 +176,7 @@ def memory_runs(path, ids, tok):
     with open(ids_file, "w") as f:
         json.dump(list(map(int, ids)), f)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    cmds = {"ffnlab": [sys.executable, "-m", "ffnlab.cli.main", "run", "-m", path, "-f", prompt, "-n", str(args.n),
+    cmds = {"ffnlab": [sys.executable, "-c", FFNLAB_RUN, "run", "-m", path, "-f", prompt, "-n", str(args.n),
                        "--temp", "0", "--ignore-eos", "--json", "-t", str(args.threads)],
             "llama.cpp": [sys.executable, os.path.abspath(__file__), "--child", ids_file, "-m", path,
                           "-T", str(args.T), "-n", str(args.n), "--threads", str(args.threads)]}
@@ -162,18 +184,17 @@ def memory_runs(path, ids, tok):
     for r in range(args.repeats):
         for name, cmd in cmds.items():
             with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
-                p = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env, text=True)
-                _, status, usage = os.wait4(p.pid, 0)               # this child's own peak RSS
-                p.returncode = os.waitstatus_to_exitcode(status)
+                code = subprocess.run(cmd, stdout=fo, stderr=fe, env=env, text=True).returncode
                 fo.seek(0)
                 fe.seek(0)
                 stdout, stderr = fo.read(), fe.read()
-            if p.returncode:
+            if code:
                 raise SystemExit(f"{name} run failed:\n{stderr[-2000:]}")
-            rep = json.loads(stdout.strip().splitlines()[-1])
+            lines = stdout.strip().splitlines()
+            rep = {k: v for line in lines[-2:] if line.startswith("{") for k, v in json.loads(line).items()}
             load = rep["timings"]["load_ms"] / 1000 if name == "ffnlab" else rep["load_s"]
             out[name][0].append(load)
-            out[name][1].append(usage.ru_maxrss * 1024)
+            out[name][1].append(rep["peak_rss"])
             print(f"memory run {r + 1} {name:10s} load {load:6.2f} s  peak RSS {out[name][1][-1] / 1e6:7.1f} MB",
                   flush=True)
     return out

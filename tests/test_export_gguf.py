@@ -17,6 +17,7 @@ from export_helpers import GPT2, LLAMA, PROMPT, config, make_checkpoint
 from ffnlab.cli.main import main
 from ffnlab.model.transformer import forward
 from ffnlab.ops import activations as A
+from ffnlab.quant import floats
 from ffnlab.training.data import tokenizer_meta, train_bpe_tokenizer
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
@@ -125,7 +126,7 @@ def test_gguf_q8_0_runs_in_llama_cpp(case, tmp_path):
             # is within half a step plus 127 times the fp16 rounding of d (relative 2^-11)
             blocks = w.reshape(-1, 32)
             step = np.abs(blocks).max(axis=1, keepdims=True) / 127
-            assert np.all(np.abs(q8.params[name].reshape(-1, 32) - blocks) <= (0.5 + 127 * 2**-11) * step + 1e-7), name
+            assert np.all(np.abs(floats(q8.params[name]).reshape(-1, 32) - blocks) <= (0.5 + 127 * 2**-11) * step + 1e-7), name
     ids = np.array(tok.encode(PROMPT))
     theirs, _ = llama_cpp_logits(tmp_path / "q8.gguf", ids)
     ours = q8.forward(ids)
