@@ -115,3 +115,28 @@ def test_a_missing_expert_is_named(tmp_path):
     save_file(t, f)
     with pytest.raises(ModelFileError, match=r"no weights for expert 4 of blk.1.ffn_up_exps.weight"):
         ffnlab.load(str(tmp_path), progress=False)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
+def test_export_hf_writes_what_transformers_loads(family, tmp_path):
+    """HF dir -> ffnlab -> export_hf -> transformers.from_pretrained: the logits ffnlab computes."""
+    from ffnlab.formats.export_hf import export_hf
+    from ffnlab.training.data import byte_tokenizer
+    build(family).save_pretrained(tmp_path / "src", safe_serialization=True)
+    m = ffnlab.load(str(tmp_path / "src"), progress=False)
+    export_hf(m.config, m.params, byte_tokenizer(), str(tmp_path / "out"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert type(back).__name__ == {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                                   "qwen3_moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}[family]
+    with torch.no_grad():
+        ref = back(torch.tensor([IDS])).logits[0].numpy()
+    assert np.abs(m.forward(IDS) - ref).max() <= TOL
+
+
+def test_a_switch_style_model_has_no_hf_class():
+    from ffnlab.errors import UsageError
+    from ffnlab.formats.export_hf import hf_family
+    from test_moe import moe_config
+    with pytest.raises(UsageError, match=r"MixtralForCausalLM\): expert_norm=False"):
+        hf_family(moe_config(K=1, norm=False))
+    assert hf_family(moe_config(K=2, norm=True)) == "mixtral"

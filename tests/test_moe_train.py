@@ -90,3 +90,20 @@ def test_train_cli_refuses_top_k_above_experts_in_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(lines) == 1, lines
     assert "n_expert_used (top-k) must be between 1 and n_expert = 3, got 4" in lines[0]
+
+
+def test_ablate_plans_moe_at_equal_active_and_equal_total_parameters():
+    """--ffn swiglu,moe --match-params: the 'active' MoE runs k experts holding what the dense
+    SwiGLU holds (equal FLOPs per token); the 'total' MoE holds it across all E experts (equal memory)."""
+    from ffnlab.training.ablate import flops_per_token, n_params, n_params_active, plan
+    base = {"model": dict(arch="llama", n_layer=2, d_model=48, n_head=4, d_ff=48, norm="rmsnorm", positions="rope",
+                          vocab_size=256, n_ctx=64, tie_embeddings=False), "settings": {"seq_len": 64}}
+    runs = {r["variant"]: r for r in plan(base, ["swiglu", "moe"], [4], 1, True, (4, 1, ["active", "total"]))}
+    from ffnlab.config import ModelConfig
+    dense, active, total = (ModelConfig.from_dict(runs[v]["config"])
+                            for v in ("swiglu-x4", "moe4k1-active-x4", "moe4k1-total-x4"))
+    assert dense.d_ff == 128 and active.d_ff == 128 and total.d_ff == 32
+    router = 2 * 4 * 48                                              # 2 layers of a [4, 48] router
+    assert n_params_active(active) == n_params(dense, embeddings=False) + router
+    assert n_params(total, embeddings=False) == n_params(dense, embeddings=False) + router
+    assert flops_per_token(active, 64) == flops_per_token(dense, 64) + 3 * 2 * router

@@ -18,7 +18,12 @@ def add_arguments(p):
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
-                   help="comma-separated FFN kinds: gelu, gelu_tanh, relu, swiglu, geglu (default gelu,relu,swiglu,geglu)")
+                   help="comma-separated FFN kinds: gelu, gelu_tanh, relu, swiglu, geglu, moe (default gelu,relu,swiglu,geglu)")
+    p.add_argument("--experts", type=positive("--experts"), default=4, help="--ffn moe: experts per layer (default 4)")
+    p.add_argument("--top-k", type=positive("--top-k"), default=1, help="--ffn moe: experts per token (default 1)")
+    p.add_argument("--moe-match", type=_list(str), default=["active", "total"],
+                   help="--ffn moe: comma-separated: active (the k experts a token runs hold mult*d_model "
+                        "worth of MLP: equal FLOPs) and/or total (all E experts do: equal memory) (default both)")
     p.add_argument("--mult", type=_list(float), default=[1, 2, 4, 8],
                    help="comma-separated widths as multiples of d_model: d_ff = mult * d_model (default 1,2,4,8)")
     p.add_argument("--match-params", action="store_true",
@@ -64,8 +69,16 @@ def run(args):
         print(settings.warmup_warning(), file=sys.stderr, flush=True)
     from dataclasses import asdict
     base = {"model": model, "settings": asdict(settings)}
+    moe = None
+    if "moe" in args.ffn:
+        bad = [m for m in args.moe_match if m not in ("active", "total")]
+        if bad or not args.moe_match:
+            raise UsageError(f"--moe-match takes active and/or total, got {','.join(args.moe_match)}")
+        if args.top_k > args.experts:
+            raise UsageError(f"--top-k {args.top_k} exceeds --experts {args.experts}")
+        moe = (args.experts, args.top_k, args.moe_match)
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,
-                        jobs=args.jobs, threads=threads)
+                        jobs=args.jobs, threads=threads, moe=moe)
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"

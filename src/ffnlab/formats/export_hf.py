@@ -23,13 +23,17 @@ import numpy as np
 
 from ..errors import UsageError
 from .export_targets import config_mismatches
+from .hf_moe import MOE_TYPES, hf_moe_config, hf_moe_tensors, hf_moe_type
 
 HF_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 HF_LLAMA_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
 
 
 def hf_family(cfg) -> str:
-    """'gpt2' | 'llama' -- the transformers class that runs this config exactly -- or UsageError."""
+    """'gpt2' | 'llama' -- the transformers class that runs this config exactly -- or UsageError.
+    A mixture of experts: 'mixtral' | 'qwen2_moe' | 'qwen3_moe' | 'olmoe' (formats/hf_moe.py)."""
+    if cfg.moe:
+        return hf_moe_type(cfg)
     why = []
     if cfg.positions == "learned":
         family = "gpt2"
@@ -67,6 +71,8 @@ def hf_config(cfg, family, tok) -> dict:
                 "n_layer": cfg.n_layer, "n_head": cfg.n_head, "n_inner": cfg.d_ff, "n_positions": cfg.n_ctx,
                 "n_ctx": cfg.n_ctx, "activation_function": HF_GPT2_ACT[cfg.ffn], "layer_norm_epsilon": cfg.norm_eps,
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True, **common}
+    if family in MOE_TYPES:
+        return hf_moe_config(cfg, family, common)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg.d_model,
             "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
             "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim, "hidden_act": HF_LLAMA_ACT[cfg.ffn],
@@ -103,7 +109,15 @@ def hf_tensors(cfg, params, family) -> dict:
     names = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
              "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    if family in MOE_TYPES:                                 # the experts and router come from hf_moe.py
+        names = {k: v for k, v in names.items() if not k.startswith("ffn_") or k == "ffn_norm"}
     for il in range(cfg.n_layer):
+        if family in MOE_TYPES:
+            out.update(hf_moe_tensors(cfg, params, family, il))
+            for which in ("q", "k", "v", "output"):
+                b = params.get(f"blk.{il}.attn_{which}.bias")
+                if b is not None:
+                    out[f"model.layers.{il}.self_attn.{which if which != 'output' else 'o'}_proj.bias"] = b
         for short, hf in names.items():
             a = params[f"blk.{il}.{short}.weight"]
             if cfg.rope_pairing == "normal" and short in ("attn_q", "attn_k"):

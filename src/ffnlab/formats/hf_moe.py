@@ -201,3 +201,75 @@ def read_experts(experts, dtype) -> dict:
         for e, t in read_tensors(entries):
             a[slot[id(e)]] = t
     return out
+
+
+# --- export -----------------------------------------------------------------------------------
+HF_CLASS = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "olmoe": "OlmoeForCausalLM"}
+
+
+def hf_moe_type(cfg) -> str:
+    """The transformers model_type that computes this MoE config exactly, or UsageError saying why none does."""
+    from ..errors import UsageError
+    model_type = {v: k for k, v in GGUF_ARCH.items()}.get(cfg.arch, "mixtral")
+    why = []
+    if model_type == "mixtral" and not cfg.expert_norm:
+        why.append("expert_norm=False (Mixtral always renormalises the top-k weights; a k=1 Switch-style "
+                   "model has no transformers class)")
+    if bool(cfg.d_ff_shexp) != (model_type == "qwen2_moe"):
+        why.append(f"d_ff_shexp={cfg.d_ff_shexp} (only Qwen2-MoE has a shared expert, and it needs one)")
+    if cfg.qk_norm != (model_type in ("qwen3_moe", "olmoe")) or cfg.qk_norm_full != (model_type == "olmoe"):
+        why.append(f"qk_norm={cfg.qk_norm}, qk_norm_full={cfg.qk_norm_full} (not {model_type}'s q/k norms)")
+    if model_type == "mixtral" and (cfg.attn_bias or cfg.attn_out_bias):
+        why.append("attention biases (Mixtral has none)")
+    if model_type == "qwen2_moe" and cfg.attn_out_bias:
+        why.append("attn_out_bias (Qwen2-MoE's o_proj has none)")
+    if model_type in ("qwen3_moe", "olmoe") and cfg.attn_bias != cfg.attn_out_bias:
+        why.append("attn_bias != attn_out_bias (attention_bias covers q, k, v and o)")
+    for f in ("post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
+              "attn_scale", "fused_qkv"):
+        if getattr(cfg, f):
+            why.append(f"{f}={getattr(cfg, f)!r} (needs off)")
+    if cfg.norm != "rmsnorm" or cfg.positions != "rope" or cfg.rope_scale != 1.0:
+        why.append("needs RMSNorm and unscaled RoPE")
+    if why:
+        raise UsageError(f"cannot export this mixture of experts to HF ({HF_CLASS[model_type]}): {'; '.join(why)}")
+    return model_type
+
+
+def hf_moe_config(cfg, model_type, common) -> dict:
+    d = {"architectures": [HF_CLASS[model_type]], "model_type": model_type, "hidden_size": cfg.d_model,
+         "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_kv_head,
+         "head_dim": cfg.head_dim, "hidden_act": "silu", "max_position_embeddings": cfg.n_ctx,
+         "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+         "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+         "num_experts_per_tok": cfg.n_expert_used, "attention_dropout": 0.0, "router_aux_loss_coef": 0.0, **common}
+    if model_type == "mixtral":
+        d.update(num_local_experts=cfg.n_expert, intermediate_size=cfg.d_ff, sliding_window=None)
+    else:
+        d.update(num_experts=cfg.n_expert, norm_topk_prob=cfg.expert_norm)
+    if model_type == "olmoe":
+        d.update(intermediate_size=cfg.d_ff, attention_bias=cfg.attn_bias, clip_qkv=None)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        d.update(moe_intermediate_size=cfg.d_ff, intermediate_size=cfg.d_ff, decoder_sparse_step=1,
+                 mlp_only_layers=[], use_sliding_window=False)
+    if model_type == "qwen2_moe":
+        d.update(shared_expert_intermediate_size=cfg.d_ff_shexp, qkv_bias=cfg.attn_bias)
+    if model_type == "qwen3_moe":
+        d["attention_bias"] = cfg.attn_bias
+    return d
+
+
+def hf_moe_tensors(cfg, params, model_type, il) -> dict:
+    """Layer il's MoE tensors (stacked [E, out, in]) -> the hub's per-expert names."""
+    out = {}
+    blk = f"blk.{il}."
+    for which in ("gate", "up", "down"):
+        stacked = params[f"{blk}ffn_{which}_exps.weight"]
+        for e in range(cfg.n_expert):
+            out[hf_expert_name(model_type, il, e, which)] = stacked[e]
+    for name, hf in hf_moe_names(model_type, il).items():
+        if blk + name in params:
+            a = params[blk + name]
+            out[hf] = a[None] if name == "ffn_gate_inp_shexp.weight" else a     # shared_expert_gate: [1, d_model]
+    return out

@@ -48,37 +48,58 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     matmul = sum(math.prod(s) for n, s in shapes.items()
                  if len(s) == 2 and n not in ("token_embd.weight", "position_embd.weight"))
     matmul += cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0     # the head reuses token_embd
+    if cfg.moe:                                       # a token runs k of the E stacked experts
+        matmul += cfg.n_layer * cfg.n_expert_used * 3 * cfg.d_model * cfg.d_ff
     return int(3 * (2 * matmul + 2 * cfg.n_layer * seq_len * cfg.q_dim))
 
 
-def variant_d_ff(d_model: int, ffn: str, mult: float, match_params: bool) -> int:
+def n_params_active(cfg: ModelConfig) -> int:
+    """Non-embedding parameters one token touches: all of them, less the experts it skips."""
+    skipped = cfg.n_layer * (cfg.n_expert - cfg.n_expert_used) * 3 * cfg.d_model * cfg.d_ff if cfg.moe else 0
+    return n_params(cfg, embeddings=False) - skipped
+
+
+def variant_d_ff(d_model: int, ffn: str, mult: float, match_params: bool, moe=None) -> int:
     """mult x d_model; with match_params a gated FFN (three matrices) gets 2/3 of that so its
-    parameters equal the dense FFN's at the same mult (mult 4 -> 8/3 d_model)."""
-    if match_params:
-        return default_d_ff(d_model, ffn, mult, multiple_of=1)
-    return int(round(mult * d_model))
+    parameters equal the dense FFN's at the same mult (mult 4 -> 8/3 d_model).
+    moe (E, k, match): each expert gets that width / k (match "active": a token touches the
+    parameters of one such MLP) or / E (match "total": all experts hold that many)."""
+    d_ff = default_d_ff(d_model, ffn, mult, multiple_of=1) if match_params else int(round(mult * d_model))
+    if moe:
+        E, k, match = moe
+        d_ff = round(d_ff / (k if match == "active" else E))
+    return d_ff
 
 
-def variant_name(ffn, mult):
+def variant_name(ffn, mult, moe=None):
+    if moe:
+        return f"moe{moe[0]}k{moe[1]}-{moe[2]}-x{mult:g}"
     return f"{ffn}-x{mult:g}"
 
 
 # --- planning -------------------------------------------------------------------------------
-def plan(base: dict, ffns, mults, seeds, match_params) -> list[dict]:
-    """-> one spec per run: {variant, ffn, mult, seed, config, settings}"""
+def plan(base: dict, ffns, mults, seeds, match_params, moe=None) -> list[dict]:
+    """-> one spec per run: {variant, ffn, mult, seed, config, settings}
+    moe: (E, k, [matches]) for --ffn moe: one variant per match ("active", "total")."""
     runs = []
     for ffn in ffns:
         if ffn not in FFN_KINDS:
             raise UsageError(f"--ffn: unknown FFN kind {ffn!r}; choose from {', '.join(FFN_KINDS)}")
+        moes = [None]
+        if FFN_KINDS[ffn].moe:
+            E, k, matches = moe or (4, 1, ["active"])
+            moes = [(E, k, m) for m in matches]
         for mult in mults:
             if mult <= 0:
                 raise UsageError(f"--mult values must be positive, got {mult:g}")
-            d_ff = variant_d_ff(base["model"]["d_model"], ffn, mult, match_params)
-            cfg = ModelConfig(**{**base["model"], "ffn": ffn, "d_ff": max(1, d_ff)})
-            for seed in range(seeds):
-                settings = {**base["settings"], "seed": seed}
-                runs.append({"variant": variant_name(ffn, mult), "ffn": ffn, "mult": mult, "seed": seed,
-                             "config": cfg.to_dict(), "settings": settings})
+            for m in moes:
+                d_ff = variant_d_ff(base["model"]["d_model"], "swiglu" if m else ffn, mult, match_params, m)
+                extra = dict(n_expert=m[0], n_expert_used=m[1], expert_norm=m[1] > 1) if m else {}
+                cfg = ModelConfig(**{**base["model"], "ffn": ffn, "d_ff": max(1, d_ff), **extra})
+                for seed in range(seeds):
+                    settings = {**base["settings"], "seed": seed}
+                    runs.append({"variant": variant_name(ffn, mult, m), "ffn": ffn, "mult": mult, "seed": seed,
+                                 "config": cfg.to_dict(), "settings": settings})
     return runs
 
 
@@ -134,15 +155,18 @@ def _first_difference(old, new, prefix=""):
     return ""
 
 
-def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print) -> list[dict]:
+def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print,
+                 moe=None) -> list[dict]:
     """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows."""
-    runs = plan(base, ffns, mults, seeds, match_params)              # bad --ffn / --mult fail before any write
+    runs = plan(base, ffns, mults, seeds, match_params, moe)         # bad --ffn / --mult fail before any write
     if not os.path.isfile(data):
         raise UsageError(f"--data {data}: no such file")
     check_writable(out)
     data = os.path.abspath(data)
     info_path = os.path.join(out, "ablation.json")
     setup = {"data": data, "base": base, "match_params": match_params}
+    if moe:
+        setup["moe"] = list(moe[:2]) + [list(moe[2])]
     if os.path.isfile(info_path):
         with open(info_path, encoding="utf-8") as f:
             old = json.load(f)
@@ -237,6 +261,7 @@ def collect(out, runs, seq_len) -> list[dict]:
         rows.append({
             "variant": variant, "ffn": specs[0]["ffn"], "mult": specs[0]["mult"], "d_model": cfg.d_model,
             "d_ff": cfg.d_ff, "params": n_params(cfg), "params_nonembed": n_params(cfg, embeddings=False),
+            "params_active": n_params_active(cfg),
             "flops_per_token": flops_per_token(cfg, seq_len), "seeds": len(results),
             "train_loss_mean": tr, "train_loss_std": trs, "val_loss_mean": va, "val_loss_std": vas,
             "tokens_per_s": tps, "diverged": sum(r["diverged_at"] is not None for r in results),
@@ -247,7 +272,8 @@ def collect(out, runs, seq_len) -> list[dict]:
     return rows
 
 
-CSV_COLUMNS = ["variant", "ffn", "mult", "d_model", "d_ff", "params", "params_nonembed", "flops_per_token", "seeds",
+CSV_COLUMNS = ["variant", "ffn", "mult", "d_model", "d_ff", "params", "params_nonembed", "params_active",
+               "flops_per_token", "seeds",
                "train_loss_mean", "train_loss_std", "val_loss_mean", "val_loss_std", "tokens_per_s", "diverged"]
 
 
@@ -267,14 +293,15 @@ def write_results(out, rows):
 
 def markdown_table(rows) -> str:
     """The results as a Markdown table (docs, `ffnlab ablate` output)."""
-    lines = ["| variant | d_ff | params (non-emb) | train FLOPs/token | train loss | val loss | tokens/s | diverged |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | d_ff | params (non-emb) | active | train FLOPs/token | train loss | val loss | tokens/s | "
+             "diverged |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         n = r["seeds"] - r["diverged"]             # a spread needs two finished seeds
 
         def loss(key):
             return f"{r[key + '_mean']:.4f}" + (f" ± {r[key + '_std']:.4f}" if n > 1 else "")
-        lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r['flops_per_token'] / 1e6:.2f}M | "
+        lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r.get('params_active', r['params_nonembed']):,} | "
+                     f"{r['flops_per_token'] / 1e6:.2f}M | "
                      f"{loss('train_loss')} | {loss('val_loss')} | {r['tokens_per_s']:,.0f} | "
                      f"{r['diverged']}/{r['seeds']} |")
     return "\n".join(lines)
