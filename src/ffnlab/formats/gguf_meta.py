@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .gguf_arrays import ArrayReader
 from .gguf_check import check_gguf
 from .gguf_moe import MOE_ARCHS, check_expert_tensors, moe_fields
 from .jsonfile import check_regular_file
@@ -59,8 +60,6 @@ class TensorInfo:
 def open_gguf(path):
     """-> gguf.GGUFReader. Missing file, wrong magic, or a truncated/corrupt file raise
     ModelFileError naming the file; the structure is checked (gguf_check.py) before the reader runs."""
-    import gguf
-
     path = os.fspath(path)
     if not os.path.lexists(path):
         raise ModelFileError(f"{path}: no such file")
@@ -68,7 +67,7 @@ def open_gguf(path):
     check_gguf(path)
     try:
         with _plain_ndarray_views():
-            reader = gguf.GGUFReader(path)
+            reader = ArrayReader(path)            # gguf.GGUFReader, array fields parsed whole (gguf_arrays.py)
     except Exception as e:                   # what the check above does not foresee, still one line
         raise ModelFileError(f"{path}: corrupt GGUF ({type(e).__name__}: {str(e)[:200]})") from None
     return reader
