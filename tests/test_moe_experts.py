@@ -69,3 +69,17 @@ def test_experts_on_a_dense_model_is_one_line(tmp_path, capsys):
     rc = main(["experts", "-m", str(tmp_path / "ck"), "--data", str(tmp_path / "d.txt")])
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(lines) == 1 and "not a mixture of experts" in lines[0]
+
+
+def test_neurons_and_prune_on_a_mixture_of_experts_are_one_line(tmp_path, capsys):
+    from ffnlab.cli.main import main
+    from ffnlab.training.checkpoint import save_model
+    from ffnlab.training.data import tokenizer_meta
+    m = model()
+    save_model(str(tmp_path / "ck"), m.config, m.params, m.tokenizer, tokenizer_meta(m.tokenizer, "byte"))
+    (tmp_path / "d.txt").write_text(TEXT)
+    for argv in (["neurons", "--layer", "0", "--data", str(tmp_path / "d.txt"), "--ctx", "32"],
+                 ["prune", "--keep", "0.5", "--by", "weight", "--out", str(tmp_path / "p.gguf"), "--ctx", "32"]):
+        rc = main([argv[0], "-m", str(tmp_path / "ck"), *argv[1:]])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and len(lines) == 1 and "has a mixture of experts (5 experts per layer)" in lines[0], lines

@@ -15,6 +15,14 @@ def add_threads_argument(p, default_help="the cores other processes leave idle, 
                    help=f"threads for BLAS and compiled kernels; <= 0 = the default ({default_help})")
 
 
+def refuse_moe(cfg, source, command):
+    """A command that reads one dense or gated MLP per layer: a mixture of experts is one line."""
+    if cfg.moe:
+        from ..errors import UsageError
+        raise UsageError(f"{source} has a mixture of experts ({cfg.n_expert} experts per layer): `ffnlab {command}` "
+                         f"reads one dense or gated MLP; `ffnlab experts` studies the routing")
+
+
 def load_model(args, quiet=False):
     """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model."""
     from ..formats.installed import resolve_model

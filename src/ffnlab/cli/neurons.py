@@ -26,6 +26,8 @@ def add_arguments(p):
 
 def check_layer(args, cfg, source):
     from ..errors import UsageError
+    from .common import refuse_moe
+    refuse_moe(cfg, source, "neurons")
     if not 0 <= args.layer < cfg.n_layer:
         raise UsageError(f"--layer {args.layer} is out of range: {source} has {cfg.n_layer} layers (0..{cfg.n_layer - 1})")
     if args.neuron is not None and not 0 <= args.neuron < cfg.d_ff:

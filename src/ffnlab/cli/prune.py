@@ -61,13 +61,14 @@ def run(args):
     from ..pruning.gguf_rewrite import write_pruned_gguf
     from ..pruning.prune import activation_scores, alignment, kept_width, select_units, weight_scores
     from ..training.data import read_text
-    from .common import load_model
+    from .common import load_model, refuse_moe
     from .perplexity import progress_callback
 
     _check(args)
     calib = read_text(args.calib) if args.by == "activation" else None
     held_out = read_text(args.eval) if args.eval else None
     model = load_model(args)
+    refuse_moe(model.config, model.source, "prune")
     cfg = model.config
     if not (model.source and os.path.isfile(model.source) and model.source.endswith(".gguf")):
         raise UsageError(f"{model.source}: prune copies the metadata of a .gguf model; -m must be a .gguf file")
