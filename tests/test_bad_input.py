@@ -304,3 +304,22 @@ def test_huge_claimed_context_with_unbounded_generation_is_refused_not_allocated
     assert main(["run", "-m", str(tmp_path), "-p", "hi", "-n", "-1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a KV cache for 1073741824 positions needs 256.0 GiB" in err[0], err
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"n_layer": "2"}, "n_layer must be an integer, got '2'"),
+    ({"d_model": True}, "d_model must be an integer, got True"),
+    ({"tie_embeddings": "false"}, "tie_embeddings must be true or false, got 'false'"),
+    ({"norm_eps": float("nan")}, "norm_eps must be finite and > 0"),
+    ({"rope_theta": 0.0}, "rope_theta must be finite and > 0"),
+    ({"rope_theta_local": float("inf")}, "rope_theta_local must be finite"),
+    ({"n_layer": 100_000}, "n_layer must be at most 65536"),
+    ({"n_layer": 2**32 - 1}, "n_layer must be a positive integer of at most"),
+    ({"vocab_size": 0}, "vocab_size must be a positive integer"),
+])
+def test_model_config_checks_every_field_type_and_range(kw, msg):
+    """The one place every format's config passes through: a checkpoint's ffnlab.json, a GGUF's
+    metadata and a config.json all end here, so a wrong type or value names the field."""
+    from ffnlab.config import ConfigError, ModelConfig
+    with pytest.raises(ConfigError, match=msg.replace("(", r"\(")):
+        ModelConfig(**kw)
