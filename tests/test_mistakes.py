@@ -66,8 +66,8 @@ def test_catches_head_width_taken_as_d_model_over_n_head():
     cfg = CONFIGS["gemma3"]
     assert cfg.n_head * cfg.head_dim != cfg.d_model
     bad = block_with_attention(mutated(model_attention, (
-        'hook(name, a.reshape(B, T, heads[which], hd)',
-        'hook(name, a.reshape(B, T, heads[which], cfg.d_model // H)')))
+        'a = a.reshape(B, T, heads[which], hd)',
+        'a = a.reshape(B, T, heads[which], cfg.d_model // H)')))
     check_block(CONFIGS["llama"], block=bad.block_forward)       # d_model // n_head == head_dim there
     check_block(cfg)
     with pytest.raises(ValueError, match="reshape"):              # the split itself cannot work
