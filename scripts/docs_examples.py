@@ -36,7 +36,7 @@ DOCS = ["README.md"] + sorted(f"docs/{f}" for f in os.listdir(os.path.join(ROOT,
 # flags the test shrinks so every example runs in seconds (the rewrite uses the docs' own values)
 SMALL = {"--steps": "2", "--seeds": "1", "--mult": "1", "--ffn": "gelu,swiglu", "--eval-every": "1",
          "--eval-batches": "1", "--calib-chunks": "1", "--eval-chunks": "1", "--chunks": "1", "--max-windows": "2",
-         "-n": "4", "--batch": "2", "--seq-len": "16", "--units": "2"}
+         "-n": "4", "--batch": "2", "--seq-len": "16", "--units": "2", "--samples": "1"}
 
 
 @dataclass
@@ -114,7 +114,7 @@ def all_examples() -> list[Example]:
 
 
 SHELL_OPERATORS = {"|", "&&", "||", ";", ">", ">>", "<", "2>&1"}
-HEAVY = ("train", "ablate", "perplexity", "prune", "neurons", "run")
+HEAVY = ("train", "ablate", "perplexity", "prune", "neurons", "run", "causal-trace")
 
 
 def shell_command(cmd, small=False) -> str:
