@@ -45,7 +45,9 @@ def test_identity_hook_on_every_node_leaves_logits_bit_identical(arch, identity)
     np.testing.assert_allclose(hooked_last[1], plain_last[1], rtol=0, atol=1e-4 * np.abs(plain_last[1]).max())
 
 
-@pytest.mark.parametrize("arch", list(CONFIGS))
+# GPT-NeoX's parallel residual has two ffn_out-L nodes, as llama.cpp names them (the FFN's output, then
+# that plus the block input): zeroing the name zeroes both; test_parallel_residual_has_two_ffn_out_nodes
+@pytest.mark.parametrize("arch", [a for a in CONFIGS if not CONFIGS[a].parallel_residual])
 def test_zeroing_ffn_out_is_zeroing_the_down_projection(arch):
     L = 1
     m = model(arch)
@@ -58,6 +60,19 @@ def test_zeroing_ffn_out_is_zeroing_the_down_projection(arch):
         got = m.forward(IDS)
     assert np.array_equal(got, want)
     assert not np.array_equal(got, m.forward(IDS))              # and it did change something
+
+
+def test_parallel_residual_has_two_ffn_out_nodes():
+    """llama.cpp's gptneox graph: ffn_out = ffn(ffn_norm(x)), ffn_out = ffn_out + x, l_out = ffn_out + attn_out."""
+    m = model("gptneox")
+    with ffnlab.trace(m) as t:
+        m.forward(IDS)
+    L = 1
+    outs = [n for n in t.nodes if n.name == f"ffn_out-{L}"]
+    assert len(outs) == 2
+    inp = t[f"l_out-{L - 1}"]
+    np.testing.assert_allclose(outs[1].array, outs[0].array + inp, rtol=0, atol=1e-6 * np.abs(inp).max())
+    np.testing.assert_allclose(t[f"l_out-{L}"], outs[1].array + t[f"attn_out-{L}"], rtol=0, atol=1e-6 * np.abs(inp).max())
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])

@@ -45,6 +45,23 @@ CONFIGS = {
     "qwen2": ModelConfig(arch="qwen2", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
                          attn_bias=True, norm="rmsnorm", positions="rope", rope_pairing="neox", rope_scale=2.0,
                          final_logit_softcap=5.0, vocab_size=61, n_ctx=24, tie_embeddings=False),
+    # Gemma 2: attention logit softcap (small enough to bend these scores), alternating sliding
+    # windows, query_pre_attn_scalar != head_dim, pre and post norms, final softcap
+    "gemma2": ModelConfig(arch="gemma2", n_layer=2, d_model=24, n_head=4, n_kv_head=2, head_dim=8, d_ff=64,
+                          ffn="geglu", norm="rmsnorm", norm_eps=1e-6, post_attn_norm=True, post_ffn_norm=True,
+                          positions="rope", rope_pairing="neox", sliding_window=3, sliding_window_pattern=2,
+                          attn_scale=0.2, attn_softcap=1.5, final_logit_softcap=8.0, embed_scale=True,
+                          vocab_size=61, n_ctx=24, tie_embeddings=True),
+    # GPT-NeoX/Pythia: parallel residual, partial rotary (8 of 16 dims), fused qkv, LayerNorm with bias, GELU
+    "gptneox": ModelConfig(arch="gptneox", n_layer=2, d_model=32, n_head=2, d_ff=128, ffn="gelu", ffn_bias=True,
+                           attn_bias=True, attn_out_bias=True, fused_qkv=True, norm="layernorm", positions="rope",
+                           rope_pairing="neox", rope_dim=8, parallel_residual=True, vocab_size=61, n_ctx=24,
+                           tie_embeddings=False),
+    # OLMo 2: no pre norms, post-attention and post-FFN norms, q/k norms over the whole projection
+    "olmo2": ModelConfig(arch="olmo2", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
+                         norm="rmsnorm", pre_norm=False, post_attn_norm=True, post_ffn_norm=True, qk_norm=True,
+                         qk_norm_full=True, positions="rope", rope_pairing="neox", vocab_size=61, n_ctx=24,
+                         tie_embeddings=False),
 }
 
 
@@ -125,7 +142,7 @@ def test_block_backward_matches_torch_float64(arch):
     check_block_backward(CONFIGS[arch])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3", "gemma2", "gptneox", "olmo2"])
 def test_block_backward_matches_torch_float32(arch):
     check_block_backward(CONFIGS[arch], dtype=np.float32, tol=GRAD_FP32)
 
@@ -167,7 +184,7 @@ def test_model_grads_match_torch(arch, dtype, tol):
         R.assert_close(grads[k], ref_grads[k], tol, f"{arch} d{k}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "gemma2", "gptneox", "olmo2"])
 def test_kv_cache_decoding_matches_full_forward_in_torch(arch):
     cfg = CONFIGS[arch]
     model = Model(cfg, random_params(cfg))

@@ -95,16 +95,18 @@ def allowed_mask(q_pos, k_pos, window=0):
     return ok
 
 
-def causal_attention(q, k, v, scale, allowed):
+def causal_attention(q, k, v, scale, allowed, softcap=0.0):
     """q [B, T, H, hd], k/v [B, S, Hkv, hd], allowed [T, S] -> out [B, H, T, hd]
 
     Plain attention; grouped-query heads by repeat_interleave, so query head h reads KV head
-    h // (H / Hkv)."""
+    h // (H / Hkv). softcap c (Gemma 2): scores -> c * tanh(scores / c) before the mask."""
     H, Hkv = q.shape[2], k.shape[2]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)         # [B, heads, T|S, hd]
     k = k.repeat_interleave(H // Hkv, dim=1)                                 # [B, H, S, hd]
     v = v.repeat_interleave(H // Hkv, dim=1)
     scores = (q @ k.transpose(-1, -2)) * scale                               # [B, H, T, S]
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v                                 # [B, H, T, hd]
 
@@ -171,11 +173,13 @@ def attention(x, tp, cfg, il, pos, allowed):
     if cfg.positions == "rope":
         sliding = _is_sliding(cfg, il)
         theta = cfg.rope_theta_local if (sliding and cfg.rope_theta_local) else cfg.rope_theta
-        angles = rope_angles(pos, hd, theta, 1.0 if sliding else cfg.rope_scale)
+        r = cfg.rope_dim or hd                            # partial rotary: the first r dims rotate
+        angles = rope_angles(pos, r, theta, 1.0 if sliding else cfg.rope_scale)
         rope = rope_neox if cfg.rope_pairing == "neox" else rope_normal
-        q, k = rope(q, angles), rope(k, angles)
+        q = torch.cat([rope(q[..., :r], angles), q[..., r:]], dim=-1)
+        k = torch.cat([rope(k[..., :r], angles), k[..., r:]], dim=-1)
     scale = cfg.attn_scale if cfg.attn_scale else 1.0 / math.sqrt(hd)
-    out = causal_attention(q, k, v, scale, allowed)                          # [B, H, T, hd]
+    out = causal_attention(q, k, v, scale, allowed, cfg.attn_softcap)       # [B, H, T, hd]
     out = out.transpose(1, 2).reshape(B, T, H * hd)
     return F.linear(out, tp[b + "attn_output.weight"], tp.get(b + "attn_output.bias"))
 
@@ -187,15 +191,21 @@ def _is_sliding(cfg, il):
 
 
 def block_forward(x, tp, cfg, il, pos, allowed=None):
-    """x [B, T, d_model] -> [B, T, d_model]; allowed defaults to the layer's causal (window) mask."""
+    """x [B, T, d_model] -> [B, T, d_model]; allowed defaults to the layer's causal (window) mask.
+
+    Pre norms unless cfg.pre_norm is false (OLMo 2); post norms when set (Gemma, OLMo 2);
+    parallel_residual (GPT-NeoX): x + attn(attn_norm(x)) + ffn(ffn_norm(x))."""
     b = f"blk.{il}."
     if allowed is None:
         allowed = allowed_mask(pos, pos, cfg.sliding_window if _is_sliding(cfg, il) else 0)
-    a = attention(norm(x, tp, cfg, b + "attn_norm"), tp, cfg, il, pos, allowed)
+    pre = (lambda t, name: norm(t, tp, cfg, b + name)) if cfg.pre_norm else (lambda t, name: t)
+    a = attention(pre(x, "attn_norm"), tp, cfg, il, pos, allowed)
     if cfg.post_attn_norm:
         a = norm(a, tp, cfg, b + "post_attention_norm")
+    if cfg.parallel_residual:
+        return x + a + ffn(pre(x, "ffn_norm"), tp, cfg, il)
     h = x + a
-    f = ffn(norm(h, tp, cfg, b + "ffn_norm"), tp, cfg, il)
+    f = ffn(pre(h, "ffn_norm"), tp, cfg, il)
     if cfg.post_ffn_norm:
         f = norm(f, tp, cfg, b + "post_ffw_norm")
     return h + f

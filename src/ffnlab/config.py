@@ -15,7 +15,7 @@ from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activati
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
-RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, phi3, custom) are sizing only
+RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, phi3, custom) are sizing only
 # Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
 # before its tensors are checked (a block count of 2^32-1 must fail, not hang).
 MAX_DIM = 1 << 31
@@ -29,7 +29,8 @@ class ConfigError(FfnlabError, ValueError):
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"              # GGUF architecture name: gpt2 | llama | qwen2 | gemma3 (decides tensor/node names)
+    arch: str = "llama"              # GGUF architecture name: gpt2 | llama | qwen2 | gemma2 | gemma3 | gptneox | olmo2
+                                     # ... (decides tensor/node names, never the math)
     n_layer: int = 2                 # number of transformer blocks
     d_model: int = 64                # residual stream width (hidden_size, n_embd)
     n_head: int = 4                  # query heads
@@ -49,19 +50,26 @@ class ModelConfig:
     fused_qkv: bool = False          # one [3*d_model, d_model] attn_qkv matrix, as GPT-2 GGUF files store it
     norm: str = "rmsnorm"            # layernorm (mean/var, weight + bias) | rmsnorm (scale only)
     norm_eps: float = 1e-5           # epsilon inside the norm's square root
-    post_attn_norm: bool = False     # Gemma 3: norm the attention output before adding it to the residual
-    post_ffn_norm: bool = False      # Gemma 3: norm the FFN output before adding it to the residual
+    pre_norm: bool = True            # norm each sub-layer's input (attn_norm, ffn_norm); False: OLMo 2, whose
+                                     # sub-layers read the residual stream as it is and only post norms exist
+    post_attn_norm: bool = False     # Gemma 2/3, OLMo 2: norm the attention output before adding it to the residual
+    post_ffn_norm: bool = False      # Gemma 2/3, OLMo 2: norm the FFN output before adding it to the residual
+    parallel_residual: bool = False  # GPT-NeoX/Pythia: out = x + attn(attn_norm(x)) + ffn(ffn_norm(x)), both
+                                     # sub-layers read the block input (use_parallel_residual)
     qk_norm: bool = False            # Gemma 3, Qwen3: RMS-norm each query/key head before RoPE
     qk_norm_full: bool = False       # OLMoE: the q/k norms span the whole projection (q_dim, kv_dim), not one head
     positions: str = "rope"          # learned (GPT-2 position table) | rope (rotary, applied to q and k)
     rope_pairing: str = "normal"     # normal: rotate adjacent pairs (x0,x1) as llama.cpp's LLAMA rope
                                      # neox: rotate (x_i, x_{i+d/2}) as HF rotate_half / llama.cpp NEOX
     rope_theta: float = 10000.0      # RoPE base frequency
+    rope_dim: int = 0                # partial rotary (GPT-NeoX rotary_pct): only the first rope_dim dims of each
+                                     # head rotate, the rest pass through; 0 means head_dim (llama.cpp: n_rot)
     rope_theta_local: float = 0.0    # Gemma 3: RoPE base for sliding-window layers; 0 means rope_theta
     rope_scale: float = 1.0          # linear RoPE scaling factor: positions are divided by it (global layers)
     sliding_window: int = 0          # Gemma 3: window of the sliding-window layers; 0 means none
     sliding_window_pattern: int = 0  # Gemma 3: every Nth layer is global, the others slide; 0 means all global
     attn_scale: float = 0.0          # multiplier of q.k; 0 means 1/sqrt(head_dim)
+    attn_softcap: float = 0.0        # Gemma 2: scores = c*tanh(scale*q.k / c) before the mask; 0 means none
     embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
     final_logit_softcap: float = 0.0 # Gemma 2 style tanh softcap on logits; 0 means none
     vocab_size: int = 256            # rows of the token embedding table
@@ -117,11 +125,17 @@ class ModelConfig:
         need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         need(self.positions != "rope" or self.head_dim % 2 == 0, f"RoPE needs an even head_dim, got {self.head_dim}")
         need(not self.fused_qkv or self.n_kv_head == self.n_head, "fused_qkv needs n_kv_head == n_head")
+        need(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0,
+             f"rope_dim must be an even integer in [0, head_dim={self.head_dim}], got {self.rope_dim}")
+        need(self.pre_norm or (self.post_attn_norm and self.post_ffn_norm),
+             "pre_norm false needs post_attn_norm and post_ffn_norm (a block with no norm at all diverges)")
+        need(not self.parallel_residual or not (self.post_attn_norm or self.post_ffn_norm or not self.pre_norm),
+             "parallel_residual is a pre-norm block without post norms (GPT-NeoX)")
         need(self.qk_norm or not self.qk_norm_full, "qk_norm_full needs qk_norm")
         # floats that change the math: a NaN, an infinity or a non-positive base gives NaN logits
         need(math.isfinite(self.norm_eps) and self.norm_eps > 0, f"norm_eps must be finite and > 0, got {self.norm_eps}")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, f"rope_theta must be finite and > 0, got {self.rope_theta}")
-        for f in ("rope_theta_local", "attn_scale", "final_logit_softcap"):
+        for f in ("rope_theta_local", "attn_scale", "attn_softcap", "final_logit_softcap"):
             v = getattr(self, f)
             need(math.isfinite(v) and v >= 0, f"{f} must be finite and >= 0 (0: unused), got {v}")
         need(math.isfinite(self.rope_scale) and self.rope_scale > 0, f"rope_scale must be finite and > 0, got {self.rope_scale}")
@@ -148,6 +162,11 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_head * self.head_dim
+
+    @property
+    def n_rot(self) -> int:
+        """Dimensions of each head that RoPE rotates (llama.cpp's n_rot)."""
+        return self.rope_dim or self.head_dim
 
     @property
     def scale(self) -> float:

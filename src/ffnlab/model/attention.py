@@ -54,10 +54,18 @@ class AttnCache(NamedTuple):
     sin: np.ndarray | None
     probs: np.ndarray               # [B, H, T, S] softmax output
     merged: np.ndarray              # [B, T, H*hd] heads side by side, the input of attn_output
-    scale: float                    # the factor the softmax applied to q.k
+    scale: float                    # the factor q.k was multiplied by in the softmax (or before the cap)
+    capped: np.ndarray | None = None  # [B, H, T, S] tanh(scale*q.k / c) when the scores are soft-capped
 
 
 NODE = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
+
+
+def scales_q(cfg):
+    """llama.cpp's Gemma 2 and Gemma 3 graphs multiply q by the attention scale right after RoPE and
+    run the softmax with scale 1, so their kq holds scaled scores. ffnlab does the same for these
+    families, so kq compares node for node; the math is the same either way."""
+    return cfg.arch in ("gemma2", "gemma3")
 
 
 def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
@@ -74,7 +82,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     blk = f"blk.{il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
     if cfg.positions == "rope":
-        cos, sin = rope if rope is not None else rope_angles(pos, hd, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
+        cos, sin = rope if rope is not None else rope_angles(pos, cfg.n_rot, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
     else:
         cos = sin = None
     qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]
@@ -100,13 +108,11 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         if cos is not None and which != "v":
             a = hook(name, rope_forward(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
-        if which == "q" and cfg.arch == "gemma3":
-            # llama.cpp's Gemma 3 graph scales q right after RoPE and runs the softmax with
-            # scale 1, so its kq holds scaled scores: do the same so kq compares node for node
+        if which == "q" and scales_q(cfg):
             a = hook("Qcur_scaled", a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
         t[which] = (pre, ncache, a)
     q, k, v = t["q"][2], t["k"][2], t["v"][2]
-    scale = 1.0 if cfg.arch == "gemma3" else cfg.scale       # Gemma 3: q was scaled already
+    scale = 1.0 if scales_q(cfg) else cfg.scale              # Gemma: q was scaled already
     k_all, v_all = k, v
     if kv is not None:
         n0 = kv.n
@@ -115,10 +121,14 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         k_all = kv.k[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)                  # [B, S, Hkv, hd] view
         v_all = kv.v[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
-    S, qn = k_all.shape[1], ("Qcur_scaled" if cfg.arch == "gemma3" else "Qcur") + f"-{il}"
+    S, qn = k_all.shape[1], ("Qcur_scaled" if scales_q(cfg) else "Qcur") + f"-{il}"
     kq = hook("kq", attention_scores(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
               ((f"cache_k_l{il} (view) (permuted)", (Hkv, S, hd)), (f"{qn} (view) (permuted)", (H, T, hd))))
-    probs = hook("kq_soft_max", attention_probs(kq, scale, allowed), "SOFT_MAX", ("kq", "attn_inp_kq_mask"))
+    capped = None
+    if cfg.attn_softcap:
+        kq, capped = _softcap(kq, scale, cfg.attn_softcap, hook)
+    probs = hook("kq_soft_max", attention_probs(kq, 1.0 if cfg.attn_softcap else scale, allowed), "SOFT_MAX",
+                 ("kq", "attn_inp_kq_mask"))           # capped scores are scaled already
     out = hook("kqv", attention_mix(probs, v_all), "MUL_MAT",                     # [B, H, T, hd]
                ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
@@ -132,7 +142,18 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         y = hook("attn_out", y + p[bo], "ADD", ("attn_out_w", bo))
     else:
         y = hook("attn_out", y, "MUL_MAT", (wo, "kqv_out"))
-    return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale)
+    return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
+                        capped)
+
+
+def _softcap(kq, scale, c, hook):
+    """Gemma 2's attention logit soft-capping: kq [B, H, T, S] raw scores -> c * tanh(scale * kq / c),
+    and the tanh (its derivative 1 - tanh^2 is the backward). The cap bounds every score to (-c, c)
+    before the mask, so no head can put all its weight on one key by a large margin. llama.cpp
+    (build_attn_mha) scales by 1/c, takes the tanh and scales by c, as three nodes."""
+    z = hook("kq_scaled", kq * np.asarray(scale / c, dtype=kq.dtype), "SCALE", ("kq",))
+    t = hook("kq_tanh", np.tanh(z), "TANH", ("kq_scaled",))
+    return hook("kq", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
 
 
 def _head_norm(a, p, cfg, w, name, hook):
@@ -185,8 +206,8 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     if db is not None:
         g[bo] = db
     dout = dmerged.reshape(B, T, H, hd).transpose(0, 2, 1, 3)                  # [B, H, T, hd]
-    dq, dk, dv = attention_backward(dout, q, k, v, probs, scale)
-    if scale != cfg.scale:                       # q was pre-scaled (Gemma 3): chain through it
+    dq, dk, dv = attention_backward(dout, q, k, v, probs, scale, c.capped)
+    if scales_q(cfg):                            # q was pre-scaled (Gemma): chain through it
         dq = dq * cfg.scale
     if cfg.positions == "rope":
         dq = rope_backward(dq, cos, sin, cfg.rope_pairing)

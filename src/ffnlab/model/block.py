@@ -1,7 +1,12 @@
-"""A pre-norm transformer block, forward and backward.
+"""A transformer block, forward and backward.
 
-  h   = x + [post_attn_norm](attn(attn_norm(x)))     (llama.cpp: ffn_inp)
-  out = h + [post_ffn_norm](ffn(ffn_norm(h)))        (llama.cpp: l_out)
+  h   = x + [post_attn_norm](attn([attn_norm](x)))     (llama.cpp: ffn_inp, Gemma: sa_out)
+  out = h + [post_ffn_norm](ffn([ffn_norm](h)))        (llama.cpp: l_out)
+The bracketed norms are config flags: pre_norm (attn_norm, ffn_norm; off in OLMo 2, whose
+sub-layers read the residual stream as it is) and the post norms (Gemma 2/3, OLMo 2).
+GPT-NeoX's parallel residual (parallel_residual) has both sub-layers read the block input:
+
+  out = (ffn(ffn_norm(x)) + x) + attn(attn_norm(x))   (llama.cpp: ffn_out, then l_out)
 
 The residual adds always make new arrays: x is still needed by the backward (and by the
 tracer), so adding into it in place would silently corrupt both.
@@ -63,6 +68,17 @@ class BlockCache(NamedTuple):
     post_ffn_norm: tuple | None
 
 
+def _pre_norm(x, p, cfg, wname, node, hook, src):
+    """attn_norm / ffn_norm, or x itself when the family has no pre norms (OLMo 2) -> y, cache"""
+    if not cfg.pre_norm:
+        return x, None
+    return norm_forward(x, p, cfg, wname, node, hook, src=src)
+
+
+def _pre_norm_backward(dy, p, cfg, wname, cache):
+    return norm_backward(dy, p, cfg, wname, cache) if cfg.pre_norm else (dy, {})
+
+
 def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
     """x: [B, T, d_model] -> [B, T, d_model], BlockCache
 
@@ -70,22 +86,30 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos;
     packs: packed projections (model/packing.py)."""
     blk = f"blk.{il}."
-    # Gemma 3's graph calls the first residual sum sa_out; llama, qwen2 and gpt2 call it ffn_inp
-    res1 = "sa_out" if cfg.post_attn_norm else "ffn_inp"
-    a_in, an_cache = norm_forward(x, p, cfg, blk + "attn_norm", "attn_norm", hook)
+    # llama.cpp's Gemma graphs (pre and post norms) call the first residual sum sa_out; the others ffn_inp
+    res1 = "sa_out" if cfg.post_attn_norm and cfg.pre_norm else "ffn_inp"
+    a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp")
     a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs)
     pa_cache = None
     if cfg.post_attn_norm:
         a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out")
-    h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
-    f_in, fn_cache = norm_forward(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, src=res1)
+    if cfg.parallel_residual:                                          # GPT-NeoX: the FFN reads x, not h
+        h, res1 = x, "inp"
+    else:
+        h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
+    f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1)
     gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
     f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook)
+    cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
+    if cfg.parallel_residual:
+        f = hook("ffn_out", f + x, "ADD", (ffn_out_node(cfg), "inp"))                       # [B, T, d_model]
+        out = hook("l_out", f + a, "ADD", ("ffn_out", "attn_out"))
+        return out, BlockCache(*cache, None)
     pf_cache = None
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out")
     out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else ffn_out_node(cfg), res1))   # [B, T, d_model]
-    return out, BlockCache(an_cache, attn_cache, pa_cache, fn_cache, ffn_cache, pf_cache)
+    return out, BlockCache(*cache, pf_cache)
 
 
 def block_backward(dout, p, cfg, il, cache):
@@ -98,15 +122,17 @@ def block_backward(dout, p, cfg, il, cache):
         g.update(gi)
     df_in, gf = ffn_backward(df, ffn_weights(p, il, cfg=cfg), cfg.ffn, cache.ffn)
     g.update({blk + FFN_TENSOR[k]: v for k, v in gf.items()})
-    dh_norm, gi = norm_backward(df_in, p, cfg, blk + "ffn_norm", cache.ffn_norm)
+    dh_norm, gi = _pre_norm_backward(df_in, p, cfg, blk + "ffn_norm", cache.ffn_norm)
     g.update(gi)
-    dh = dout + dh_norm                                                # residual: both paths reach h
-    da = dh
+    if cfg.parallel_residual:              # h is x itself: the FFN's path reaches x, not the attention
+        dx, da = dout + dh_norm, dout
+    else:
+        dx = da = dout + dh_norm                                       # residual: both paths reach h
     if cfg.post_attn_norm:
         da, gi = norm_backward(da, p, cfg, blk + "post_attention_norm", cache.post_attn_norm)
         g.update(gi)
     da_in, ga = attention_backward_layer(da, p, cfg, il, cache.attn)
     g.update(ga)
-    dx_norm, gi = norm_backward(da_in, p, cfg, blk + "attn_norm", cache.attn_norm)
+    dx_norm, gi = _pre_norm_backward(da_in, p, cfg, blk + "attn_norm", cache.attn_norm)
     g.update(gi)
-    return dh + dx_norm, g
+    return dx + dx_norm, g

@@ -26,6 +26,7 @@ from ..ops.linear import linear_forward
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..ops.softmax import softmax_forward
+from .attention import scales_q
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
@@ -117,8 +118,10 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
         a = _attention(_norm(x, L.attn_norm, cfg), L, cfg, n, kv.k[il][0], kv.v[il][0], rotations.get(L.rope))
         if L.post_attn_norm:
             a = _norm(a, L.post_attn_norm, cfg)
-        h = x + a                                                     # [d_model] residual
+        h = x if cfg.parallel_residual else x + a                     # [d_model] residual
         f = ffn_forward_one(_norm(h, L.ffn_norm, cfg), L.ffn, cfg.ffn)
+        if cfg.parallel_residual:
+            f = f + a                                                 # GPT-NeoX: x + attn + ffn
         if L.post_ffn_norm:
             f = _norm(f, L.post_ffn_norm, cfg)
         x = h + f                                                     # [d_model] residual
@@ -133,14 +136,16 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
 def _rotation(n, cfg, key, dtype):
     """RoPE at position n: cos + i sin [hd/2] for adjacent pairs (one complex multiply rotates
     a head), or (cos, sin) [1, hd/2] for the op's neox pairing."""
-    cos, sin = rope_angles([n], cfg.head_dim, *key)                  # [1, hd/2] float64
-    if cfg.rope_pairing == "normal":
+    cos, sin = rope_angles([n], cfg.n_rot, *key)                     # [1, n_rot/2] float64
+    if cfg.rope_pairing == "normal" and cfg.n_rot == cfg.head_dim:
         return (cos[0] + 1j * sin[0]).astype(np.result_type(dtype, np.complex64))
     return cos.astype(dtype), sin.astype(dtype)
 
 
 def _norm(x, wb, cfg):
     """x: [D] or [h, D] -> the block's norm with (weight, bias)"""
+    if wb is None:                                                    # no such norm (OLMo 2's pre norms)
+        return x
     w, b = wb
     if cfg.norm == "layernorm":
         return layernorm_forward(x, w, b, cfg.norm_eps)[0]
@@ -167,13 +172,13 @@ def _attention(x, L, cfg, n, K, V, rot):
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg), _norm(qk[H:], (L.k_norm, None), cfg)])
     if rot is not None:
-        if cfg.rope_pairing == "normal":                              # (x0, x1) pairs as x0 + i x1, rotated
+        if not isinstance(rot, tuple):                                # (x0, x1) pairs as x0 + i x1, rotated
             qk = (qk.view(rot.dtype) * rot).view(qk.dtype)
         else:
-            qk = rope_forward(qk[None], *rot, "neox")[0]
+            qk = rope_forward(qk[None], *rot, cfg.rope_pairing)[0]
     q, k = qk[:H], qk[H:]
     scale = cfg.scale
-    if cfg.arch == "gemma3":                                          # as forward(): q scaled after RoPE
+    if scales_q(cfg):                                                 # as forward(): q scaled after RoPE
         q = q * np.asarray(scale, dtype=q.dtype)
         scale = 1.0
     K[:, n], V[:, n] = k, v
@@ -181,6 +186,9 @@ def _attention(x, L, cfg, n, K, V, rot):
     kq = q.reshape(Hkv, H // Hkv, hd) @ K[:, lo:n + 1].swapaxes(-1, -2)   # [Hkv, G, hd] @ [Hkv, hd, S] -> [Hkv, G, S]
     if scale != 1.0:
         kq *= np.asarray(scale, dtype=kq.dtype)
+    if cfg.attn_softcap:                                              # Gemma 2: c * tanh(scores / c)
+        c = np.asarray(cfg.attn_softcap, dtype=kq.dtype)
+        kq = np.tanh(kq / c) * c
     out = softmax_forward(kq) @ V[:, lo:n + 1]                        # [Hkv, G, S] @ [Hkv, S, hd] -> [Hkv, G, hd]
     y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:

@@ -24,9 +24,10 @@ def param_shapes(cfg) -> dict:
     ln = cfg.norm == "layernorm"  # LayerNorm has a bias next to its weight
     for il in range(cfg.n_layer):
         b = f"blk.{il}."
-        s[b + "attn_norm.weight"] = (D,)
-        if ln:
-            s[b + "attn_norm.bias"] = (D,)
+        if cfg.pre_norm:                          # OLMo 2 has none: only post norms
+            s[b + "attn_norm.weight"] = (D,)
+            if ln:
+                s[b + "attn_norm.bias"] = (D,)
         if cfg.fused_qkv:
             s[b + "attn_qkv.weight"] = (cfg.q_dim + 2 * cfg.kv_dim, D)
             if cfg.attn_bias:
@@ -45,9 +46,10 @@ def param_shapes(cfg) -> dict:
             s[b + "attn_output.bias"] = (D,)
         if cfg.post_attn_norm:
             s[b + "post_attention_norm.weight"] = (D,)
-        s[b + "ffn_norm.weight"] = (D,)
-        if ln:
-            s[b + "ffn_norm.bias"] = (D,)
+        if cfg.pre_norm:
+            s[b + "ffn_norm.weight"] = (D,)
+            if ln:
+                s[b + "ffn_norm.bias"] = (D,)
         if cfg.moe:
             s.update({b + k: v for k, v in moe_shapes(cfg).items()})
         elif cfg.gated:

@@ -65,7 +65,7 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
         if cfg.positions == "rope":
             key = (cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
             if key not in ropes:
-                cos, sin = rope_angles(pos, cfg.head_dim, *key)           # float64 angles, cast once
+                cos, sin = rope_angles(pos, cfg.n_rot, *key)             # float64 angles, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
         x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs)

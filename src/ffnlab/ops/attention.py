@@ -79,8 +79,11 @@ def attention_forward(q, k, v, scale, allowed):
     return attention_mix(probs, v), (kq, probs)
 
 
-def attention_backward(dout, q, k, v, probs, scale):
-    """dout: [B, H, T, hd] -> dq [B, T, H, hd], dk, dv [B, S, Hkv, hd]"""
+def attention_backward(dout, q, k, v, probs, scale, capped=None):
+    """dout: [B, H, T, hd] -> dq [B, T, H, hd], dk, dv [B, S, Hkv, hd]
+
+    capped: [B, H, T, S] tanh(scale*q.k / c) when the scores were soft-capped (Gemma 2):
+    score = c*tanh(z/c) has derivative 1 - tanh^2 in z = scale*q.k."""
     B, T, H, hd = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     G = H // Hkv
@@ -89,7 +92,10 @@ def attention_backward(dout, q, k, v, probs, scale):
     vt = v.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
     dv = (pg.transpose(0, 1, 3, 2) @ dg).transpose(0, 2, 1, 3)  # [B, Hkv, S, hd] -> [B, S, Hkv, hd]
     dprobs = dg @ vt.transpose(0, 1, 3, 2)                      # [B, Hkv, G*T, S]
-    dscores = softmax_backward(dprobs, pg) * scale              # masked entries have prob 0 -> grad 0
+    dscores = softmax_backward(dprobs, pg)                      # masked entries have prob 0 -> grad 0
+    if capped is not None:
+        dscores *= 1.0 - np.square(capped.reshape(dscores.shape))
+    dscores *= scale
     qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)
     kk = k.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
     dqg = dscores @ kk                                          # [B, Hkv, G*T, hd]

@@ -5,6 +5,8 @@ Dimension pair i (i < head_dim/2) of a head is rotated by angle pos * theta^(-2i
           files have their Q/K rows permuted by the converter so that this pairing is right.
   neox:   pairs are half a head apart, (x[i], x[i+d/2]) -- HF rotate_half, llama.cpp NEOX rope.
 The same rotation with the angle negated is the exact inverse, which is the backward.
+Partial rotary (GPT-NeoX's rotary_pct, llama.cpp's n_rot < head_dim): angles for n_rot dims
+(theta^(-2i/n_rot)) rotate the first n_rot dims of each head; the others pass through unchanged.
 """
 import numpy as np
 
@@ -24,7 +26,13 @@ def _split(x, pairing):
 
 
 def rope_forward(x, cos, sin, pairing="normal"):
-    """x: [..., T, H, hd], cos/sin: [T, hd/2] -> [..., T, H, hd]"""
+    """x: [..., T, H, hd], cos/sin: [T, n_rot/2] -> [..., T, H, hd]; n_rot < hd rotates x[..., :n_rot] only"""
+    n_rot = 2 * cos.shape[-1]
+    if n_rot < x.shape[-1]:                                 # partial rotary: the tail passes through
+        out = np.empty_like(x)
+        out[..., n_rot:] = x[..., n_rot:]
+        out[..., :n_rot] = rope_forward(np.ascontiguousarray(x[..., :n_rot]), cos, sin, pairing)
+        return out
     if pairing == "normal" and x.strides[-1] == x.itemsize:
         # an adjacent pair (x0, x1) is the complex number x0 + i x1, and rotating it by the
         # angle is multiplying by cos + i sin: (x0 cos - x1 sin) + i (x0 sin + x1 cos).
