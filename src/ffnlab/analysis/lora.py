@@ -18,20 +18,22 @@ ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
 _MLP = ("gate", "up", "down")
 
 
-def parse_targets(text) -> list[str]:
-    """'q,v' or 'q_proj,v_proj' or 'all' -> canonical target names"""
-    if text.strip().lower() in ("all", "all-linear", "all_linear"):
-        return list(ALL_LINEAR)
+GROUPS = {"all": ALL_LINEAR, "all-linear": ALL_LINEAR, "all_linear": ALL_LINEAR,
+          "attn": ("q", "k", "v", "o"), "mlp": _MLP}
+
+
+def parse_targets(text, flag="--lora-targets") -> list[str]:
+    """'q,v' or 'q_proj,v_proj' or 'attn' (q,k,v,o) or 'mlp' (gate,up,down) or 'all' -> canonical target names"""
     out = []
     for t in (s.strip() for s in text.split(",") if s.strip()):
-        c = ALIASES.get(t.lower(), t.lower())
-        if c not in TARGETS:
-            raise UsageError(f"--lora-targets: unknown target {t!r} (use {', '.join(TARGETS)} or HF names "
-                             f"like q_proj, or 'all')")
-        if c not in out:
-            out.append(c)
+        for c in GROUPS.get(t.lower(), (ALIASES.get(t.lower(), t.lower()),)):
+            if c not in TARGETS:
+                raise UsageError(f"{flag}: unknown target {t!r} (use {', '.join(TARGETS)}, HF names like q_proj, "
+                                 f"or attn, mlp, all)")
+            if c not in out:
+                out.append(c)
     if not out:
-        raise UsageError("--lora-targets is empty")
+        raise UsageError(f"{flag} is empty")
     return out
 
 

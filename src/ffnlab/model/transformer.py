@@ -11,7 +11,7 @@ import numpy as np
 
 from ..ops.attention import causal_mask
 from ..ops.embedding import embedding_backward
-from ..ops.linear import linear_backward, linear_forward
+from ..ops.linear import ComposedWeight, linear_backward, linear_forward
 from ..ops.rope import rope_angles
 from .block import block_backward, block_forward, norm_backward, norm_forward
 from .hooks import Hooks
@@ -103,6 +103,8 @@ def backward(dlogits, p, cfg, cache):
     for il in reversed(range(cfg.n_layer)):
         dx, gb = block_backward(dx, p, cfg, il, block_caches[il])
         g.update(gb)
+    if isinstance(p["token_embd.weight"], ComposedWeight):
+        return g                         # a frozen table (LoRA fine-tuning): no [vocab, d_model] gradient
     if cfg.embed_scale:
         dx = dx * math.sqrt(cfg.d_model)
     B, T = ids.shape

@@ -2,18 +2,36 @@
 
 Weights are stored [out, in], like nn.Linear and like the numpy view of a GGUF tensor
 (whose ggml ne order is {in, out}). A weight is either a float array (training, HF files,
-checkpoints) or a quant.QuantTensor (GGUF blocks kept as they lie in the file); only this
-function and the kernels behind QuantTensor know the difference.
+checkpoints), a quant.QuantTensor (GGUF blocks kept as they lie in the file), or a
+ComposedWeight that computes its own product (training/lora.py: a frozen base plus a LoRA
+adapter, or a frozen base alone); only this function and those objects know the difference.
 """
 from ..quant import QuantTensor
 
 
-def linear_forward(x, w, b=None):
-    """x: [..., in], w: [out, in] (array or QuantTensor), b: [out] or None -> y: [..., out]"""
+class ComposedWeight:
+    """A weight [out, in] that computes its own product: forward(x2 [N, in]) -> [N, out] and
+    backward(dy2 [N, out], x2) -> (dx2 [N, in], its gradient or None when it learns nothing).
+    forward's hook, when given, is called as hook(suffix, value [N, k], op, srcs) on the parts
+    of the product (a LoRA adapter's, as llama.cpp's graph has them) and returns the value."""
+    shape: tuple
+
+
+def linear_forward(x, w, b=None, hook=None, node=None):
+    """x: [..., in], w: [out, in] (array, QuantTensor or ComposedWeight), b: [out] or None -> y: [..., out]
+
+    hook, node: the block's hook point and the name of the node this product feeds; only a
+    ComposedWeight has parts to show (as `{node}_lora_a`, ...)."""
     # one 2-D product over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])               # [N, in]
-    if isinstance(w, QuantTensor):
+    if isinstance(w, ComposedWeight):
+        part = None
+        if hook is not None and node is not None:
+            def part(suffix, v, op, srcs):            # [N, k] shown as [..., k], like every node
+                return hook(f"{node}_{suffix}", v.reshape(*lead, v.shape[-1]), op, srcs).reshape(v.shape)
+        y = w.forward(x2, part).reshape(*lead, w.shape[0])
+    elif isinstance(w, QuantTensor):
         # the blocks are dequantized inside the product: a fused matrix-vector kernel for one row
         # (decoding), BLAS over cache-sized float32 tiles of rows for several (prefill)
         y2 = w.matvec(x2[0])[None] if x2.shape[0] == 1 else w.matmul(x2)
@@ -30,7 +48,12 @@ def linear_forward(x, w, b=None):
 
 
 def linear_backward(dy, x, w, has_bias=True):
-    """dy: [..., out] -> dx: [..., in], dw: [out, in], db: [out] or None"""
+    """dy: [..., out] -> dx: [..., in], dw: [out, in], db: [out] or None
+    (a ComposedWeight's dw is its own gradient: a LoRA adapter's (dA, dB), None for a frozen weight)"""
+    if isinstance(w, ComposedWeight):
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dx2, dw = w.backward(dy2, x.reshape(-1, x.shape[-1]))
+        return dx2.reshape(*x.shape[:-1], w.shape[1]), dw, (dy2.sum(axis=0) if has_bias else None)
     if isinstance(w, QuantTensor):
         raise TypeError(f"gradients need float weights, and this one is {w!r}: "
                         f"load the model with ffnlab.load(path, dequantize=True)")

@@ -100,3 +100,18 @@ class QuantTensor:
             kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
             np.matmul(t, x.T, out=yt[r0:r0 + t.shape[0]])           # [rows, in] @ [in, N]
         return np.ascontiguousarray(yt.T)                           # [N, out]
+
+    def rmatmul(self, dy) -> np.ndarray:
+        """dy: [N, out] float32 -> dy W: [N, in], the input gradient of a frozen quantized weight
+        (LoRA fine-tuning). The same row tiles as matmul: each adds its rows' share, so the
+        float32 matrix never exists whole and no gradient buffer for W is made."""
+        dy = np.ascontiguousarray(dy, np.float32)
+        out, n = self.shape
+        rows = max(16, TILE_BYTES // (4 * n))
+        tile = np.empty((min(rows, out), n), np.float32)
+        dx = np.zeros((dy.shape[0], n), np.float32)
+        for r0 in range(0, out, rows):
+            t = tile[:min(rows, out - r0)]
+            kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
+            dx += dy[:, r0:r0 + t.shape[0]] @ t                      # [N, rows] @ [rows, in]
+        return dx
