@@ -19,6 +19,7 @@ from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
 from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
+from .hf_families import family_gguf_name, family_tensor
 from .hf_moe import expert_entries, moe_gguf_name, read_experts
 from .hf_tokenizer import tokenizer_from_hf
 from .safetensors_io import read_tensors, safetensors_index
@@ -42,6 +43,8 @@ _LLAMA_BLOCK = {
 
 def gguf_name(hf_name, arch):
     """HF tensor name -> GGUF tensor name, or None for tensors ffnlab does not use."""
+    if arch in ("gemma2", "gptneox", "olmo2"):
+        return family_gguf_name(hf_name, arch)          # formats/hf_families.py
     if arch == "gpt2":
         n = hf_name.removeprefix("transformer.")
         if n in _GPT2:
@@ -69,9 +72,10 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     if scaling not in ("default", "linear"):
         raise ModelFileError(f"{cfg_path}: rope scaling type {scaling!r} is not supported (ffnlab runs "
                              f"'default' and 'linear' RoPE; anything else would give wrong logits)")
-    if cfg.arch not in ("gpt2", "llama", "qwen2", "qwen2moe", "qwen3moe", "olmoe"):
+    if cfg.arch not in ("gpt2", "llama", "qwen2", "gemma2", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe"):
         raise ModelFileError(f"{cfg_path}: model_type {d.get('model_type')!r} cannot be loaded from an HF "
-                             f"directory (supported: gpt2, llama, mistral, qwen2; use a GGUF for others)")
+                             f"directory (supported: gpt2, llama, mistral, qwen2, gemma2, gpt_neox, olmo2 and the "
+                             f"MoE families; use a GGUF for others)")
     if cfg.arch != "gpt2":
         cfg.rope_pairing = "neox"                   # HF q/k rows are in rotate_half order
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -94,6 +98,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
         a = a.astype(dtype)
         if a.ndim == 2 and _conv1d(cfg, name):
             a = a.T                                 # Conv1D [in, out] -> [out, in]
+        a = family_tensor(name, a, cfg)             # Gemma 2's 1 + w norms, GPT-NeoX's per-head qkv
         params[name] = np.ascontiguousarray(a).reshape(shapes.get(name, a.shape))
     m = Model(cfg, params, tokenizer_from_hf(path, d), source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0

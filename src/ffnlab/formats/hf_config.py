@@ -9,13 +9,16 @@ ModelConfig, for the families ffnlab knows:
   llama, mistral    hidden_size   intermediate_size         swiglu   rmsnorm    rope (normal pairing in GGUF)
   qwen2             hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, q/k/v biases
   phi3              hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, fused qkv
-  gemma2            hidden_size   intermediate_size         geglu    rmsnorm    rope neox, post norms, softcap
+  gemma2            hidden_size   intermediate_size         geglu    rmsnorm    rope neox, post norms, softcaps
+  gpt_neox          hidden_size   intermediate_size         gelu     layernorm  partial rope, parallel residual
+  olmo2             hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, post norms only, q/k norms
   gemma3(_text)     hidden_size   intermediate_size         geglu    rmsnorm    rope neox, qk norm, post norms
   mixtral, qwen2_moe, qwen3_moe, olmoe: mixtures of SwiGLU experts (formats/hf_moe.py)
+  gemma2, gpt_neox, olmo2: their own fields and tensor names in formats/hf_families.py
 
 What ModelConfig cannot express is left out on purpose, because it changes neither the
 parameter count nor the FFN: Llama 3.1's "llama3" RoPE frequency scaling, Mistral's and Phi-3's
-all-layer sliding window, Gemma 2's attention-logit softcap. BERT's token-type table and pooler
+all-layer sliding window. BERT's token-type table and pooler
 are not part of ModelConfig either; hf_extra_params() counts them for the sizing tools.
 
 A required field that is missing raises ConfigError naming the field and the file.
@@ -24,10 +27,12 @@ import os
 
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from .hf_families import check_layer_types, gemma2_fields, gptneox_config, olmo2_fields
 from .hf_moe import MOE_TYPES, moe_fields
 from .jsonfile import field, read_json_object
 
-SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text") + MOE_TYPES
+SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text", "gpt_neox",
+             "olmo2") + MOE_TYPES
 
 # transformers' hidden_act / activation_function -> the activation inside ffnlab's FFN kinds
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
@@ -69,6 +74,8 @@ def config_from_hf(d: dict, path="config.json", name="") -> ModelConfig:
             return _gpt2(d, req, path, name)
         if model_type == "bert":
             return _bert(d, req, path, name)
+        if model_type == "gpt_neox":
+            return gptneox_config(d, req, path, name)
         return _decoder(d, req, model_type, path, name)
     except ConfigError as e:                     # ModelConfig's own checks name its fields, not the file
         raise ConfigError(str(e) if str(e).startswith(f"{path}:") else f"{path}: {e}") from None
@@ -177,7 +184,14 @@ def _decoder(d, req, model_type, path, name):
         kw["qk_norm"] = True
         kw["rope_theta_local"] = req("rope_local_base_freq", float, None, lo=1e-30, hi=1e30) or 10000.0
         kw["rope_theta"] = req("rope_theta", float, None, lo=1e-30, hi=1e30) or 1_000_000.0
-    return ModelConfig(**kw)
+    if model_type == "gemma2":
+        kw.update(gemma2_fields(d, req, path))             # formats/hf_families.py
+    if model_type == "olmo2":
+        kw.update(olmo2_fields(d, req, path))
+    cfg = ModelConfig(**kw)
+    if model_type == "gemma2":
+        check_layer_types(d, cfg, path)
+    return cfg
 
 
 def _sliding_pattern(d, model_type):

@@ -1,0 +1,193 @@
+"""Gemma 2, GPT-NeoX/Pythia and OLMo 2 Hugging Face directories: config.json fields and tensor names.
+
+  model_type  ffnlab arch  block (model/block.py flags)
+  gemma2      gemma2       pre and post norms, GeGLU, attention logit softcap, alternating sliding
+                           windows (layer_types), q scaled by query_pre_attn_scalar^-0.5, final softcap
+  gpt_neox    gptneox      parallel residual (use_parallel_residual), partial rotary
+                           (rope_parameters.partial_rotary_factor or rotary_pct), LayerNorm with bias,
+                           fused qkv with biases, exact-GELU MLP with biases, untied embed_out
+  olmo2       olmo2        no pre norms: post-attention and post-feedforward norms only, q/k RMSNorm over
+                           the whole projection before the heads are split, SwiGLU
+
+Tensors (HF name in the block -> GGUF name, blk.L.):
+  gemma2   input_layernorm -> attn_norm, post_attention_layernorm -> post_attention_norm,
+           pre_feedforward_layernorm -> ffn_norm, post_feedforward_layernorm -> post_ffw_norm,
+           self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj as llama's
+  gpt_neox gpt_neox.layers.L.{input_layernorm -> attn_norm, post_attention_layernorm -> ffn_norm,
+           attention.query_key_value -> attn_qkv, attention.dense -> attn_output,
+           mlp.dense_h_to_4h -> ffn_up, mlp.dense_4h_to_h -> ffn_down}; gpt_neox.embed_in,
+           gpt_neox.final_layer_norm, embed_out
+  olmo2    self_attn.q_norm / k_norm -> attn_q_norm / attn_k_norm, post_attention_layernorm ->
+           post_attention_norm, post_feedforward_layernorm -> post_ffw_norm
+Two tensors change on the way in, as llama.cpp's converter changes them for GGUF:
+  Gemma's RMSNorm computes x_hat * (1 + w): the stored w gets its 1 added, so every norm is x_hat * w.
+  GPT-NeoX's query_key_value rows are per head [n_head, 3, head_dim] (q, k, v of head 0, then head 1,
+  ...): they are reordered to [3, n_head, head_dim], the q; k; v blocks of a fused attn_qkv.
+
+Every field of the three config classes is used (USED), known not to change the logits
+(IRRELEVANT, with the reason), or refused when it has a value ffnlab does not compute (REFUSED);
+tests/test_hf_families.py holds the lists against transformers' config classes.
+"""
+import re
+
+import numpy as np
+
+from ..config import MAX_LAYERS, ConfigError, ModelConfig
+
+FAMILY_TYPES = ("gemma2", "gpt_neox", "olmo2")
+
+_LLAMA_ATTN_MLP = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_BLOCK = {
+    "gemma2": {**_LLAMA_ATTN_MLP, "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+    "olmo2": {**_LLAMA_ATTN_MLP, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+              "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+    "gptneox": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
+                "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"},
+}
+_TOP = {
+    "gemma2": {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+               "lm_head.weight": "output.weight"},
+    "gptneox": {"gpt_neox.embed_in.weight": "token_embd.weight", "gpt_neox.final_layer_norm.weight": "output_norm.weight",
+                "gpt_neox.final_layer_norm.bias": "output_norm.bias", "embed_out.weight": "output.weight"},
+}
+_TOP["olmo2"] = _TOP["gemma2"]
+_LAYERS = {"gemma2": r"model\.layers", "olmo2": r"model\.layers", "gptneox": r"gpt_neox\.layers"}
+
+# --- config fields ------------------------------------------------------------------------------
+_COMMON_IRRELEVANT = {
+    "initializer_range": "random init only", "use_cache": "KV cache on/off: the same logits",
+    "attention_dropout": "dropout, zero at inference", "bos_token_id": "tokenizer", "eos_token_id": "tokenizer",
+    "pad_token_id": "tokenizer", "_name_or_path": "a label", "architectures": "a label",
+    "transformers_version": "a label", "dtype": "the storage dtype (ffnlab computes in float32)",
+    "output_attentions": "an output option", "output_hidden_states": "an output option",
+    "return_dict": "an output option", "chunk_size_feed_forward": "memory chunking, same math",
+    "is_encoder_decoder": "these are decoder-only classes", "id2label": "classification heads only",
+    "label2id": "classification heads only", "problem_type": "classification heads only",
+}
+USED = {
+    "gemma2": ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_activation", "hidden_act",
+               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "rope_parameters", "rope_theta",
+               "rope_scaling", "attention_bias", "query_pre_attn_scalar", "sliding_window", "layer_types",
+               "final_logit_softcapping", "attn_logit_softcapping"),
+    "gpt_neox": ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                 "intermediate_size", "hidden_act", "max_position_embeddings", "layer_norm_eps",
+                 "tie_word_embeddings", "use_parallel_residual", "rope_parameters", "rope_scaling", "attention_bias",
+                 "rotary_pct", "rotary_emb_base"),
+    "olmo2": ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings",
+              "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias", "rms_norm_eps"),
+}
+IRRELEVANT = {
+    "gemma2": dict(_COMMON_IRRELEVANT),
+    "gpt_neox": {**_COMMON_IRRELEVANT, "hidden_dropout": "dropout, zero at inference",
+                 "classifier_dropout": "the sequence-classification head only",
+                 "is_decoder": "GPTNeoXAttention is causal whatever it says (is_causal = True)"},
+    "olmo2": dict(_COMMON_IRRELEVANT),
+}
+# a value other than the one ffnlab computes raises ConfigError naming the field (checked in family_fields)
+REFUSED = {
+    "gemma2": ("use_bidirectional_attention",),
+    "gpt_neox": (),
+    "olmo2": (),
+}
+
+
+def _refuse(path, key, value, why):
+    raise ConfigError(f"{path}: field '{key}' = {value!r:.80} is not supported ({why})")
+
+
+def gemma2_fields(d, req, path) -> dict:
+    """Gemma 2's additions to the decoder fields hf_config reads (post norms, query_pre_attn_scalar,
+    final softcap and the sliding window are shared with Gemma 3 there): the attention softcap, the
+    o_proj bias, and the checks that layer_types alternates as llama.cpp's gemma2 does."""
+    if d.get("use_bidirectional_attention"):
+        _refuse(path, "use_bidirectional_attention", d["use_bidirectional_attention"],
+                "ffnlab's attention is causal")
+    bias = req("attention_bias", bool, False)
+    return {"attn_softcap": req("attn_logit_softcapping", float, None, lo=1e-30, hi=1e30) or 0.0,
+            "attn_out_bias": bias}
+
+
+def check_layer_types(d, cfg, path):
+    """layer_types (transformers 5) must be the sliding/full pattern cfg computes, layer by layer."""
+    types = d.get("layer_types")
+    if types is None or not cfg.sliding_window:
+        return
+    want = ["sliding_attention" if cfg.is_sliding(il) else "full_attention" for il in range(cfg.n_layer)]
+    if types != want:
+        _refuse(path, "layer_types", types, f"ffnlab runs {cfg.arch} as every {cfg.sliding_window_pattern}th "
+                                            f"layer global, the others sliding: {want[:4]}...")
+
+
+def olmo2_fields(d, req, path) -> dict:
+    """OLMo 2: post norms only, q/k norms over the whole projection, o_proj bias with attention_bias."""
+    return {"pre_norm": False, "post_attn_norm": True, "post_ffn_norm": True, "qk_norm": True,
+            "qk_norm_full": True, "attn_out_bias": req("attention_bias", bool, False)}
+
+
+def gptneox_config(d, req, path, name) -> ModelConfig:
+    """GPTNeoXConfig -> ModelConfig. HF computes rotary_ndims = int(head_dim * partial_rotary_factor)."""
+    from .hf_config import _dense_act
+    D, n_head = req("hidden_size"), req("num_attention_heads")
+    if D % n_head:
+        raise ConfigError(f"{path}: hidden_size {D} is not a multiple of num_attention_heads {n_head}")
+    hd = D // n_head
+    rp = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    factor = rp.get("partial_rotary_factor", d.get("rotary_pct", 0.25))
+    theta = rp.get("rope_theta", d.get("rotary_emb_base", 10000.0))
+    for key, v in (("partial_rotary_factor", factor), ("rope_theta", theta)):
+        if type(v) not in (int, float) or not 0 < v < 1e30:
+            _refuse(path, key, v, "a positive number is needed")
+    if factor > 1:
+        _refuse(path, "partial_rotary_factor", factor, "at most 1: the rotated part of a head")
+    rope_dim = int(hd * factor)
+    if rope_dim % 2:
+        _refuse(path, "partial_rotary_factor", factor, f"it rotates {rope_dim} of {hd} dims, an odd number")
+    bias = req("attention_bias", bool, True)
+    return ModelConfig(
+        arch="gptneox", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head,
+        d_ff=req("intermediate_size"), ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
+        ffn_bias=True, attn_bias=bias, attn_out_bias=bias, fused_qkv=True,
+        norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-5, lo=1e-30, hi=1.0),
+        parallel_residual=req("use_parallel_residual", bool, True),
+        positions="rope", rope_pairing="neox", rope_theta=float(theta), rope_dim=rope_dim if rope_dim < hd else 0,
+        vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
+        tie_embeddings=req("tie_word_embeddings", bool, False), name=name)
+
+
+# --- tensors --------------------------------------------------------------------------------------
+def family_gguf_name(hf_name, arch):
+    """HF tensor name -> GGUF name for these families, or None for a tensor ffnlab does not use."""
+    if hf_name in _TOP[arch]:
+        return _TOP[arch][hf_name]
+    m = re.fullmatch(_LAYERS[arch] + r"\.(\d+)\.(.+)\.(weight|bias)", hf_name)
+    if m and m.group(2) in _BLOCK[arch]:
+        return f"blk.{m.group(1)}.{_BLOCK[arch][m.group(2)]}.{m.group(3)}"
+    return None                                  # rotary inv_freq buffers, masks
+
+
+def family_tensor(name, a, cfg):
+    """A tensor as HF stores it -> as ffnlab (and GGUF) computes with it (see the module docstring)."""
+    if cfg.arch == "gemma2" and name.endswith("norm.weight"):
+        return a + np.asarray(1.0, a.dtype)                      # Gemma: x_hat * (1 + w)
+    if cfg.arch == "gptneox" and ".attn_qkv." in name:
+        H, hd = cfg.n_head, cfg.head_dim
+        return a.reshape(H, 3, hd, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)   # [H, 3, hd] -> [3, H, hd]
+    return a
+
+
+def hf_tensor(name, a, cfg):
+    """The inverse of family_tensor: ffnlab's tensor -> as HF stores it (export)."""
+    if cfg.arch == "gemma2" and name.endswith("norm.weight"):
+        return a - np.asarray(1.0, a.dtype)
+    if cfg.arch == "gptneox" and ".attn_qkv." in name:
+        H, hd = cfg.n_head, cfg.head_dim
+        return a.reshape(3, H, hd, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)   # [3, H, hd] -> [H, 3, hd]
+    return a
