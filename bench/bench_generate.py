@@ -1,6 +1,8 @@
 """Prefill, decode, load time and peak memory: ffnlab vs llama.cpp vs HF transformers on a GGUF.
 
   python3 bench/bench_generate.py [-m smollm2|gemma3|FILE.gguf] [--threads 2] [--repeats 3] [-T 100] [-n 128]
+  python3 bench/make_big_gguf.py /tmp/llama7b-q4_0.gguf        # 3.9 GB of random Q4_0 blocks, Llama 2 7B's shapes
+  python3 bench/bench_generate.py -m /tmp/llama7b-q4_0.gguf --big --skip hf --threads 1 --repeats 1 -T 16 -n 8
 
 All three engines run the same GGUF file and the same T prompt ids, on the same number of threads:
   ffnlab        weights kept in their GGUF blocks (quant/), numba kernels + OpenBLAS, the threads
@@ -36,6 +38,8 @@ ap.add_argument("-n", type=int, default=128, dest="n", help="decoded tokens (def
 ap.add_argument("-m", "--model", default="smollm2",
                 help="smollm2 (SmolLM2-135M-Instruct Q4_1, default), gemma3 (Gemma 3 270M Q4_K_M) or a GGUF file")
 ap.add_argument("--skip", default="", help="comma-separated engines to leave out: ffnlab,llama.cpp,hf,memory")
+ap.add_argument("--big", action="store_true",
+                help="the 7B-class file of bench/make_big_gguf.py: its floors (decode >= 0.5x, peak RSS <= 6 GB)")
 ap.add_argument("--child", default=None, help=argparse.SUPPRESS)   # internal: a llama.cpp run on these ids (a file)
 args = ap.parse_args()
 for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -52,6 +56,9 @@ if args.child is None:           # a llama.cpp child measures llama.cpp's memory
     set_threads(args.threads)
 # the issue's floors for the two real models: (decode / llama.cpp, prefill / llama.cpp, RSS / llama.cpp, load s)
 FLOORS = {"smollm2": (0.7, 1.5, 1.5, 0.5), "gemma3": (0.6, 1.5, 1.5, None)}
+BIG_FLOORS = (0.5, None, None, None)     # and, separately: peak RSS <= 6 GB, logits cosine >= 0.99 everywhere
+BIG_RSS = 6e9
+BIG_COSINE = 0.99
 
 TEXT = ("The history of the city begins with a small settlement on the river, where fishermen and traders "
         "built wooden houses along the banks. Over the centuries it grew into a market town, then a busy "
@@ -125,6 +132,16 @@ def timed_run(engine, ids, n):
         toks.append(engine.step(toks[-1]))
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1, toks
+
+
+def logits_cosine(path, ids):
+    """Cosine between ffnlab's and llama.cpp's logits at every prompt position (llama.cpp with its
+    default numerics: 8-bit activation blocks, f16 KV cache), one forward each. -> [T]"""
+    ours = ffnlab.load(path, progress=False).forward(np.asarray(ids)).reshape(len(ids), -1).astype(np.float64)
+    ref = M.LlamaCpp(path, n_ctx=max(64, len(ids) + 8), n_threads=args.threads, reference=False)
+    theirs = ref.logits(ids).astype(np.float64)
+    del ref
+    return (ours * theirs).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(theirs, axis=-1)
 
 
 def model_path(name):
@@ -230,6 +247,7 @@ def main():
             greedy[e.name] = toks
             print(f"repeat {r + 1} {e.name:12s} prefill {p * 1000:8.1f} ms  decode {d * 1000:8.1f} ms", flush=True)
     del engines, ours                                            # free their memory before the memory runs
+    cosine = logits_cosine(path, ids) if args.big and not {"ffnlab", "llama.cpp"} & skip else None
     mem = memory_runs(path, ids, tok) if "memory" not in skip and not {"ffnlab", "llama.cpp"} & skip else {}
     rate = {name: (args.T / statistics.median(p), args.n / statistics.median(d)) for name, (p, d) in times.items()}
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
@@ -241,13 +259,17 @@ def main():
               f"{'-' if rss is None else f'{rss:.0f}'} |")
     if "ffnlab" in rate and "llama.cpp" in rate:
         print()
-        f_dec, f_pre, f_rss, f_load = FLOORS.get(args.model, (None,) * 4)
+        f_dec, f_pre, f_rss, f_load = BIG_FLOORS if args.big else FLOORS.get(args.model, (None,) * 4)
         checks = [("decode ffnlab / llama.cpp", rate["ffnlab"][1] / rate["llama.cpp"][1], f_dec, ">="),
                   ("prefill ffnlab / llama.cpp", rate["ffnlab"][0] / rate["llama.cpp"][0], f_pre, ">=")]
         if mem:
             checks += [("peak RSS ffnlab / llama.cpp", statistics.median(mem["ffnlab"][1]) /
                         statistics.median(mem["llama.cpp"][1]), f_rss, "<="),
                        ("ffnlab load seconds", statistics.median(mem["ffnlab"][0]), f_load, "<=")]
+        if args.big and mem:
+            checks.append(("ffnlab peak RSS GB", statistics.median(mem["ffnlab"][1]) / 1e9, BIG_RSS / 1e9, "<="))
+        if cosine is not None:
+            checks.append(("min logits cosine vs llama.cpp", float(cosine.min()), BIG_COSINE, ">="))
         if "transformers" in rate:
             checks += [("decode ffnlab / transformers", rate["ffnlab"][1] / rate["transformers"][1], None, ">="),
                        ("prefill ffnlab / transformers", rate["ffnlab"][0] / rate["transformers"][0], None, ">=")]
