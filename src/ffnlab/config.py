@@ -15,12 +15,13 @@ from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activati
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
-RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, phi3, custom) are sizing only
+RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, custom) are sizing only
 # Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
 # before its tensors are checked (a block count of 2^32-1 must fail, not hang).
 MAX_DIM = 1 << 31
 MAX_LAYERS = 1 << 16
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               tuple: "a list of numbers"}
 
 
 class ConfigError(FfnlabError, ValueError):
@@ -47,7 +48,7 @@ class ModelConfig:
     ffn_bias: bool = False           # biases on up/gate/down (GPT-2: yes, Llama: no)
     attn_bias: bool = False          # biases on q/k/v projections (GPT-2, Qwen2)
     attn_out_bias: bool = False      # bias on the attention output projection (GPT-2)
-    fused_qkv: bool = False          # one [3*d_model, d_model] attn_qkv matrix, as GPT-2 GGUF files store it
+    fused_qkv: bool = False          # one [q_dim + 2*kv_dim, d_model] attn_qkv matrix (GPT-2, Phi-3), split by head counts
     norm: str = "rmsnorm"            # layernorm (mean/var, weight + bias) | rmsnorm (scale only)
     norm_eps: float = 1e-5           # epsilon inside the norm's square root
     pre_norm: bool = True            # norm each sub-layer's input (attn_norm, ffn_norm); False: OLMo 2, whose
@@ -66,8 +67,13 @@ class ModelConfig:
                                      # head rotate, the rest pass through; 0 means head_dim (llama.cpp: n_rot)
     rope_theta_local: float = 0.0    # Gemma 3: RoPE base for sliding-window layers; 0 means rope_theta
     rope_scale: float = 1.0          # linear RoPE scaling factor: positions are divided by it (global layers)
-    sliding_window: int = 0          # Gemma 3: window of the sliding-window layers; 0 means none
-    sliding_window_pattern: int = 0  # Gemma 3: every Nth layer is global, the others slide; 0 means all global
+    rope_freq_factors: tuple = ()    # Llama 3.x: frequency i is divided by factor i, [n_rot/2] (llama.cpp's
+                                     # rope_freqs.weight); () means none. ops/rope.py llama3_freq_factors makes them
+    rope_llama3: tuple = ()          # Llama 3.x config.json's (factor, low_freq_factor, high_freq_factor,
+                                     # original_max_position_embeddings), kept to write it back; () if unknown
+    sliding_window: int = 0          # keys more than this many positions back are masked on sliding layers; 0: none
+    sliding_window_pattern: int = 0  # which layers slide (llama.cpp's n_pattern): N > 0: every Nth layer is global,
+                                     # the others slide (Gemma 2: 2, Gemma 3: 6); 0: every layer slides (Mistral)
     attn_scale: float = 0.0          # multiplier of q.k; 0 means 1/sqrt(head_dim)
     attn_softcap: float = 0.0        # Gemma 2: scores = c*tanh(scale*q.k / c) before the mask; 0 means none
     embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
@@ -85,6 +91,10 @@ class ModelConfig:
             if self.n_head <= 0 or self.d_model % self.n_head:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; set head_dim")
             self.head_dim = self.d_model // self.n_head
+        if self.rope_llama3 and not self.rope_freq_factors and len(self.rope_llama3) == 4:
+            from .ops.rope import llama3_freq_factors
+            self.rope_freq_factors = llama3_freq_factors(self.rope_dim or self.head_dim, self.rope_theta,
+                                                         *self.rope_llama3)
         self.validate()
 
     def _check_types(self) -> None:
@@ -97,6 +107,10 @@ class ModelConfig:
             if want is float and isinstance(v, int) and not isinstance(v, bool):
                 ok = True
                 setattr(self, f.name, float(v))
+            if want is tuple and isinstance(v, (list, tuple)):      # a JSON list comes back as a list
+                ok = all(type(x) in (int, float) for x in v)
+                if ok:
+                    setattr(self, f.name, tuple(float(x) for x in v))
             if not ok:
                 raise ConfigError(f"{f.name} must be {_TYPE_NAMES[want]}, got {v!r:.60}")
 
@@ -124,7 +138,6 @@ class ModelConfig:
         need(self.rope_pairing in ROPE_PAIRINGS, f"rope_pairing must be one of {', '.join(ROPE_PAIRINGS)}, got {self.rope_pairing!r}")
         need(self.n_head % self.n_kv_head == 0, f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
         need(self.positions != "rope" or self.head_dim % 2 == 0, f"RoPE needs an even head_dim, got {self.head_dim}")
-        need(not self.fused_qkv or self.n_kv_head == self.n_head, "fused_qkv needs n_kv_head == n_head")
         need(0 <= self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0,
              f"rope_dim must be an even integer in [0, head_dim={self.head_dim}], got {self.rope_dim}")
         need(self.pre_norm or (self.post_attn_norm and self.post_ffn_norm),
@@ -142,6 +155,12 @@ class ModelConfig:
         for f in ("sliding_window", "sliding_window_pattern"):
             v = getattr(self, f)
             need(0 <= v <= MAX_DIM, f"{f} must be an integer in [0, {MAX_DIM}], got {v}")
+        ff = self.rope_freq_factors
+        need(not ff or len(ff) == self.n_rot // 2,
+             f"rope_freq_factors must hold n_rot/2 = {self.n_rot // 2} numbers, got {len(ff)}")
+        need(all(math.isfinite(x) and x > 0 for x in ff), "rope_freq_factors must be finite and > 0")
+        need(len(self.rope_llama3) in (0, 4), "rope_llama3 must be (factor, low_freq_factor, high_freq_factor, "
+                                              f"original_max_position_embeddings), got {len(self.rope_llama3)} numbers")
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -174,10 +193,13 @@ class ModelConfig:
         return self.attn_scale if self.attn_scale else 1.0 / math.sqrt(self.head_dim)
 
     def is_sliding(self, layer: int) -> bool:
-        """Gemma 3: layers slide except every sliding_window_pattern-th one (llama.cpp: il % n_pattern < n_pattern - 1)."""
-        if not self.sliding_window or not self.sliding_window_pattern:
+        """Whether `layer` attends to the last sliding_window positions only. As llama.cpp's
+        set_swa_pattern: pattern 0 slides every layer (Mistral), N slides all but every Nth
+        (il % N < N - 1: Gemma 2 alternates with N = 2, Gemma 3 has N = 6)."""
+        if not self.sliding_window:
             return False
-        return layer % self.sliding_window_pattern < self.sliding_window_pattern - 1
+        n = self.sliding_window_pattern
+        return n == 0 or layer % n < n - 1
 
     def layer_rope_theta(self, layer: int) -> float:
         if self.is_sliding(layer) and self.rope_theta_local:
@@ -186,6 +208,12 @@ class ModelConfig:
 
     def layer_rope_scale(self, layer: int) -> float:
         return 1.0 if self.is_sliding(layer) else self.rope_scale
+
+    def layer_rope(self, layer: int) -> tuple:
+        """(theta, linear scale, frequency factors) of `layer`'s RoPE: ops/rope.py rope_angles' arguments.
+        Gemma 3's sliding layers run unscaled RoPE; Llama 3's factors apply to every layer (it has no
+        sliding layers)."""
+        return (self.layer_rope_theta(layer), self.layer_rope_scale(layer), self.rope_freq_factors)
 
     def to_dict(self) -> dict:
         return asdict(self)

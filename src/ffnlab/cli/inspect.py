@@ -42,8 +42,8 @@ def render(r) -> str:
     biases = [n for n, b in (("q/k/v", m["attn_bias"]), ("attn output", m["attn_out_bias"]), ("FFN", m["ffn_bias"])) if b]
     norm = m["norm"] + (", q/k norm" if m["qk_norm"] else "") + (", post-attention norm" if m["post_attn_norm"] else "") \
         + (", post-FFN norm" if m["post_ffn_norm"] else "")
-    sw = f", sliding window {m['sliding_window']} (every {m['sliding_window_pattern']}th layer global)" \
-        if m["sliding_window"] else ""
+    every = f"every {m['sliding_window_pattern']}th layer global" if m["sliding_window_pattern"] else "every layer"
+    sw = f", sliding window {m['sliding_window']} ({every})" if m["sliding_window"] else ""
     rows = [
         ["model", m["name"] + (f"  [{m['file_type']}]" if m["file_type"] else "")],
         ["from", f"{m['kind']}: {where}"],

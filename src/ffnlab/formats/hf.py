@@ -3,8 +3,11 @@
 HF tensor names are mapped to GGUF names so the rest of ffnlab sees one vocabulary:
   GPT-2:  wte/wpe, h.L.ln_1, attn.c_attn (fused qkv), attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, ln_f
           Conv1D stores weights [in, out]: they are transposed to [out, in].
-  Llama, Mistral, Qwen2: model.embed_tokens, model.layers.L.{input_layernorm, self_attn.{q,k,v,o}_proj,
-          post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head
+  Llama, Mistral, Qwen2, Qwen3: model.embed_tokens, model.layers.L.{input_layernorm,
+          self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm, lm_head;
+          Qwen3 adds self_attn.{q,k}_norm [head_dim]
+  Phi-3:  self_attn.qkv_proj [q_dim + 2*kv_dim, hidden] -> attn_qkv (split by head counts in the model);
+          mlp.gate_up_proj [2*d_ff, hidden] -> gate rows first, then up: split into ffn_gate, ffn_up
 HF keeps Q/K rows in rotate_half order (llama.cpp's converter permutes them for GGUF), so an HF
 Llama runs with the neox pairing here.
 """
@@ -32,12 +35,14 @@ _GPT2_BLOCK = {
     "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
     "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
 }
+GATE_UP = "ffn_gate_up"     # Phi-3's [2*d_ff, hidden] gate_up_proj, split at load into ffn_gate, ffn_up
 _LLAMA = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
 _LLAMA_BLOCK = {
     "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": GATE_UP,            # Phi-3's fused matrices
 }
 
 
@@ -66,16 +71,12 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     t0 = time.perf_counter()
     d, cfg_path = load_hf_config(path)
     d = flat_rope_parameters(d)
-    cfg = config_from_hf(d, cfg_path)
-    rs = d.get("rope_scaling") if isinstance(d.get("rope_scaling"), dict) else {}
-    scaling = rs.get("rope_type", rs.get("type", "default"))
-    if scaling not in ("default", "linear"):
-        raise ModelFileError(f"{cfg_path}: rope scaling type {scaling!r} is not supported (ffnlab runs "
-                             f"'default' and 'linear' RoPE; anything else would give wrong logits)")
-    if cfg.arch not in ("gpt2", "llama", "qwen2", "gemma2", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe"):
+    cfg = config_from_hf(d, cfg_path)                 # refuses RoPE scalings and fields it cannot compute
+    if cfg.arch not in ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gptneox", "olmo2", "qwen2moe",
+                        "qwen3moe", "olmoe"):
         raise ModelFileError(f"{cfg_path}: model_type {d.get('model_type')!r} cannot be loaded from an HF "
-                             f"directory (supported: gpt2, llama, mistral, qwen2, gemma2, gpt_neox, olmo2 and the "
-                             f"MoE families; use a GGUF for others)")
+                             f"directory (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2, gpt_neox, "
+                             f"olmo2 and the MoE families; use a GGUF for others)")
     if cfg.arch != "gpt2":
         cfg.rope_pairing = "neox"                   # HF q/k rows are in rotate_half order
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -88,14 +89,23 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
         entries.pop("output.weight", None)
     elif "output.weight" not in entries:
         cfg.tie_embeddings = True                   # some checkpoints omit lm_head when it equals the table
+    for il in range(cfg.n_layer):                     # a fused gate_up stands for both halves
+        if f"blk.{il}.{GATE_UP}.weight" in entries:
+            entries.setdefault(f"blk.{il}.ffn_gate.weight", None)
+            entries.setdefault(f"blk.{il}.ffn_up.weight", None)
     missing = [n for n in param_shapes(cfg) if n not in entries and n not in experts]
     if missing:
         raise ModelFileError(f"{path}: missing weight for {missing[0]} ({len(missing)} missing)")
     params = read_experts(experts, dtype)
     shapes = param_shapes(cfg)
-    for e, a in read_tensors(entries.values()):
+    for e, a in read_tensors([e for e in entries.values() if e is not None]):
         name = gguf_name(e.name, cfg.arch)
         a = a.astype(dtype)
+        if name.endswith(f".{GATE_UP}.weight"):
+            blk = name.removesuffix(f"{GATE_UP}.weight")
+            params[blk + "ffn_gate.weight"], params[blk + "ffn_up.weight"] = (
+                np.ascontiguousarray(a[:cfg.d_ff]), np.ascontiguousarray(a[cfg.d_ff:]))  # gate rows, then up rows
+            continue
         if a.ndim == 2 and _conv1d(cfg, name):
             a = a.T                                 # Conv1D [in, out] -> [out, in]
         a = family_tensor(name, a, cfg)             # Gemma 2's 1 + w norms, GPT-NeoX's per-head qkv
@@ -120,11 +130,15 @@ def _weight_entries(index, cfg, cfg_path) -> dict:
         name = gguf_name(hf_name, cfg.arch)
         if name is None:
             continue
-        if name not in expected and name != "output.weight":
+        gate_up = name.endswith(f".{GATE_UP}.weight")
+        half = name.replace(GATE_UP, "ffn_up")            # a fused gate_up is two ffn_up-shaped halves
+        if half not in expected and name != "output.weight":
             raise ModelFileError(f"{e.file}: tensor {hf_name} has no place in the model {cfg_path} describes "
                                  f"({cfg.n_layer} layers, d_ff {cfg.d_ff})")
         shape = tuple(reversed(e.shape)) if len(e.shape) == 2 and _conv1d(cfg, name) else e.shape
-        want = expected.get(name, (cfg.vocab_size, cfg.d_model))
+        want = expected.get(half, (cfg.vocab_size, cfg.d_model))
+        if gate_up:
+            want = (2 * want[0],) + tuple(want[1:])
         if tuple(shape) == (1,) + tuple(want):        # Qwen2-MoE's shared_expert_gate [1, d_model] is a vector
             shape = tuple(want)
         if shape != tuple(want):

@@ -8,7 +8,8 @@ ModelConfig, for the families ffnlab knows:
   bert              hidden_size   intermediate_size         gelu     layernorm  learned, all biases (encoder)
   llama, mistral    hidden_size   intermediate_size         swiglu   rmsnorm    rope (normal pairing in GGUF)
   qwen2             hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, q/k/v biases
-  phi3              hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, fused qkv
+  qwen3             hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, per-head q/k norm
+  phi3              hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, fused qkv and gate_up
   gemma2            hidden_size   intermediate_size         geglu    rmsnorm    rope neox, post norms, softcaps
   gpt_neox          hidden_size   intermediate_size         gelu     layernorm  partial rope, parallel residual
   olmo2             hidden_size   intermediate_size         swiglu   rmsnorm    rope neox, post norms only, q/k norms
@@ -16,10 +17,13 @@ ModelConfig, for the families ffnlab knows:
   mixtral, qwen2_moe, qwen3_moe, olmoe: mixtures of SwiGLU experts (formats/hf_moe.py)
   gemma2, gpt_neox, olmo2: their own fields and tensor names in formats/hf_families.py
 
-What ModelConfig cannot express is left out on purpose, because it changes neither the
-parameter count nor the FFN: Llama 3.1's "llama3" RoPE frequency scaling, Mistral's and Phi-3's
-all-layer sliding window. BERT's token-type table and pooler
-are not part of ModelConfig either; hf_extra_params() counts them for the sizing tools.
+Every field of each family's transformers config class is read here, listed as irrelevant to the
+logits, or refused with a line naming it (formats/hf_fields.py holds the lists; a test enumerates the
+classes). Sliding windows: Mistral and Phi-3 slide every layer; Qwen2/Qwen3 only with
+use_sliding_window, on the layers layer_types (or max_window_layers) names; Gemma alternates.
+RoPE (rope_parameters): default, linear and Llama 3's llama3 scaling run; other types are refused.
+BERT's token-type table and pooler are not part of ModelConfig; hf_extra_params() counts them for
+the sizing tools.
 
 A required field that is missing raises ConfigError naming the field and the file.
 """
@@ -28,11 +32,12 @@ import os
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
 from .hf_families import check_layer_types, gemma2_fields, gptneox_config, olmo2_fields
+from .hf_fields import refuse_unsupported
 from .hf_moe import MOE_TYPES, moe_fields
 from .jsonfile import field, read_json_object
 
-SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "phi3", "gemma2", "gemma3", "gemma3_text", "gpt_neox",
-             "olmo2") + MOE_TYPES
+SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gemma3_text",
+             "gpt_neox", "olmo2") + MOE_TYPES
 
 # transformers' hidden_act / activation_function -> the activation inside ffnlab's FFN kinds
 _GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
@@ -69,6 +74,7 @@ def config_from_hf(d: dict, path="config.json", name="") -> ModelConfig:
             raise
 
     name = name or field(d, "_name_or_path", str, path, "") or ""
+    refuse_unsupported(d, model_type, path)          # fields that change the math and are not implemented
     try:
         if model_type == "gpt2":
             return _gpt2(d, req, path, name)
@@ -152,34 +158,35 @@ def _decoder(d, req, model_type, path, name):
     gemma = model_type.startswith("gemma")
     act_key = "hidden_activation" if gemma and "hidden_activation" in d else "hidden_act"
     act = req(act_key, str, None) or ("gelu_pytorch_tanh" if gemma else "silu")
-    attention_bias = req("attention_bias", bool, False)
+    # q/k/v and o biases: Llama and Qwen3 have attention_bias; Qwen2 always has q/k/v biases and no
+    # o bias; Mistral and Phi-3 have none (their attention ignores the field)
+    attention_bias = req("attention_bias", bool, False) if model_type in ("llama", "qwen3") else False
+    n_layer = req("num_hidden_layers", hi=MAX_LAYERS)
     kw = dict(
         arch={"mistral": "llama", "gemma3_text": "gemma3"}.get(model_type, model_type),
-        n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head, n_kv_head=n_kv, head_dim=head_dim,
+        n_layer=n_layer, d_model=D, n_head=n_head, n_kv_head=n_kv, head_dim=head_dim,
         d_ff=req("intermediate_size"), ffn=_ffn_from_act(act, path, act_key),
-        ffn_bias=req("mlp_bias", bool, False), attn_bias=attention_bias,
-        attn_out_bias=attention_bias and model_type in ("llama", "mistral"),
+        ffn_bias=req("mlp_bias", bool, False), attn_bias=attention_bias, attn_out_bias=attention_bias,
         norm="rmsnorm", norm_eps=req("rms_norm_eps", float, 1e-6 if gemma else 1e-5, lo=1e-30, hi=1.0),
         positions="rope", rope_pairing="normal" if model_type in ("llama", "mistral", "mixtral") else "neox",
         rope_theta=req("rope_theta", float, None, lo=1e-30, hi=1e30) or 10000.0,
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
         tie_embeddings=req("tie_word_embeddings", bool, gemma), name=name)
-    scaling = req("rope_scaling", dict, None) or {}
-    if scaling.get("rope_type", scaling.get("type")) == "linear":
-        kw["rope_scale"] = field(scaling, "factor", float, f"{path}: rope_scaling", lo=1e-30, hi=1e30)
+    kw.update(_rope_scaling(req("rope_scaling", dict, None) or {}, path))
     if model_type == "qwen2":
         kw["attn_bias"] = True                             # Qwen2 always has q/k/v biases (no config flag)
     if model_type in MOE_TYPES:
         kw.update(moe_fields(d, req, model_type, path))    # formats/hf_moe.py
+    if model_type == "qwen3":
+        kw["qk_norm"] = True                               # q_norm / k_norm: RMSNorm over each head's head_dim
     if model_type == "phi3":
-        kw["fused_qkv"] = True                             # qkv_proj: one [q+2kv, hidden] matrix
+        kw["fused_qkv"] = True                             # qkv_proj: one [q_dim + 2*kv_dim, hidden] matrix
     if gemma:
         kw.update(post_attn_norm=True, post_ffn_norm=True, embed_scale=True,
                   attn_scale=float(req("query_pre_attn_scalar", float, None, lo=1e-30, hi=1e30) or head_dim) ** -0.5,
                   final_logit_softcap=req("final_logit_softcapping", float, None, lo=0, hi=1e30) or 0.0)
-        if req("sliding_window", int, None, lo=0):
-            kw["sliding_window"] = d["sliding_window"]
-            kw["sliding_window_pattern"] = _sliding_pattern(d, model_type)
+    if model_type not in MOE_TYPES:                        # hf_moe refuses their windows
+        kw["sliding_window"], kw["sliding_window_pattern"] = _sliding(d, req, model_type, n_layer, path)
     if model_type in ("gemma3", "gemma3_text"):
         kw["qk_norm"] = True
         kw["rope_theta_local"] = req("rope_local_base_freq", float, None, lo=1e-30, hi=1e30) or 10000.0
@@ -192,6 +199,50 @@ def _decoder(d, req, model_type, path, name):
     if model_type == "gemma2":
         check_layer_types(d, cfg, path)
     return cfg
+
+
+def _rope_scaling(rs, path) -> dict:
+    """rope_scaling / rope_parameters -> ModelConfig fields. default, linear (positions / factor) and
+    llama3 (per-frequency divisors, ops/rope.py) run; every other type is refused: running it as
+    plain RoPE would be silently wrong."""
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    where = f"{path}: rope_parameters"
+    if kind in ("default", None):
+        return {}
+    if kind == "linear":
+        return {"rope_scale": field(rs, "factor", float, where, lo=1e-30, hi=1e30)}
+    if kind == "llama3":
+        return {"rope_llama3": (field(rs, "factor", float, where, lo=1e-30, hi=1e30),
+                                field(rs, "low_freq_factor", float, where, lo=1e-30, hi=1e30),
+                                field(rs, "high_freq_factor", float, where, lo=1e-30, hi=1e30),
+                                float(field(rs, "original_max_position_embeddings", int, where, lo=1, hi=MAX_DIM)))}
+    raise ConfigError(f"{path}: field 'rope_parameters' has rope_type {kind!r}: not implemented (ffnlab runs "
+                      f"'default', 'linear' and 'llama3' RoPE; anything else would give wrong logits)")
+
+
+def _sliding(d, req, model_type, n_layer, path) -> tuple:
+    """-> (sliding_window, sliding_window_pattern) as ModelConfig reads them (window 0: none).
+
+    Mistral and Phi-3 slide every layer when sliding_window is set (pattern 0). Qwen2/Qwen3 use
+    the window only with use_sliding_window, and only on the layers layer_types calls
+    sliding_attention (by default those from max_window_layers on). Gemma alternates."""
+    if model_type in ("qwen2", "qwen3") and not req("use_sliding_window", bool, False):
+        return 0, 0                          # transformers sets sliding_window to None: full attention
+    window = req("sliding_window", int, None, lo=0) or 0
+    if not window:
+        return 0, 0
+    if model_type.startswith("gemma"):
+        return window, _sliding_pattern(d, model_type)
+    types = d.get("layer_types")
+    if types is None and model_type in ("qwen2", "qwen3"):
+        first = req("max_window_layers", int, 28, lo=0, hi=MAX_LAYERS)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
+    if types is None or (isinstance(types, list) and all(t == "sliding_attention" for t in types)):
+        return window, 0                     # every layer slides
+    if isinstance(types, list) and all(t == "full_attention" for t in types):
+        return 0, 0
+    raise ConfigError(f"{path}: field 'layer_types' (max_window_layers for Qwen) mixes sliding and full layers "
+                      f"as {model_type} does not: only every-layer windows run for it ({types!r:.80})")
 
 
 def _sliding_pattern(d, model_type):

@@ -36,8 +36,9 @@ class KVCache:
 
 def qkv_order(cfg):
     """The order llama.cpp evaluates the three projections in (eval-callback order): build_attn
-    expands q, v, k for the plain KV cache, but q, k, v for Gemma 3's sliding-window cache."""
-    return ("q", "k", "v") if cfg.sliding_window else ("q", "v", "k")
+    expands q, v, k for the plain KV cache, but q, k, v for the interleaved sliding-window cache
+    (Gemma 2/3: some layers slide, some do not; a model whose every layer slides uses the plain one)."""
+    return ("q", "k", "v") if cfg.sliding_window and cfg.sliding_window_pattern else ("q", "v", "k")
 
 
 class AttnCache(NamedTuple):
@@ -82,7 +83,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     blk = f"blk.{il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
     if cfg.positions == "rope":
-        cos, sin = rope if rope is not None else rope_angles(pos, cfg.n_rot, cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
+        cos, sin = rope if rope is not None else rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
     qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]

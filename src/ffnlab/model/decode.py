@@ -93,7 +93,7 @@ def make_plan(p, cfg, packs=None) -> Plan:
             ffn_norm=norm(blk + "ffn_norm"), ffn=ffn_weights(p, il, gate_up, cfg),
             post_ffn_norm=norm(blk + "post_ffw_norm") if cfg.post_ffn_norm else None,
             window=cfg.sliding_window if cfg.is_sliding(il) else 0,
-            rope=(cfg.layer_rope_theta(il), cfg.layer_rope_scale(il)) if cfg.positions == "rope" else None))
+            rope=cfg.layer_rope(il) if cfg.positions == "rope" else None))
     return Plan(params_key(p), layers, norm("output_norm"), p[lm_head_name(cfg)])
 
 

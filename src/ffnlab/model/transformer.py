@@ -63,7 +63,7 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
             masks[window] = None if m.all() else m                         # None: nothing to mask
         rope = None
         if cfg.positions == "rope":
-            key = (cfg.layer_rope_theta(il), cfg.layer_rope_scale(il))
+            key = cfg.layer_rope(il)
             if key not in ropes:
                 cos, sin = rope_angles(pos, cfg.n_rot, *key)             # float64 angles, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))

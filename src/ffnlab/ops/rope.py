@@ -11,11 +11,33 @@ Partial rotary (GPT-NeoX's rotary_pct, llama.cpp's n_rot < head_dim): angles for
 import numpy as np
 
 
-def rope_angles(pos, head_dim, theta, scale=1.0):
-    """pos: [T] -> cos, sin: [T, head_dim/2] (float64, cast by the caller)"""
+def rope_angles(pos, head_dim, theta, scale=1.0, freq_factors=()):
+    """pos: [T] -> cos, sin: [T, head_dim/2] (float64, cast by the caller)
+
+    scale: linear scaling, positions divided by it; freq_factors: [hd/2] divisors of each
+    frequency (Llama 3.x, llama.cpp's rope_freqs.weight), () for none."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    if len(freq_factors):
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     ang = (np.asarray(pos, dtype=np.float64) / scale)[:, None] * inv_freq[None, :]   # [T, hd/2]
     return np.cos(ang), np.sin(ang)
+
+
+def llama3_freq_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original_ctx):
+    """Llama 3.1's RoPE scaling as per-frequency divisors -> tuple [head_dim/2].
+
+    Frequencies whose wavelength is shorter than original_ctx/high_freq_factor are kept (divisor 1),
+    those longer than original_ctx/low_freq_factor are divided by `factor`, and those between are
+    interpolated: new = (1 - s) * f / factor + s * f with s = (original_ctx / wavelength - low) / (high - low),
+    i.e. divisor 1 / ((1 - s) / factor + s). transformers' _compute_llama3_parameters computes the
+    new frequencies; llama.cpp's converter stores these divisors as rope_freqs.weight."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    wavelen = 2 * np.pi / inv_freq
+    s = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    div = 1.0 / ((1 - s) / factor + s)                                                # the smooth middle band
+    div = np.where(wavelen < original_ctx / high_freq_factor, 1.0, div)               # high frequencies: kept
+    div = np.where(wavelen > original_ctx / low_freq_factor, factor, div)             # low frequencies: / factor
+    return tuple(float(x) for x in div)
 
 
 def _split(x, pairing):
