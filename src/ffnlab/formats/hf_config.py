@@ -158,9 +158,9 @@ def _decoder(d, req, model_type, path, name):
     gemma = model_type.startswith("gemma")
     act_key = "hidden_activation" if gemma and "hidden_activation" in d else "hidden_act"
     act = req(act_key, str, None) or ("gelu_pytorch_tanh" if gemma else "silu")
-    # q/k/v and o biases: Llama, Qwen3 and Gemma have attention_bias; Qwen2 always has q/k/v biases and no
-    # o bias; Mistral and Phi-3 have none (their attention ignores the field)
-    attention_bias = req("attention_bias", bool, False) if model_type in ("llama", "qwen3") or gemma else False
+    # q/k/v and o biases: attention_bias where the family's attention reads it (Llama, Qwen3, Gemma,
+    # OLMo 2); Qwen2 always has q/k/v biases and no o bias; Mistral and Phi-3 have none
+    attention_bias = req("attention_bias", bool, False) if model_type not in ("mistral", "phi3", "qwen2") else False
     n_layer = req("num_hidden_layers", hi=MAX_LAYERS)
     kw = dict(
         arch={"mistral": "llama", "gemma3_text": "gemma3"}.get(model_type, model_type),
