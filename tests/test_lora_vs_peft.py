@@ -202,7 +202,7 @@ def test_dropout_acts_on_the_adapter_input_as_peft(hf_dir):
     dropout modules, give PEFT's gradients: same placement, same 1/(1-p) rescale."""
     m = ffnlab.load(str(hf_dir), progress=False)
     tensors, adapters = random_adapters(m, "q,v")
-    p = attach(m.params, adapters, ALPHA / R, dropout=0.3, seed=4, freeze=True)
+    p = attach(m.params, adapters, ALPHA / R, dropout=0.3, rng=np.random.default_rng(4), freeze=True)
     from ffnlab.training.lora import set_training
     set_training(p, True)
     rng = np.random.default_rng(6)

@@ -119,10 +119,15 @@ def save_state(out, step, params, opt, rng, trainer: dict):
     record = {"step": step, "state_file": state_name, "rng": rng.bit_generator.state,
               "optimizer": opt.state_scalars(), **trainer}
     atomic_write_json(os.path.join(out, TRAINER_FILE), record)
+    remove_old_states(out, state_name)
+
+
+def remove_old_states(out, keep):
+    """After a commit: the state files before it, and temp files a killed writer left."""
     for old in glob.glob(os.path.join(out, "state-*.safetensors")):
-        if os.path.basename(old) != state_name:
+        if os.path.basename(old) != keep:
             os.unlink(old)
-    for tmp in glob.glob(os.path.join(out, ".*.tmp-*")):   # left by a writer that was killed
+    for tmp in glob.glob(os.path.join(out, ".*.tmp-*")):
         os.unlink(tmp)
 
 

@@ -139,11 +139,11 @@ def init_adapters(params, cfg, tensors, rank, seed=0) -> dict:
     return adapters
 
 
-def attach(params, adapters, scale, dropout=0.0, seed=0, freeze=False) -> dict:
+def attach(params, adapters, scale, dropout=0.0, rng=None, freeze=False) -> dict:
     """-> a params dict whose adapted weights are LoraWeights over the same adapter arrays.
-    scale: alpha / r, or {weight name: scale}. freeze: every other 2-D weight becomes a Frozen
-    (fine-tuning: no gradient for it), the embedding table too."""
-    rng = np.random.default_rng([seed, 3])
+    scale: alpha / r, or {weight name: scale}. rng: the dropout masks' Generator (fine-tuning
+    passes its checkpointed one, so a resumed run draws the same masks). freeze: every other
+    2-D weight becomes a Frozen (no gradient for it), the embedding table too."""
     out = dict(params)
     for an in (n for n in adapters if n.endswith(".lora_a")):
         w = an[:-len(".lora_a")]

@@ -1,0 +1,83 @@
+"""`ffnlab finetune`: LoRA adapters on a real model, written as a PEFT adapter directory."""
+COMMAND = "finetune"
+HELP = "fine-tune LoRA adapters on a model (GGUF, HF directory); writes a PEFT adapter directory"
+
+SETTING_FLAGS = {  # flag -> (FinetuneSettings field, type, help)
+    "--lora-r": ("r", "positive", "adapter rank r (default 8)"),
+    "--lora-alpha": ("alpha", "positive_float", "LoRA alpha: the update is scaled by alpha / r (default 16)"),
+    "--target": ("targets", str, "adapted matrices: q,k,v,o,gate,up,down (or HF names q_proj, ...), attn (q,k,v,o), "
+                                 "mlp (gate,up,down) or all (default q,v, as PEFT's default for Llama)"),
+    "--lora-dropout": ("dropout", float, "dropout on the adapter input, as PEFT's lora_dropout (default 0)"),
+    "--steps": ("steps", "positive", "optimizer steps (default 200); with --resume, more extend the run"),
+    "--lr": ("lr", "positive_float", "peak learning rate (default 1e-3)"),
+    "--warmup": ("warmup", "nonneg", "linear warmup steps before the cosine decay (default 10)"),
+    "--batch": ("batch", "positive", "sequences per step (default 4)"),
+    "--seq-len": ("seq_len", "positive", "tokens per sequence (default 128)"),
+    "--val-frac": ("val_frac", float, "held-out fraction at the end of the data (default 0.1)"),
+    "--train-tokens": ("train_tokens", "nonneg", "train on the first N tokens of the train split only "
+                                                 "(a smaller data set, same validation tail); 0 = all (default)"),
+    "--eval-every": ("eval_every", "positive", "evaluate train/val loss every N steps (default 50)"),
+    "--eval-batches": ("eval_batches", "positive", "batches per evaluation (default 4)"),
+    "--ckpt-every": ("ckpt_every", "nonneg", "commit a checkpoint every N steps, 0 = only at the end (default 50)"),
+    "--weight-decay": ("weight_decay", float, "AdamW decoupled weight decay on A and B (default 0)"),
+    "--seed": ("seed", "nonneg", "seed for the adapter init, the batch order and dropout (default 0)"),
+}
+
+
+def add_arguments(p):
+    from .common import add_model_argument
+    add_model_argument(p)
+    p.add_argument("--data", required=True, help="UTF-8 text file to fine-tune on")
+    p.add_argument("--out", required=True, help="adapter directory (PEFT's adapter_config.json + "
+                                                "adapter_model.safetensors, and the resume state)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out (same settings; --steps may grow)")
+    for flag, (_, typ, hlp) in SETTING_FLAGS.items():
+        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _flag_type(flag, typ):
+    from .common import nonneg, positive, positive_float
+    return {"positive": positive, "nonneg": nonneg, "positive_float": positive_float}[typ](flag) \
+        if isinstance(typ, str) else typ
+
+
+def run(args):
+    import os
+
+    from ..formats.installed import resolve_model
+    from ..formats.load import load
+    from ..training.data import TokenData, data_info, read_text
+    from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune
+
+    given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    saved = {}
+    if args.resume and os.path.isfile(os.path.join(args.out, FINETUNE_FILE)):
+        from ..formats.jsonfile import read_json_object
+        saved = read_json_object(os.path.join(args.out, FINETUNE_FILE), "fine-tuning record").get("settings", {})
+    settings = FinetuneSettings.from_dict({**saved, **given})
+    settings.validate()
+    path = resolve_model(args.model)
+    model = load(path, progress=None if not args.quiet else False)
+    if model.tokenizer is None:
+        from ..errors import UsageError
+        raise UsageError(f"{path}: the model has no tokenizer, so --data cannot be tokenized for it")
+    text = read_text(args.data)
+    ids = model.tokenizer.encode(text, add_bos=False)
+    data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=args.data)
+    if not args.quiet:
+        from ..threads import threads
+        print(f"threads: {threads()}; model: {os.path.basename(path)} ({model.config.arch}, {model.config.n_layer} layers); "
+              f"LoRA r={settings.r} alpha={settings.alpha:g} on {settings.targets}; data: "
+              f"{len(data.train) if not settings.train_tokens else min(settings.train_tokens, len(data.train))} "
+              f"train / {len(data.val)} val tokens", flush=True)
+    rec = finetune(model, settings, data, args.out, resume=args.resume, data_info=data_info(args.data, text, len(ids)),
+                   base_model=os.path.abspath(path), progress=not args.quiet)
+    if not args.quiet:
+        fin = rec.get("final") or {}
+        print(f"done: step {rec['step']}, {rec.get('trainable_params', 0):,} trainable parameters, "
+              f"train loss {fin.get('train_loss', float('nan')):.4f}, val loss {fin.get('val_loss', float('nan')):.4f}, "
+              f"{rec.get('tokens_per_s', 0):.0f} tok/s; adapter in {args.out} "
+              f"(try: ffnlab run -m {args.model or 'smollm2'} --lora {args.out} -p \"...\")")
+    return 0
