@@ -24,6 +24,7 @@ from models import model_path, ours  # noqa: E402
 
 PROMPT = "How are"
 N_KV_PAD = 256
+KQ_NODES = ("kq", "kq_scaled_1", "kq_tanh", "kq_scaled_2", "kq_soft_max")   # [n_kv, T, H]: Gemma 2's softcap too
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def sequence(nodes, T):
     out = []
     for n in nodes:
         ne = tuple(n.ne)
-        if n.name.split("-")[0] in ("kq", "kq_soft_max"):
+        if n.name.split("-")[0] in KQ_NODES:
             assert ne[0] in (T, -(-T // N_KV_PAD) * N_KV_PAD), (n.name, ne)
             ne = ("keys",) + ne[1:]
         out.append((n.name, n.op, ne))

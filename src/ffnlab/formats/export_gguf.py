@@ -20,6 +20,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .export_targets import config_mismatches
+from .gguf_families import FAMILY_ARCHS, family_gguf_params, family_mismatches, write_family_keys
 from .gguf_moe import gguf_moe_arch, write_moe_keys
 from .gguf_write import copied_field, finish_atomically, writer_class
 
@@ -30,6 +31,11 @@ def gguf_arch(cfg) -> str:
     """The llama.cpp architecture that runs this config exactly, or UsageError saying why none does."""
     if cfg.moe:
         return gguf_moe_arch(cfg)                    # llama (Mixtral), qwen2moe, qwen3moe, olmoe
+    if cfg.arch in FAMILY_ARCHS:                     # gemma2, gptneox, olmo2: formats/gguf_families.py
+        why = family_mismatches(cfg)
+        if why:
+            raise UsageError(f"cannot export to GGUF {cfg.arch}: {'; '.join(why)}.{hf_hint(cfg)}")
+        return cfg.arch
     why = []
     if cfg.positions == "learned":
         want = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True)
@@ -68,7 +74,7 @@ def neox_to_normal_rows(w, n_head):
 
 def gguf_tensors(cfg, params, arch) -> dict:
     """-> {GGUF name: float32 array [out, in]} in llama.cpp's row order and layout."""
-    params = dict(params)
+    params = family_gguf_params(cfg, params, arch) if arch in FAMILY_ARCHS else dict(params)
     if arch == "gpt2" and not cfg.fused_qkv:           # llama.cpp's gpt2 graph reads one fused attn_qkv
         for il in range(cfg.n_layer):
             for kind in ("weight", "bias"):
@@ -166,7 +172,9 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
     w.add_block_count(cfg.n_layer)
     w.add_head_count(cfg.n_head)
     w.add_vocab_size(cfg.vocab_size)
-    if arch == "gpt2":
+    if arch in FAMILY_ARCHS:
+        write_family_keys(w, cfg, arch)
+    elif arch == "gpt2":
         w.add_layer_norm_eps(cfg.norm_eps)
     else:
         w.add_head_count_kv(cfg.n_kv_head)

@@ -7,9 +7,11 @@ def config_mismatches(cfg, want) -> list:
     softcap, custom attention scale, RoPE scaling) it uses. [] when it fits."""
     why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
-              "attn_scale"):
+              "attn_scale", "attn_softcap", "parallel_residual", "rope_dim"):
         if getattr(cfg, k):
             why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
     if cfg.rope_scale != 1.0:
         why.append(f"rope_scale={cfg.rope_scale} (needs 1)")
+    if not cfg.pre_norm:
+        why.append("pre_norm=False (needs pre norms)")
     return why

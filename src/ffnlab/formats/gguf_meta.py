@@ -7,19 +7,26 @@
 GGUFReader memory-maps the file and parses only the header, the key/value metadata and the
 tensor directory; the tensor data stays on disk untouched (nothing is dequantized here).
 
-Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3}:
+Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3, gptneox, olmo2}:
   {arch}.embedding_length -> d_model          {arch}.feed_forward_length -> d_ff
   {arch}.block_count -> n_layer               {arch}.context_length -> n_ctx
   {arch}.attention.head_count -> n_head       {arch}.attention.head_count_kv -> n_kv_head (default n_head)
   {arch}.attention.key_length -> head_dim (default d_model / n_head)
-  {arch}.attention.layer_norm_epsilon (gpt2) or .layer_norm_rms_epsilon (others) -> norm_eps
+  {arch}.attention.layer_norm_epsilon (gpt2, gptneox) or .layer_norm_rms_epsilon (others) -> norm_eps
   {arch}.rope.freq_base -> rope_theta (default 10000, llama.cpp's default)
+  {arch}.rope.dimension_count -> rope_dim when below head_dim (partial rotary: GPT-NeoX's n_rot)
+  gptneox.use_parallel_residual -> parallel_residual (required, as llama.cpp requires it)
+  gemma2.attn_logit_softcapping / .final_logit_softcapping -> attn_softcap / final_logit_softcap
+      (llama.cpp's defaults 50 and 30 when absent: its gemma2 graph always caps both)
   {arch}.rope.scaling.type / .factor (linear) -> rope_scale
   {arch}.attention.sliding_window (+ .sliding_window_pattern) -> sliding window (gemma2, gemma3)
   {arch}.rope.freq_base_swa -> rope_theta_local (gemma3, default 10000)
   tokenizer.ggml.tokens (its length) or {arch}.vocab_size -> vocab_size (else token_embd's rows)
 What the keys do not say is read from the tensor names: biases, the gate (gated FFN), q/k
 norms, post norms, a fused qkv, and tied embeddings (no output.weight).
+gptneox's MLP is exact GELU here: the Pythia models it holds were trained with exact GELU (HF's
+"gelu"); llama.cpp's ggml_gelu is the tanh approximation, a difference verify's tolerance and
+arith="ggml" account for, while ffnlab reading its own GGUF export gives its own logits.
 """
 import contextlib
 import math
@@ -33,9 +40,11 @@ from .gguf_check import check_gguf
 from .gguf_moe import MOE_ARCHS, check_expert_tensors, moe_fields
 from .jsonfile import check_regular_file
 
-ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3") + MOE_ARCHS          # MoE: formats/gguf_moe.py
+ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "gptneox", "olmo2") + MOE_ARCHS   # MoE: formats/gguf_moe.py
 _ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "gemma2": "gelu_tanh", "gemma3": "gelu_tanh",
-               **{a: "silu" for a in MOE_ARCHS}}
+               "gptneox": "gelu", "olmo2": "silu", **{a: "silu" for a in MOE_ARCHS}}
+_DENSE_FFN = ("gpt2", "gptneox")                   # the others have a gated FFN (or experts)
+_LAYERNORM = ("gpt2", "gptneox")
 _GATED_KIND = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
@@ -201,12 +210,12 @@ def config_from_gguf(reader, path) -> ModelConfig:
         d_ff = widths.pop()
     else:
         d_ff = key("feed_forward_length")
-    eps_key = "attention.layer_norm_epsilon" if arch == "gpt2" else "attention.layer_norm_rms_epsilon"
+    eps_key = "attention.layer_norm_epsilon" if arch in _LAYERNORM else "attention.layer_norm_rms_epsilon"
     has = lambda t: f"blk.0.{t}" in names                       # noqa: E731
     act = _ACTIVATION[arch]
     gated = has("ffn_gate.weight")
     moe = moe_fields(key, arch, names, path)                     # {} for a dense file
-    if arch != "gpt2" and not gated and not moe:
+    if arch not in _DENSE_FFN and not gated and not moe:
         raise ModelFileError(f"{path}: missing tensor blk.0.ffn_gate.weight ({arch} has a gated FFN)")
     kw = dict(
         arch=arch, n_layer=n_layer, d_model=d_model, n_head=n_head,
@@ -216,8 +225,9 @@ def config_from_gguf(reader, path) -> ModelConfig:
         ffn_bias=has("ffn_up.bias"), attn_bias=has("attn_q.bias") or has("attn_qkv.bias"),
         attn_out_bias=has("attn_output.bias"), fused_qkv=has("attn_qkv.weight"),
         norm="layernorm" if has("attn_norm.bias") else "rmsnorm", norm_eps=key(eps_key, kind=float, lo=1e-30, hi=1.0),
+        pre_norm=arch != "olmo2",                                # OLMo 2: post norms only
         post_attn_norm=has("post_attention_norm.weight"), post_ffn_norm=has("post_ffw_norm.weight"),
-        qk_norm=has("attn_q_norm.weight"),
+        qk_norm=has("attn_q_norm.weight"), qk_norm_full=arch == "olmo2",
         positions="learned" if "position_embd.weight" in names else "rope",
         rope_pairing="normal" if arch == "llama" else "neox",
         rope_theta=key("rope.freq_base", 10000.0, float, 1e-30, 1e30),
@@ -230,6 +240,11 @@ def config_from_gguf(reader, path) -> ModelConfig:
     factor = key("rope.scaling.factor", 0.0, float, 0.0, 1e30)
     if scaling == "linear" and factor > 0:
         kw["rope_scale"] = factor
+    n_rot = key("rope.dimension_count", kw["head_dim"])
+    if kw["positions"] == "rope" and n_rot < kw["head_dim"]:
+        kw["rope_dim"] = n_rot                                   # partial rotary (GPT-NeoX)
+    if arch == "gptneox":
+        kw["parallel_residual"] = get_key(reader, "gptneox.use_parallel_residual", path, kind=bool)
     if arch in ("gemma2", "gemma3"):
         kw.update(_gemma(reader, arch, path, kw))
     kw.update(moe)
@@ -261,7 +276,8 @@ def _gemma(reader, arch, path, kw) -> dict:
     - sliding-window layers: il % n < n - 1 slides, n = 2 (Gemma 2) or
       {arch}.attention.sliding_window_pattern, default 6 (Gemma 3);
     - Gemma 3's sliding layers use RoPE base {arch}.rope.freq_base_swa, default 10000, unscaled;
-    - a final logit softcap only when {arch}.final_logit_softcapping is present."""
+    - Gemma 2 soft-caps attention scores and logits always (defaults 50 and 30); Gemma 3 caps its
+      logits only when {arch}.final_logit_softcapping is present."""
     big = kw["n_layer"] == (46 if arch == "gemma2" else 62)
     out = {"embed_scale": True,
            "attn_scale": 1.0 / math.sqrt(kw["d_model"] / kw["n_head"] if big else kw["head_dim"]),
@@ -269,7 +285,10 @@ def _gemma(reader, arch, path, kw) -> dict:
            "sliding_window": get_key(reader, f"{arch}.attention.sliding_window", path,
                                      4096 if arch == "gemma2" else ..., int, 1, MAX_DIM),
            "sliding_window_pattern": 2,
-           "final_logit_softcap": get_key(reader, f"{arch}.final_logit_softcapping", path, 0.0, float, 0.0, 1e30)}
+           "final_logit_softcap": get_key(reader, f"{arch}.final_logit_softcapping", path,
+                                          30.0 if arch == "gemma2" else 0.0, float, 0.0, 1e30)}
+    if arch == "gemma2":                     # llama.cpp's gemma2 always soft-caps the attention scores
+        out["attn_softcap"] = get_key(reader, "gemma2.attn_logit_softcapping", path, 50.0, float, 1e-30, 1e30)
     if arch == "gemma3":
         out["sliding_window_pattern"] = _swa_pattern(get_key(reader, f"{arch}.attention.sliding_window_pattern",
                                                              path, 6), kw["n_layer"], path)

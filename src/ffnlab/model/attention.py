@@ -129,7 +129,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if cfg.attn_softcap:
         kq, capped = _softcap(kq, scale, cfg.attn_softcap, hook)
     probs = hook("kq_soft_max", attention_probs(kq, 1.0 if cfg.attn_softcap else scale, allowed), "SOFT_MAX",
-                 ("kq", "attn_inp_kq_mask"))           # capped scores are scaled already
+                 ("kq_scaled_2" if cfg.attn_softcap else "kq", "attn_inp_kq_mask"))   # capped: scaled already
     out = hook("kqv", attention_mix(probs, v_all), "MUL_MAT",                     # [B, H, T, hd]
                ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
@@ -152,9 +152,9 @@ def _softcap(kq, scale, c, hook):
     and the tanh (its derivative 1 - tanh^2 is the backward). The cap bounds every score to (-c, c)
     before the mask, so no head can put all its weight on one key by a large margin. llama.cpp
     (build_attn_mha) scales by 1/c, takes the tanh and scales by c, as three nodes."""
-    z = hook("kq_scaled", kq * np.asarray(scale / c, dtype=kq.dtype), "SCALE", ("kq",))
-    t = hook("kq_tanh", np.tanh(z), "TANH", ("kq_scaled",))
-    return hook("kq", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
+    z = hook("kq_scaled_1", kq * np.asarray(scale / c, dtype=kq.dtype), "SCALE", ("kq",))
+    t = hook("kq_tanh", np.tanh(z), "TANH", ("kq_scaled_1",))
+    return hook("kq_scaled_2", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
 
 
 def _head_norm(a, p, cfg, w, name, hook):

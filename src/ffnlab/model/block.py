@@ -20,12 +20,13 @@ from .hooks import identity
 from .packing import packed
 
 
-def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp"):
+def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp", bare_out=False):
     """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias) -> y, cache.
 
     Hooked as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only when
     a bias follows), then `node` for the result. bare_norm: the unscaled node has no layer
-    suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1)."""
+    suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1); bare_out: nor has
+    the result (Gemma 2 and OLMo 2 name it with il = -1 too)."""
     w, b = p[wname + ".weight"], p.get(wname + ".bias")
     if cfg.norm == "layernorm":
         y, cache = layernorm_forward(x, w, None, cfg.norm_eps)        # y = x_hat * w; the bias below
@@ -40,7 +41,7 @@ def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="in
         y = hook("norm_w", y, "MUL", ("norm", wname + ".weight"))
         y = hook(node, y + b, "ADD", ("norm_w", wname + ".bias"))
     else:
-        y = hook(node, y, "MUL", ("=norm" if bare_norm else "norm", wname + ".weight"))
+        y = hook(node, y, "MUL", ("=norm" if bare_norm else "norm", wname + ".weight"), bare_out)
     return y, cache
 
 
@@ -56,6 +57,13 @@ def norm_backward(dy, p, cfg, wname, cache):
         return dx, g
     dx, dw = rmsnorm_backward(dy, w, cache)
     return dx, {wname + ".weight": dw}
+
+
+# Where llama.cpp's graphs name a node differently by family (names only: the math reads config flags)
+GRAPH_NAMES = {
+    "sa_out": ("gemma2", "gemma3"),              # the first residual sum is sa_out here, ffn_inp elsewhere
+    "bare_ffn_post_norm": ("gemma2", "olmo2"),   # cb(ffn_post_norm, -1): no layer suffix (Gemma 3 has one)
+}
 
 
 class BlockCache(NamedTuple):
@@ -86,8 +94,7 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos;
     packs: packed projections (model/packing.py)."""
     blk = f"blk.{il}."
-    # llama.cpp's Gemma graphs (pre and post norms) call the first residual sum sa_out; the others ffn_inp
-    res1 = "sa_out" if cfg.post_attn_norm and cfg.pre_norm else "ffn_inp"
+    res1 = "sa_out" if cfg.arch in GRAPH_NAMES["sa_out"] else "ffn_inp"
     a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp")
     a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs)
     pa_cache = None
@@ -107,7 +114,8 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
         return out, BlockCache(*cache, None)
     pf_cache = None
     if cfg.post_ffn_norm:
-        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out")
+        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
+                                   bare_out=cfg.arch in GRAPH_NAMES["bare_ffn_post_norm"])
     out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else ffn_out_node(cfg), res1))   # [B, T, d_model]
     return out, BlockCache(*cache, pf_cache)
 

@@ -83,7 +83,8 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
         c = cfg.final_logit_softcap
         softcap = np.tanh(logits / c)                                     # Gemma 2 style: logits = c*tanh(z/c)
         logits = softcap * c
-    logits = hook("result_output", logits, "MUL_MAT", (head, "result_norm"))
+    # llama.cpp names the last node result_output: the softcap's SCALE when there is one
+    logits = hook("result_output", logits, "SCALE" if softcap is not None else "MUL_MAT", (head, "result_norm"))
     if kv is not None:
         kv.n += T
     cache = ForwardCache(ids, pos, block_caches, fn_cache, y, softcap) if train else None
