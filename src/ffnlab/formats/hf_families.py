@@ -24,9 +24,8 @@ Two tensors change on the way in, as llama.cpp's converter changes them for GGUF
   GPT-NeoX's query_key_value rows are per head [n_head, 3, head_dim] (q, k, v of head 0, then head 1,
   ...): they are reordered to [3, n_head, head_dim], the q; k; v blocks of a fused attn_qkv.
 
-Every field of the three config classes is used (USED), known not to change the logits
-(IRRELEVANT, with the reason), or refused when it has a value ffnlab does not compute (REFUSED);
-tests/test_hf_families.py holds the lists against transformers' config classes.
+Every field of the three config classes is used, known not to change the logits, or refused:
+formats/hf_fields.py lists them, tests/test_hf_fields.py holds the lists to transformers' classes.
 """
 import re
 
@@ -34,7 +33,6 @@ import numpy as np
 
 from ..config import MAX_LAYERS, ConfigError, ModelConfig
 
-FAMILY_TYPES = ("gemma2", "gpt_neox", "olmo2")
 
 _LLAMA_ATTN_MLP = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -59,60 +57,15 @@ _TOP = {
 _TOP["olmo2"] = _TOP["gemma2"]
 _LAYERS = {"gemma2": r"model\.layers", "olmo2": r"model\.layers", "gptneox": r"gpt_neox\.layers"}
 
-# --- config fields ------------------------------------------------------------------------------
-_COMMON_IRRELEVANT = {
-    "initializer_range": "random init only", "use_cache": "KV cache on/off: the same logits",
-    "attention_dropout": "dropout, zero at inference", "bos_token_id": "tokenizer", "eos_token_id": "tokenizer",
-    "pad_token_id": "tokenizer", "_name_or_path": "a label", "architectures": "a label",
-    "transformers_version": "a label", "dtype": "the storage dtype (ffnlab computes in float32)",
-    "output_attentions": "an output option", "output_hidden_states": "an output option",
-    "return_dict": "an output option", "chunk_size_feed_forward": "memory chunking, same math",
-    "is_encoder_decoder": "these are decoder-only classes", "id2label": "classification heads only",
-    "label2id": "classification heads only", "problem_type": "classification heads only",
-}
-USED = {
-    "gemma2": ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_activation", "hidden_act",
-               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "rope_parameters", "rope_theta",
-               "rope_scaling", "attention_bias", "query_pre_attn_scalar", "sliding_window", "layer_types",
-               "final_logit_softcapping", "attn_logit_softcapping"),
-    "gpt_neox": ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                 "intermediate_size", "hidden_act", "max_position_embeddings", "layer_norm_eps",
-                 "tie_word_embeddings", "use_parallel_residual", "rope_parameters", "rope_scaling", "attention_bias",
-                 "rotary_pct", "rotary_emb_base"),
-    "olmo2": ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "hidden_act", "max_position_embeddings",
-              "tie_word_embeddings", "rope_parameters", "rope_theta", "rope_scaling", "attention_bias", "rms_norm_eps"),
-}
-IRRELEVANT = {
-    "gemma2": dict(_COMMON_IRRELEVANT),
-    "gpt_neox": {**_COMMON_IRRELEVANT, "hidden_dropout": "dropout, zero at inference",
-                 "classifier_dropout": "the sequence-classification head only",
-                 "is_decoder": "GPTNeoXAttention is causal whatever it says (is_causal = True)"},
-    "olmo2": dict(_COMMON_IRRELEVANT),
-}
-# a value other than the one ffnlab computes raises ConfigError naming the field (checked in family_fields)
-REFUSED = {
-    "gemma2": ("use_bidirectional_attention",),
-    "gpt_neox": (),
-    "olmo2": (),
-}
-
-
+# --- config fields (formats/hf_fields.py sorts every field of the three classes) ----------------
 def _refuse(path, key, value, why):
     raise ConfigError(f"{path}: field '{key}' = {value!r:.80} is not supported ({why})")
 
 
 def gemma2_fields(d, req, path) -> dict:
-    """Gemma 2's additions to the decoder fields hf_config reads (post norms, query_pre_attn_scalar,
-    final softcap and the sliding window are shared with Gemma 3 there): the attention softcap, the
-    o_proj bias, and the checks that layer_types alternates as llama.cpp's gemma2 does."""
-    if d.get("use_bidirectional_attention"):
-        _refuse(path, "use_bidirectional_attention", d["use_bidirectional_attention"],
-                "ffnlab's attention is causal")
-    bias = req("attention_bias", bool, False)
-    return {"attn_softcap": req("attn_logit_softcapping", float, None, lo=1e-30, hi=1e30) or 0.0,
-            "attn_out_bias": bias}
+    """Gemma 2's addition to the decoder fields hf_config reads (post norms, query_pre_attn_scalar,
+    final softcap, the sliding window and the biases are shared with Gemma 3 there): the attention softcap."""
+    return {"attn_softcap": req("attn_logit_softcapping", float, None, lo=1e-30, hi=1e30) or 0.0}
 
 
 def check_layer_types(d, cfg, path):
@@ -127,9 +80,8 @@ def check_layer_types(d, cfg, path):
 
 
 def olmo2_fields(d, req, path) -> dict:
-    """OLMo 2: post norms only, q/k norms over the whole projection, o_proj bias with attention_bias."""
-    return {"pre_norm": False, "post_attn_norm": True, "post_ffn_norm": True, "qk_norm": True,
-            "qk_norm_full": True, "attn_out_bias": req("attention_bias", bool, False)}
+    """OLMo 2: post norms only, q/k norms over the whole projection."""
+    return {"pre_norm": False, "post_attn_norm": True, "post_ffn_norm": True, "qk_norm": True, "qk_norm_full": True}
 
 
 def gptneox_config(d, req, path, name) -> ModelConfig:

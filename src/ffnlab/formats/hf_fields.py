@@ -71,6 +71,19 @@ FAMILIES = {
                    {"resid_pdrop": "dropout, zero at inference", "embd_pdrop": "dropout, zero at inference",
                     "original_max_position_embeddings": "read by longrope scaling only, which is refused"},
                    {"partial_rotary_factor": _PARTIAL_ROTARY}),
+    # Gemma 2, GPT-NeoX, OLMo 2: read in formats/hf_families.py
+    "gemma2": Family("Gemma2Config", tuple(f for f in COMMON_USED if f != "hidden_act") + (
+                         "hidden_activation", "head_dim", "attention_bias", "query_pre_attn_scalar", "sliding_window",
+                         "layer_types", "final_logit_softcapping", "attn_logit_softcapping"), {},
+                     {"use_bidirectional_attention": Refuse(lambda v: not v, True, "ffnlab's attention is causal")}),
+    "gpt_neox": Family("GPTNeoXConfig", (
+                           "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+                           "layer_norm_eps", "rope_parameters", "vocab_size", "max_position_embeddings",
+                           "tie_word_embeddings", "use_parallel_residual", "attention_bias"),
+                       {"hidden_dropout": "dropout, zero at inference",
+                        "classifier_dropout": "the sequence-classification head only",
+                        "is_decoder": "GPTNeoXAttention is causal whatever it says (is_causal = True)"}),
+    "olmo2": Family("Olmo2Config", COMMON_USED + ("attention_bias",)),
 }
 
 
