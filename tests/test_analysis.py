@@ -35,6 +35,12 @@ SMALL = {
     "dense_relu_bias": dict(arch="llama", n_layer=2, d_model=48, n_head=3, d_ff=200, ffn="relu", ffn_bias=True,
                             vocab_size=100, n_ctx=64),
     "dense_gelu": dict(arch="llama", n_layer=2, d_model=48, n_head=2, d_ff=320, ffn="gelu", vocab_size=100, n_ctx=64),
+    "gptneox": dict(arch="gptneox", n_layer=2, d_model=64, n_head=4, d_ff=256, ffn="gelu", ffn_bias=True,
+                    attn_bias=True, attn_out_bias=True, fused_qkv=True, norm="layernorm", rope_pairing="neox",
+                    rope_dim=4, parallel_residual=True, vocab_size=300, n_ctx=128, tie_embeddings=False),
+    "olmo2": dict(arch="olmo2", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=160, ffn="swiglu", pre_norm=False,
+                  post_attn_norm=True, post_ffn_norm=True, qk_norm=True, qk_norm_full=True, rope_pairing="neox",
+                  vocab_size=300, n_ctx=128, tie_embeddings=False),
 }
 
 

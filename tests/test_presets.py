@@ -25,12 +25,21 @@ PUBLISHED = {
     "mixtral-8x7b": 46_702_792_704,          # mixtures of experts: active counts in test_moe_sizing.py
     "qwen3-30b-a3b": 30_532_122_624,
     "olmoe-1b-7b": 6_919_161_856,
+    "gemma2-2b": 2_614_341_888,
+    "gemma2-9b": 9_241_705_984,
+    # Pythia: the "Total Params" column of Biderman et al. 2023, Table 1 (untied embed_in / embed_out)
+    "pythia-70m": 70_426_624, "pythia-160m": 162_322_944, "pythia-410m": 405_334_016,
+    "pythia-1b": 1_011_781_632, "pythia-1.4b": 1_414_647_808, "pythia-2.8b": 2_775_208_960,
+    "pythia-6.9b": 6_857_302_016, "pythia-12b": 11_846_072_320,
+    "olmo2-7b": 7_298_617_344,
 }
 
 EXPECTED_ALIASES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "llama2-7b", "llama2-13b",
                     "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "mistral-7b", "qwen2.5-0.5b",
                     "qwen2.5-7b", "gemma2-2b", "gemma3-270m", "smollm2-135m", "smollm2-360m", "smollm2-1.7b",
-                    "tinyllama-1.1b", "phi3-mini-4k", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b"}
+                    "tinyllama-1.1b", "phi3-mini-4k", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b",
+                    "gemma2-9b", "pythia-70m", "pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b",
+                    "pythia-2.8b", "pythia-6.9b", "pythia-12b", "olmo2-7b"}
 
 
 def _total(alias):

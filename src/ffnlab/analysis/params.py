@@ -42,7 +42,7 @@ def layer_params(cfg) -> dict:
     """One block's parameter count per tensor kind -> {name: count}"""
     D, F, q, kv = cfg.d_model, cfg.d_ff, cfg.q_dim, cfg.kv_dim
     ln = cfg.norm == "layernorm"                     # LayerNorm: weight + bias; RMSNorm: weight only
-    n_block_norms = 2 + cfg.post_attn_norm + cfg.post_ffn_norm
+    n_block_norms = 2 * cfg.pre_norm + cfg.post_attn_norm + cfg.post_ffn_norm     # OLMo 2: post norms only
     p = {
         "attn_q": D * q,
         "attn_k": D * kv,

@@ -40,6 +40,14 @@ def _llama(hidden, inter, heads, kv, layers, ctx, vocab, theta=10000.0, eps=1e-5
             "hidden_act": "silu", "tie_word_embeddings": tie, **extra}
 
 
+def _pythia(hidden, layers, heads, vocab=50304):
+    """EleutherAI's Pythia config.json (transformers 4 names: rotary_pct, rotary_emb_base)."""
+    return {"model_type": "gpt_neox", "hidden_size": hidden, "intermediate_size": 4 * hidden,
+            "num_attention_heads": heads, "num_hidden_layers": layers, "max_position_embeddings": 2048,
+            "vocab_size": vocab, "rotary_pct": 0.25, "rotary_emb_base": 10000, "use_parallel_residual": True,
+            "hidden_act": "gelu", "layer_norm_eps": 1e-5, "tie_word_embeddings": False}
+
+
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
 
@@ -72,6 +80,12 @@ PRESETS = [
             "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 256,
             "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
             "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+    Preset("gemma2-9b", "google/gemma-2-9b",
+           {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+            "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42, "max_position_embeddings": 8192,
+            "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 256,
+            "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
     Preset("gemma3-270m", "google/gemma-3-270m",
            {"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048, "num_attention_heads": 4,
             "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 18, "max_position_embeddings": 32768,
@@ -87,6 +101,17 @@ PRESETS = [
     Preset("tinyllama-1.1b", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", _llama(2048, 5632, 32, 4, 22, 2048, 32000)),
     Preset("phi3-mini-4k", "microsoft/Phi-3-mini-4k-instruct",
            {**_llama(3072, 8192, 32, 32, 32, 4096, 32064), "model_type": "phi3", "sliding_window": 2047}),
+    Preset("pythia-70m", "EleutherAI/pythia-70m", _pythia(512, 6, 8)),
+    Preset("pythia-160m", "EleutherAI/pythia-160m", _pythia(768, 12, 12)),
+    Preset("pythia-410m", "EleutherAI/pythia-410m", _pythia(1024, 24, 16)),
+    Preset("pythia-1b", "EleutherAI/pythia-1b", _pythia(2048, 16, 8)),
+    Preset("pythia-1.4b", "EleutherAI/pythia-1.4b", _pythia(2048, 24, 16)),
+    Preset("pythia-2.8b", "EleutherAI/pythia-2.8b", _pythia(2560, 32, 32)),
+    Preset("pythia-6.9b", "EleutherAI/pythia-6.9b", _pythia(4096, 32, 32, 50432)),
+    Preset("pythia-12b", "EleutherAI/pythia-12b", _pythia(5120, 36, 40, 50688)),
+    Preset("olmo2-7b", "allenai/OLMo-2-1124-7B",
+           {**_llama(4096, 11008, 32, 32, 32, 4096, 100352, 500000.0, 1e-6), "model_type": "olmo2",
+            "attention_bias": False}),
     # mixtures of experts: total / active parameters 46,702,792,704 / 12,879,925,248 (Mixtral),
     # 30,532,122,624 / 3,353,032,704 (Qwen3), 6,919,161,856 / 1,282,017,280 (OLMoE)
     Preset("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1",
