@@ -123,3 +123,21 @@ def test_pythia_legacy_rotary_fields():
     d.update(rotary_pct=0.5, rotary_emb_base=2000)
     cfg = config_from_hf(d, "x/config.json")
     assert (cfg.rope_dim, cfg.rope_theta) == (8, 2000.0)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_hf_loads_in_transformers_with_the_same_logits(family, saved, tmp_path):
+    """ffnlab's HF export of the loaded model: transformers loads it and computes ffnlab's logits
+    (and the original model's), within the same 1e-4."""
+    from ffnlab.formats.export_hf import export_hf
+    from ffnlab.training.data import byte_tokenizer
+    path, ref = saved[family]
+    m = ffnlab.load(path, progress=False)
+    export_hf(m.config, m.params, byte_tokenizer(), str(tmp_path / "out"))
+    back = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = back(torch.tensor([IDS])).logits[0].numpy()
+    err = np.abs(theirs - m.forward(IDS)).max()
+    assert err <= TOL, f"{family}: max |transformers(export) - ffnlab| = {err:.2e}"
+    assert np.abs(theirs - ref).max() <= TOL
+    assert ffnlab.load(str(tmp_path / "out"), progress=False).config == m.config

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .export_targets import config_mismatches
+from .hf_families import HF_CLASS, family_hf_config, family_hf_mismatches, family_hf_tensors
 from .hf_moe import MOE_TYPES, hf_moe_config, hf_moe_tensors, hf_moe_type
 
 HF_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
@@ -34,6 +35,11 @@ def hf_family(cfg) -> str:
     A mixture of experts: 'mixtral' | 'qwen2_moe' | 'qwen3_moe' | 'olmoe' (formats/hf_moe.py)."""
     if cfg.moe:
         return hf_moe_type(cfg)
+    if cfg.arch in HF_CLASS:                         # gemma2, gptneox, olmo2: formats/hf_families.py
+        why = family_hf_mismatches(cfg)
+        if why:
+            raise UsageError(f"cannot export to HF ({HF_CLASS[cfg.arch]}): " + "; ".join(why))
+        return cfg.arch
     why = []
     if cfg.positions == "learned":
         family = "gpt2"
@@ -73,6 +79,8 @@ def hf_config(cfg, family, tok) -> dict:
                 "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True, **common}
     if family in MOE_TYPES:
         return hf_moe_config(cfg, family, common)
+    if family in HF_CLASS:
+        return family_hf_config(cfg, common)
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg.d_model,
             "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
             "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim, "hidden_act": HF_LLAMA_ACT[cfg.ffn],
@@ -83,6 +91,8 @@ def hf_config(cfg, family, tok) -> dict:
 
 def hf_tensors(cfg, params, family) -> dict:
     """GGUF-named [out, in] arrays -> HF-named arrays in HF layout."""
+    if family in HF_CLASS:
+        return family_hf_tensors(cfg, params)
     out = {}
     if family == "gpt2":
         out["transformer.wte.weight"] = params["token_embd.weight"]

@@ -143,3 +143,90 @@ def hf_tensor(name, a, cfg):
         H, hd = cfg.n_head, cfg.head_dim
         return a.reshape(3, H, hd, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)   # [3, H, hd] -> [H, 3, hd]
     return a
+
+
+# --- export (formats/export_hf.py) ----------------------------------------------------------------
+HF_CLASS = {"gemma2": "Gemma2ForCausalLM", "gptneox": "GPTNeoXForCausalLM", "olmo2": "Olmo2ForCausalLM"}
+MODEL_TYPE = {"gemma2": "gemma2", "gptneox": "gpt_neox", "olmo2": "olmo2"}
+# the fields each transformers class hard-codes (the others are written into config.json)
+_HF_WANT = {
+    "gemma2": dict(norm="rmsnorm", ffn="geglu", ffn_bias=False, fused_qkv=False, pre_norm=True, post_attn_norm=True,
+                   post_ffn_norm=True, qk_norm=False, parallel_residual=False, rope_dim=0, embed_scale=True,
+                   rope_theta_local=0.0, rope_scale=1.0, rope_pairing="neox"),
+    "gptneox": dict(norm="layernorm", ffn_bias=True, pre_norm=True, post_attn_norm=False, post_ffn_norm=False,
+                    qk_norm=False, embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0,
+                    sliding_window=0, rope_scale=1.0, rope_pairing="neox"),
+    "olmo2": dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, fused_qkv=False, pre_norm=False, post_attn_norm=True,
+                  post_ffn_norm=True, qk_norm=True, qk_norm_full=True, parallel_residual=False, rope_dim=0,
+                  embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0,
+                  rope_scale=1.0, rope_pairing="neox"),
+}
+_HF_NEOX_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
+
+
+def family_hf_mismatches(cfg) -> list:
+    """What the transformers class of cfg.arch computes differently from cfg -> ["field=value (why)", ...]"""
+    why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in _HF_WANT[cfg.arch].items() if getattr(cfg, k) != v]
+    if cfg.attn_bias != cfg.attn_out_bias:
+        why.append(f"attn_bias={cfg.attn_bias} but attn_out_bias={cfg.attn_out_bias} (one attention_bias covers both)")
+    if cfg.arch == "gemma2" and cfg.sliding_window and cfg.sliding_window_pattern != 2:
+        why.append(f"sliding_window_pattern={cfg.sliding_window_pattern} (Gemma 2 alternates: 2)")
+    if cfg.arch == "gemma2" and abs(cfg.scale ** -2 - round(cfg.scale ** -2)) > 1e-6 * cfg.scale ** -2:
+        why.append(f"attention scale {cfg.scale:.6g} (Gemma 2's is query_pre_attn_scalar^-0.5, an integer's)")
+    if cfg.arch in ("gptneox", "olmo2") and cfg.q_dim != cfg.d_model:
+        why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
+    if cfg.arch == "gptneox":
+        if cfg.ffn not in _HF_NEOX_ACT:
+            why.append(f"ffn={cfg.ffn!r} (GPT-NeoX's MLP is dense: {', '.join(_HF_NEOX_ACT)})")
+        if cfg.n_kv_head != cfg.n_head:
+            why.append("grouped-query attention (GPT-NeoX's qkv holds n_head keys and values)")
+        if cfg.rope_dim and int(cfg.head_dim * (cfg.rope_dim / cfg.head_dim)) != cfg.rope_dim:
+            why.append(f"rope_dim={cfg.rope_dim} (no partial_rotary_factor gives it back)")
+    return why
+
+
+def family_hf_config(cfg, common) -> dict:
+    """config.json for cfg (common: vocab, token ids, tie_word_embeddings, dtype)."""
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    d = {"architectures": [HF_CLASS[cfg.arch]], "model_type": MODEL_TYPE[cfg.arch], "hidden_size": cfg.d_model,
+         "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
+         "max_position_embeddings": cfg.n_ctx, "attention_bias": cfg.attn_bias, "attention_dropout": 0.0,
+         "rope_parameters": rope, **common}
+    if cfg.arch == "gptneox":
+        rope["partial_rotary_factor"] = cfg.n_rot / cfg.head_dim
+        return {**d, "hidden_act": _HF_NEOX_ACT[cfg.ffn], "layer_norm_eps": cfg.norm_eps, "hidden_dropout": 0.0,
+                "use_parallel_residual": cfg.parallel_residual}
+    d.update(num_key_value_heads=cfg.n_kv_head, rms_norm_eps=cfg.norm_eps)
+    if cfg.arch == "olmo2":
+        return {**d, "hidden_act": "silu"}
+    window = cfg.sliding_window or None
+    return {**d, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": round(cfg.scale ** -2), "sliding_window": window,
+            "layer_types": ["sliding_attention" if cfg.is_sliding(il) else "full_attention" for il in range(cfg.n_layer)],
+            "attn_logit_softcapping": cfg.attn_softcap or None, "final_logit_softcapping": cfg.final_logit_softcap or None}
+
+
+def family_hf_tensors(cfg, params) -> dict:
+    """GGUF-named [out, in] arrays -> HF-named arrays in HF layout (the inverse of the load tables)."""
+    arch = cfg.arch
+    params = dict(params)
+    if arch == "gptneox" and not cfg.fused_qkv:            # HF keeps one query_key_value
+        for il in range(cfg.n_layer):
+            for kind in ("weight", "bias"):
+                if f"blk.{il}.attn_q.{kind}" in params:
+                    params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(
+                        [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"])
+    top = {g: h for h, g in _TOP[arch].items()}
+    block = {g: h for h, g in _BLOCK[arch].items()}
+    prefix = _LAYERS[arch].replace("\\", "")
+    out = {}
+    for name, a in params.items():
+        if name == "output.weight" and cfg.tie_embeddings:
+            continue
+        if name in top:
+            hf = top[name]
+        else:
+            _, il, short, kind = name.split(".")
+            hf = f"{prefix}.{il}.{block[short]}.{kind}"
+        out[hf] = np.ascontiguousarray(hf_tensor(name, np.asarray(a, np.float32), cfg))
+    return out
