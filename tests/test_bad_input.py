@@ -138,11 +138,21 @@ def test_missing_metadata_key(tmp_path, capsys):
     assert str(path) in line and "llama.embedding_length" in line
 
 
-def test_rope_frequency_factors_are_refused_not_ignored(tmp_path, capsys):
-    # Llama 3.1/3.2 GGUFs carry rope_freqs.weight; running without it would give wrong logits
-    path = tiny_gguf(tmp_path / "llama31.gguf", extra={"rope_freqs.weight": np.ones(4)})
+def test_rope_frequency_factors_of_the_wrong_length_are_refused(tmp_path, capsys):
+    # Llama 3.1/3.2 GGUFs carry rope_freqs.weight, one divisor per rotated pair: head_dim 8 needs 4
+    path = tiny_gguf(tmp_path / "llama31.gguf", extra={"rope_freqs.weight": np.ones(3)})
     line = one_error_line(capsys, "-m", path, "-p", "hi")
-    assert path in line and "rope_freqs.weight" in line and "does not implement" in line
+    assert path in line and "rope_freqs.weight" in line and "n_rot/2 = 4" in line
+
+
+def test_rope_frequency_factors_are_read_not_ignored(tmp_path):
+    import ffnlab
+    plain = ffnlab.load(tiny_gguf(tmp_path / "plain.gguf"), progress=False)
+    m = ffnlab.load(tiny_gguf(tmp_path / "llama31.gguf", extra={"rope_freqs.weight": np.array([1.0, 2, 4, 8])}),
+                    progress=False)
+    assert m.config.rope_freq_factors == (1.0, 2.0, 4.0, 8.0) and "rope_freqs.weight" not in m.params
+    ids = list(range(2, 14))
+    assert np.abs(m.forward(ids) - plain.forward(ids)).max() > 1e-2
 
 
 def test_prompt_longer_than_the_context(tmp_path, capsys):
@@ -151,15 +161,20 @@ def test_prompt_longer_than_the_context(tmp_path, capsys):
     assert path in line and "40 tokens" in line and "context length is 32" in line and "at most 31" in line
 
 
-def test_unsupported_rope_scaling_in_an_hf_dir(tmp_path, capsys):
-    """Llama 3.1's 'llama3' RoPE scaling changes the logits: refused rather than ignored."""
+@pytest.mark.parametrize("rope,needle", [
+    ({"rope_type": "yarn", "factor": 4.0}, "'yarn'"),                       # not implemented: refused
+    ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor"),            # implemented, a field missing
+])
+def test_unsupported_rope_scaling_in_an_hf_dir(tmp_path, capsys, rope, needle):
+    """RoPE scalings change the logits: one ffnlab does not run, or one with a field missing, is
+    refused rather than ignored."""
     import json
     cfg = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
            "num_attention_heads": 4, "vocab_size": 256, "max_position_embeddings": 64,
-           "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0}}
+           "rope_parameters": {"rope_theta": 500000.0, **rope}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     line = one_error_line(capsys, "-m", str(tmp_path), "-p", "hi")
-    assert "config.json" in line and "'llama3'" in line
+    assert "config.json" in line and needle in line
 
 
 def test_bad_flags(tmp_path, capsys):

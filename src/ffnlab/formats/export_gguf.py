@@ -27,6 +27,22 @@ from .gguf_write import copied_field, finish_atomically, writer_class
 Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
 
 
+# llama.cpp architectures a RoPE model is written as: the flags each one's graph computes, and the
+# features (beyond plain Llama) it reads from the file. A config whose arch names one of them is
+# written as that arch; anything else RoPE-based as llama.
+_SWIGLU = dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_out_bias=False, positions="rope")
+GGUF_TARGETS = {
+    "llama": (dict(_SWIGLU, attn_bias=False, fused_qkv=False), ("sliding_window", "rope_freq_factors", "rope_scale")),
+    "qwen2": (dict(_SWIGLU, attn_bias=True, fused_qkv=False, rope_pairing="neox"), ()),
+    "qwen3": (dict(_SWIGLU, attn_bias=False, fused_qkv=False, qk_norm=True, qk_norm_full=False,
+                   rope_pairing="neox"), ("sliding_window",)),
+    "phi3": (dict(_SWIGLU, attn_bias=False, fused_qkv=True, rope_pairing="neox"), ("sliding_window",)),
+}
+# llama.cpp's llama and phi3 graphs attend to every position whatever the file's sliding_window says
+# (phi3 warns "Phi SWA is currently disabled"): the key is written for ffnlab and HF's sake
+LLAMA_CPP_IGNORES_WINDOW = ("llama", "phi3", "qwen3")
+
+
 def gguf_arch(cfg) -> str:
     """The llama.cpp architecture that runs this config exactly, or UsageError saying why none does."""
     if cfg.moe:
@@ -38,22 +54,29 @@ def gguf_arch(cfg) -> str:
         return cfg.arch
     why = []
     if cfg.positions == "learned":
-        want = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True)
+        want, allow = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True), ()
         arch = "gpt2"
     else:
-        want = dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_bias=False, attn_out_bias=False,
-                    fused_qkv=False)
-        arch = "llama"
-    why += config_mismatches(cfg, want)
+        arch = cfg.arch if cfg.arch in GGUF_TARGETS else "llama"
+        want, allow = GGUF_TARGETS[arch]
+    why += config_mismatches(cfg, want, allow)
     if arch == "gpt2" and cfg.n_kv_head != cfg.n_head:
         why.append("grouped-query attention (gpt2 needs n_kv_head == n_head)")
-    if cfg.q_dim != cfg.d_model:
+    if arch == "gpt2" and cfg.q_dim != cfg.d_model:
         why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
     if why:
         hint = (f" llama.cpp's {arch} architecture has a {'GELU-tanh' if arch == 'gpt2' else 'SwiGLU'} MLP; "
                 f"a {cfg.ffn} MLP cannot be represented in GGUF" if cfg.ffn != want["ffn"] else "")
         raise UsageError(f"cannot export to GGUF {arch}: {'; '.join(why)}.{hint}{hf_hint(cfg)}")
     return arch
+
+
+def window_warning(cfg, arch) -> str:
+    """'' or one line: the file keeps the sliding window, but llama.cpp will not apply it."""
+    if cfg.sliding_window and arch in LLAMA_CPP_IGNORES_WINDOW:
+        return (f"note: llama.cpp's {arch} graph ignores attention.sliding_window={cfg.sliding_window}: it attends to "
+                f"all positions, so its logits differ from HF's (and ffnlab's) beyond {cfg.sliding_window} tokens")
+    return ""
 
 
 def hf_hint(cfg) -> str:
@@ -74,12 +97,19 @@ def neox_to_normal_rows(w, n_head):
 
 def gguf_tensors(cfg, params, arch) -> dict:
     """-> {GGUF name: float32 array [out, in]} in llama.cpp's row order and layout."""
-    params = family_gguf_params(cfg, params, arch) if arch in FAMILY_ARCHS else dict(params)
+    params = {n: a.dequantize() if hasattr(a, "dequantize") else a for n, a in params.items()}   # a GGUF source
+    params = family_gguf_params(cfg, params, arch) if arch in FAMILY_ARCHS else params
     if arch == "gpt2" and not cfg.fused_qkv:           # llama.cpp's gpt2 graph reads one fused attn_qkv
         for il in range(cfg.n_layer):
             for kind in ("weight", "bias"):
                 parts = [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"]
                 params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(parts)      # [q_dim + 2*kv_dim, ...]
+    if arch == "phi3":                                  # llama.cpp's phi3 reads gate and up as one ffn_up
+        for il in range(cfg.n_layer):
+            gate, up = params.pop(f"blk.{il}.ffn_gate.weight"), params.pop(f"blk.{il}.ffn_up.weight")
+            params[f"blk.{il}.ffn_up.weight"] = np.concatenate([gate, up])       # [2*d_ff, d_model], gate first
+    if cfg.rope_freq_factors:                           # Llama 3: what convert_hf_to_gguf.py writes
+        params["rope_freqs.weight"] = np.asarray(cfg.rope_freq_factors, dtype=np.float32)   # [n_rot/2]
     out = {}
     for name, a in params.items():
         a = np.asarray(a, dtype=np.float32)
@@ -180,9 +210,14 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
         w.add_head_count_kv(cfg.n_kv_head)
         w.add_layer_norm_rms_eps(cfg.norm_eps)
         w.add_rope_freq_base(cfg.rope_theta)
-        w.add_rope_dimension_count(cfg.head_dim)
+        w.add_rope_dimension_count(cfg.n_rot)
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
+        if cfg.rope_scale != 1.0:
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(cfg.rope_scale)
+        if cfg.sliding_window:
+            w.add_sliding_window(cfg.sliding_window)
     if cfg.moe:
         write_moe_keys(w, cfg, arch)
     for key, val, vtype, sub in tokenizer_fields(tok, tok_meta):

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..config import ConfigError
 from ..errors import ModelFileError
 from ..model import Model
 from ..model.params import param_shapes
@@ -26,9 +27,8 @@ from .gguf_tokenizer import tokenizer_from_gguf
 
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
 # because running without them gives plausible but wrong logits
-UNSUPPORTED_TENSORS = {
-    "rope_freqs.weight": "per-dimension RoPE frequency factors (Llama 3.1/3.2 'llama3' rope scaling)",
-}
+UNSUPPORTED_TENSORS = {}
+ROPE_FREQS = "rope_freqs.weight"       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
 
 
 def _gguf_version():
@@ -74,6 +74,15 @@ def _tensor(path, t, shape, dtype, dequantize, fallback):
     return np.ascontiguousarray(a.reshape(shape), dtype=dtype)
 
 
+def _with_rope_freqs(cfg, factors, path):
+    """cfg with Llama 3's frequency divisors from rope_freqs.weight (checked: n_rot/2 finite > 0)."""
+    from dataclasses import replace
+    try:
+        return replace(cfg, rope_freq_factors=tuple(float(x) for x in np.asarray(factors).reshape(-1)))
+    except ConfigError as e:
+        raise ModelFileError(f"{path}: tensor {ROPE_FREQS}: {e}") from None
+
+
 def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
     matrices stay in their blocks (float32 products only, so another dtype implies dequantize)."""
@@ -90,9 +99,17 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
         if t.name in UNSUPPORTED_TENSORS:
             raise ModelFileError(f"{path}: tensor {t.name} holds {UNSUPPORTED_TENSORS[t.name]}, "
                                  f"which ffnlab does not implement")
+        shape = tuple(int(n) for n in reversed(t.shape))          # ggml ne {in, out} -> numpy [out, in]
+        if t.name == ROPE_FREQS:                                  # a config value, not a parameter
+            cfg = _with_rope_freqs(cfg, _tensor(path, t, shape, np.float32, True, []), path)
+            continue
+        if cfg.arch == "phi3" and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
+            w = _tensor(path, t, shape, dtype, dequantize, fallback)  # [gate; up] rows, as HF's gate_up_proj
+            blk = t.name.removesuffix("ffn_up.weight")
+            params[blk + "ffn_gate.weight"], params[blk + "ffn_up.weight"] = w[:cfg.d_ff], w[cfg.d_ff:]
+            continue
         if t.name not in expected:
             raise ModelFileError(f"{path}: unexpected tensor {t.name} for a {cfg.arch} model with this metadata")
-        shape = tuple(int(n) for n in reversed(t.shape))          # ggml ne {in, out} -> numpy [out, in]
         if shape != expected[t.name]:
             raise ModelFileError(f"{path}: tensor {t.name} has ggml shape {_ggml_shape(shape)} but the metadata "
                                  f"implies {_ggml_shape(expected[t.name])} (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "

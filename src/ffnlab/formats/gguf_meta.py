@@ -19,7 +19,8 @@ Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3, gptneox, ol
   gemma2.attn_logit_softcapping / .final_logit_softcapping -> attn_softcap / final_logit_softcap
       (llama.cpp's defaults 50 and 30 when absent: its gemma2 graph always caps both)
   {arch}.rope.scaling.type / .factor (linear) -> rope_scale
-  {arch}.attention.sliding_window (+ .sliding_window_pattern) -> sliding window (gemma2, gemma3)
+  {arch}.attention.sliding_window (+ .sliding_window_pattern) -> sliding window (gemma2, gemma3);
+      llama, qwen3, phi3: every layer slides (Mistral, Phi-3; llama.cpp itself ignores the key there)
   {arch}.rope.freq_base_swa -> rope_theta_local (gemma3, default 10000)
   tokenizer.ggml.tokens (its length) or {arch}.vocab_size -> vocab_size (else token_embd's rows)
 What the keys do not say is read from the tensor names: biases, the gate (gated FFN), q/k
@@ -27,6 +28,8 @@ norms, post norms, a fused qkv, and tied embeddings (no output.weight).
 gptneox's MLP is exact GELU here: the Pythia models it holds were trained with exact GELU (HF's
 "gelu"); llama.cpp's ggml_gelu is the tanh approximation, a difference verify's tolerance and
 arith="ggml" account for, while ffnlab reading its own GGUF export gives its own logits.
+Phi-3 keeps gate and up in one ffn_up [2*d_ff rows] (formats/gguf.py splits it); Llama 3's
+rope_freqs.weight is read there too.
 """
 import contextlib
 import math
@@ -40,9 +43,10 @@ from .gguf_check import check_gguf
 from .gguf_moe import MOE_ARCHS, check_expert_tensors, moe_fields
 from .jsonfile import check_regular_file
 
-ARCHS = ("gpt2", "llama", "qwen2", "gemma2", "gemma3", "gptneox", "olmo2") + MOE_ARCHS   # MoE: formats/gguf_moe.py
-_ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "gemma2": "gelu_tanh", "gemma3": "gelu_tanh",
-               "gptneox": "gelu", "olmo2": "silu", **{a: "silu" for a in MOE_ARCHS}}
+ARCHS = ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gptneox", "olmo2") + MOE_ARCHS   # MoE: gguf_moe.py
+_ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu",
+               "gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gptneox": "gelu", "olmo2": "silu",
+               **{a: "silu" for a in MOE_ARCHS}}
 _DENSE_FFN = ("gpt2", "gptneox")                   # the others have a gated FFN (or experts)
 _LAYERNORM = ("gpt2", "gptneox")
 _GATED_KIND = {"silu": "swiglu", "gelu_tanh": "geglu"}
@@ -213,7 +217,7 @@ def config_from_gguf(reader, path) -> ModelConfig:
     eps_key = "attention.layer_norm_epsilon" if arch in _LAYERNORM else "attention.layer_norm_rms_epsilon"
     has = lambda t: f"blk.0.{t}" in names                       # noqa: E731
     act = _ACTIVATION[arch]
-    gated = has("ffn_gate.weight")
+    gated = has("ffn_gate.weight") or arch == "phi3"            # phi3: gate rows inside ffn_up
     moe = moe_fields(key, arch, names, path)                     # {} for a dense file
     if arch not in _DENSE_FFN and not gated and not moe:
         raise ModelFileError(f"{path}: missing tensor blk.0.ffn_gate.weight ({arch} has a gated FFN)")
@@ -247,6 +251,10 @@ def config_from_gguf(reader, path) -> ModelConfig:
         kw["parallel_residual"] = get_key(reader, "gptneox.use_parallel_residual", path, kind=bool)
     if arch in ("gemma2", "gemma3"):
         kw.update(_gemma(reader, arch, path, kw))
+    elif arch in ("llama", "qwen3", "phi3"):
+        # every layer slides (pattern 0): written by convert_hf_to_gguf for Phi-3 and by ffnlab's
+        # export for Mistral; llama.cpp's llama and phi3 graphs do not apply it (HF does)
+        kw["sliding_window"] = key("attention.sliding_window", 0, int, 0, MAX_DIM)
     kw.update(moe)
     try:
         cfg = ModelConfig(**kw)

@@ -62,11 +62,15 @@ class AttnCache(NamedTuple):
 NODE = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
 
 
+# llama.cpp graphs that multiply q by the attention scale right after RoPE, and the name they give it
+Q_SCALED_NODE = {"gemma2": "Qcur_scaled", "gemma3": "Qcur_scaled", "phi3": "Qcur"}
+
+
 def scales_q(cfg):
-    """llama.cpp's Gemma 2 and Gemma 3 graphs multiply q by the attention scale right after RoPE and
-    run the softmax with scale 1, so their kq holds scaled scores. ffnlab does the same for these
-    families, so kq compares node for node; the math is the same either way."""
-    return cfg.arch in ("gemma2", "gemma3")
+    """llama.cpp's Gemma 2, Gemma 3 and Phi-3 graphs multiply q by the attention scale right after
+    RoPE and run the softmax with scale 1, so their kq holds scaled scores. ffnlab does the same for
+    these families, so kq compares node for node; the math is the same either way."""
+    return cfg.arch in Q_SCALED_NODE
 
 
 def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
@@ -110,7 +114,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
             a = hook(name, rope_forward(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
         if which == "q" and scales_q(cfg):
-            a = hook("Qcur_scaled", a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
+            a = hook(Q_SCALED_NODE[cfg.arch], a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
         t[which] = (pre, ncache, a)
     q, k, v = t["q"][2], t["k"][2], t["v"][2]
     scale = 1.0 if scales_q(cfg) else cfg.scale              # Gemma: q was scaled already
@@ -122,7 +126,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         k_all = kv.k[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)                  # [B, S, Hkv, hd] view
         v_all = kv.v[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
-    S, qn = k_all.shape[1], ("Qcur_scaled" if scales_q(cfg) else "Qcur") + f"-{il}"
+    S, qn = k_all.shape[1], (Q_SCALED_NODE[cfg.arch] if scales_q(cfg) else "Qcur") + f"-{il}"
     kq = hook("kq", attention_scores(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
               ((f"cache_k_l{il} (view) (permuted)", (Hkv, S, hd)), (f"{qn} (view) (permuted)", (H, T, hd))))
     capped = None

@@ -63,6 +63,7 @@ def norm_backward(dy, p, cfg, wname, cache):
 GRAPH_NAMES = {
     "sa_out": ("gemma2", "gemma3"),              # the first residual sum is sa_out here, ffn_inp elsewhere
     "bare_ffn_post_norm": ("gemma2", "olmo2"),   # cb(ffn_post_norm, -1): no layer suffix (Gemma 3 has one)
+    "fused_gate_up": ("phi3",),                  # one ffn_up product [.., 2*d_ff] that SWIGLU splits
 }
 
 
@@ -106,7 +107,8 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
         h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
     f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1)
     gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
-    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook)
+    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook,
+                               fused_gate_up=cfg.arch in GRAPH_NAMES["fused_gate_up"])
     cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
     if cfg.parallel_residual:
         f = hook("ffn_out", f + x, "ADD", (ffn_out_node(cfg), "inp"))                       # [B, T, d_model]

@@ -88,12 +88,17 @@ class FFNCache(NamedTuple):
     h: np.ndarray                       # [..., d_ff] what enters down: act * up, or act
 
 
-def ffn_forward(x, w: FFNWeights, kind, hook=identity):
-    """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)"""
+def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
+    """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)
+
+    fused_gate_up: name the gate and up products as one node, ffn_up [..., 2*d_ff], as llama.cpp's
+    Phi-3 graph does (its GGUF stores them as one matrix); the math is the same."""
     if isinstance(w, MoEWeights):
         return moe_forward(x, w, hook)
     k = FFN_KINDS[kind]
     gu = linear_forward(x, w.gate_up) if w.gate_up is not None else None    # [..., 2*d_ff]: gate, up
+    if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
+        return _fused_gate_up_forward(x, w, k, hook, gu)
     gate = None
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
@@ -117,6 +122,19 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity):
         y = hook("ffn_out", y + w.down_b, "ADD", ("ffn_down", "ffn_down.bias"))
     else:
         y = hook("ffn_out", y, "MUL_MAT", ("ffn_down.weight", k.node))
+    return y, FFNCache(x, up, gate, act, h)
+
+
+def _fused_gate_up_forward(x, w, k, hook, gu=None):
+    """Phi-3's graph: ffn_up = [gate; up] x, one node [..., 2*d_ff]; the GLU splits it."""
+    if gu is None:
+        gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)   # [..., 2*d_ff]
+    gu = hook("ffn_up", gu, "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
+    d_ff = gu.shape[-1] // 2
+    gate, up = gu[..., :d_ff], gu[..., d_ff:]                              # [..., d_ff] views
+    act = ACTIVATIONS[k.act].forward(gate)
+    h = hook(k.node, act * up, k.op, ("ffn_up",))                          # [..., d_ff]
+    y = hook("ffn_out", linear_forward(h, w.down), "MUL_MAT", ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
 
 

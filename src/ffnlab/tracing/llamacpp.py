@@ -223,6 +223,7 @@ def f32_copy(src, dst):
 def ffnlab_only(name, arch):
     """Nodes ffnlab names where llama.cpp leaves an unnamed node_N: Gemma 3's q scale after
     RoPE (Qcur_scaled), the attention output projection (attn_out) in every graph but llama's,
-    and its product before the output bias (attn_out_w, GPT-2)."""
+    its product before the output bias (attn_out_w, GPT-2), and Phi-3's first residual sum (ffn_inp)."""
     base = name.rsplit("-", 1)[0]
-    return base in ("Qcur_scaled", "attn_out_w") or (base == "attn_out" and arch != "llama")
+    return base in ("Qcur_scaled", "attn_out_w") or (base == "attn_out" and arch != "llama") \
+        or (base == "ffn_inp" and arch == "phi3")
