@@ -131,6 +131,44 @@ def test_attention_backward(H, Hkv, T, S, window):
                 lambda q, k, v: R.causal_attention(q, k, v, scale, torch.from_numpy(allowed)), f"attention H{H}/{Hkv}")
 
 
+def test_softcapped_attention_backward():
+    """Gemma 2: scores c*tanh(scale*q.k / c) before the mask; the backward chains 1 - tanh^2."""
+    from ffnlab.ops.attention import attention_mix, attention_probs, attention_scores
+    H, Hkv, T, S, hd, scale, c = 4, 2, 4, 5, 3, 0.9, 1.5
+    q, k, v = rnd(1, T, H, hd, seed=4) * 2, rnd(1, S, Hkv, hd, seed=5) * 2, rnd(1, S, Hkv, hd, seed=6)
+    allowed = causal_mask(np.arange(S - T, S), np.arange(S), 3)
+
+    def capped(q, k):
+        return np.tanh(attention_scores(q, k) * scale / c)
+
+    def fwd(q, k, v):
+        return attention_mix(attention_probs(c * capped(q, k), 1.0, allowed), v)
+
+    def analytic(dy):
+        t = capped(q, k)
+        probs = attention_probs(c * t, 1.0, allowed)
+        assert np.abs(t).max() > 0.9                     # the cap bends these scores
+        dq, dk, dv = attention_backward(dy, q, k, v, probs, scale, t)
+        return {0: dq, 1: dk, 2: dv}
+    check_grads(fwd, [q, k, v], analytic,
+                lambda q, k, v: R.causal_attention(q, k, v, scale, torch.from_numpy(allowed), c), "softcapped attention")
+
+
+@pytest.mark.parametrize("pairing", ["normal", "neox"])
+def test_partial_rope_backward(pairing):
+    """GPT-NeoX: the first n_rot = 4 of 10 dims rotate (angles for n_rot dims), the rest pass through."""
+    x = rnd(1, 5, 2, 10)
+    pos = np.arange(2, 7)
+    cos, sin = rope_angles(pos, 4, 100.0)
+    ref = R.rope_normal if pairing == "normal" else R.rope_neox
+    y = rope_forward(x, cos, sin, pairing)
+    assert np.array_equal(y[..., 4:], x[..., 4:]) and not np.allclose(y[..., :4], x[..., :4])
+    check_grads(lambda x: rope_forward(x, cos, sin, pairing), [x],
+                lambda dy: {0: rope_backward(dy, cos, sin, pairing)},
+                lambda x: torch.cat([ref(x[..., :4], R.rope_angles(pos, 4, 100.0)), x[..., 4:]], -1),
+                f"partial rope {pairing}")
+
+
 @pytest.mark.parametrize("pairing", ["normal", "neox"])
 def test_rope_backward(pairing):
     x = rnd(1, 5, 2, 8)
