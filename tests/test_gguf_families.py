@@ -115,3 +115,14 @@ def test_what_llama_cpp_computes_differently_is_refused(family, change, needle, 
     tok = byte_tokenizer()
     with pytest.raises(UsageError, match=f"cannot export to GGUF {family}:.*{needle}"):
         export_gguf(cfg, params, tok, tokenizer_meta(tok, "byte"), str(tmp_path / "x.gguf"))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_verify_against_llama_cpp_passes_node_by_node(family, exported, capsys):
+    """`ffnlab verify --against llama.cpp --f32`: every shared node within 1e-2 of its largest value
+    (Gemma 2's softcap nodes carry the padded KV columns as kq does)."""
+    from ffnlab.cli.main import main
+    _, path, _ = exported[family]
+    assert main(["verify", "-m", path, "--against", "llama.cpp", "--f32", "-p", "Hello there, how are you"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "nodes compared" in out

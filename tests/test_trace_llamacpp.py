@@ -19,12 +19,11 @@ from ffnlab.tracing.verify import keyed
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
-from ffnlab.tracing.llamacpp import capture, ffnlab_only, is_auto_name, is_kv_node  # noqa: E402
+from ffnlab.tracing.llamacpp import KQ_NODES, capture, ffnlab_only, is_auto_name, is_kv_node  # noqa: E402
 from models import model_path, ours  # noqa: E402
 
 PROMPT = "How are"
 N_KV_PAD = 256
-KQ_NODES = ("kq", "kq_scaled_1", "kq_tanh", "kq_scaled_2", "kq_soft_max")   # [n_kv, T, H]: Gemma 2's softcap too
 
 
 @pytest.fixture(scope="module")

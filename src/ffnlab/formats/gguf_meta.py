@@ -245,6 +245,8 @@ def config_from_gguf(reader, path) -> ModelConfig:
     if scaling == "linear" and factor > 0:
         kw["rope_scale"] = factor
     n_rot = key("rope.dimension_count", kw["head_dim"])
+    if n_rot > kw["head_dim"]:
+        raise ModelFileError(f"{path}: {arch}.rope.dimension_count = {n_rot} exceeds the head width {kw['head_dim']}")
     if kw["positions"] == "rope" and n_rot < kw["head_dim"]:
         kw["rope_dim"] = n_rot                                   # partial rotary (GPT-NeoX)
     if arch == "gptneox":

@@ -182,6 +182,11 @@ def capture(path, ids, keep=None, n_threads=None, kv_f32=False):
     return nodes
 
 
+# nodes with one column per KV-cache cell: llama.cpp pads the cache to 256 cells, so its arrays
+# have n_kv >= S columns (the extra cells empty); Gemma 2's soft-capping adds three
+KQ_NODES = ("kq", "kq_scaled_1", "kq_tanh", "kq_scaled_2", "kq_soft_max")
+
+
 def is_auto_name(name):
     """Names llama.cpp makes up itself: views/reshapes/copies of a named node, and node_N."""
     return "(" in name or name.startswith("node_")

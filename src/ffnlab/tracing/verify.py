@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .llamacpp import KQ_NODES
 from .tracer import ggml_shape
 
 REFERENCES = ("llama.cpp", "hf")
@@ -112,7 +113,7 @@ def _align(ours, ref, name):
     its kq/kq_soft_max have n_kv >= S columns (the KV cache is padded to 256 cells): the
     columns past S are empty cells and are dropped."""
     want = tuple(reversed(ggml_shape(ours.shape)))
-    if ref.shape != want and ref.ndim == 4 and name.split("-")[0] in ("kq", "kq_soft_max") \
+    if ref.shape != want and ref.ndim == 4 and name.split("-")[0] in KQ_NODES \
             and ref.shape[:3] == want[:3] and ref.shape[3] >= want[3]:
         ref = ref[..., :want[3]]
     if ref.size != ours.size:
@@ -199,7 +200,7 @@ def table_lines(report, all_rows=False):
 def summary_lines(report):
     n = len(report.compared)
     skipped = len(report.rows) - n
-    worst = max(report.compared, key=lambda r: r.rel, default=None)
+    worst = max((r for r in report.compared if r.rel is not None), key=lambda r: r.rel, default=None)
     lines = [f"{n} nodes compared against {report.against} (rtol {report.rtol:g} of each node's max |ref|, "
              f"atol {report.atol:g}); {skipped} ffnlab nodes have no counterpart there"]
     if worst is not None:
