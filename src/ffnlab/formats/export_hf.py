@@ -1,13 +1,13 @@
-"""Export an ffnlab checkpoint to a Hugging Face directory that transformers'
+"""Export a model (checkpoint, GGUF, HF directory) to a Hugging Face directory that transformers'
 AutoModelForCausalLM loads: config.json + model.safetensors + tokenizer.json/tokenizer_config.json.
 
-Two transformers classes cover what ffnlab trains:
+The transformers class is chosen by the config's flags:
   GPT2LMHeadModel   LayerNorm, learned positions, fused qkv, biases; dense MLP with
                     activation_function gelu_new (= gelu_tanh), gelu (erf) or relu
-  LlamaForCausalLM  RMSNorm, RoPE, no biases; gated MLP with hidden_act silu (= swiglu) or
-                    gelu_pytorch_tanh (= geglu)
-So a dense MLP needs the GPT-2 block and a gated one the Llama block; other mixes (e.g. the
-ablation's RMSNorm + RoPE + ReLU) have no transformers class and are refused with the reason.
+  Llama, Mistral, Qwen2, Qwen3, Phi-3: RMSNorm, RoPE, gated MLP (formats/export_hf_llama.py)
+  Gemma 2, GPT-NeoX, OLMo 2 (formats/hf_families.py); the mixtures of experts (formats/hf_moe.py)
+Other mixes (e.g. the ablation's RMSNorm + RoPE + ReLU) have no transformers class and are
+refused with the reason.
 
 Layouts: GPT-2's Conv1D stores weights [in, out], the transpose of ffnlab's [out, in].
 Llama's q/k rows are in rotate_half order (pairs half a head apart, ffnlab's "neox"); a
@@ -22,12 +22,13 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from .export_hf_llama import CLASS as LLAMA_CLASS
+from .export_hf_llama import llama_config, llama_family, llama_tensors, normal_to_neox_rows
 from .export_targets import config_mismatches
 from .hf_families import HF_CLASS, family_hf_config, family_hf_mismatches, family_hf_tensors
 from .hf_moe import MOE_TYPES, hf_moe_config, hf_moe_tensors, hf_moe_type
 
 HF_GPT2_ACT = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-HF_LLAMA_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
 
 
 def hf_family(cfg) -> str:
@@ -40,33 +41,20 @@ def hf_family(cfg) -> str:
         if why:
             raise UsageError(f"cannot export to HF ({HF_CLASS[cfg.arch]}): " + "; ".join(why))
         return cfg.arch
+    if cfg.positions == "rope":                      # llama, mistral, qwen2, qwen3, phi3: export_hf_llama.py
+        return llama_family(cfg)
     why = []
-    if cfg.positions == "learned":
-        family = "gpt2"
-        if cfg.ffn not in HF_GPT2_ACT:
-            why.append(f"ffn={cfg.ffn!r}: GPT-2's MLP is dense ({', '.join(HF_GPT2_ACT)}); a gated MLP needs RoPE (Llama)")
-        want = dict(norm="layernorm", ffn_bias=True, attn_bias=True, attn_out_bias=True, tie_embeddings=True)
-        if cfg.n_kv_head != cfg.n_head:
-            why.append("grouped-query attention (GPT-2 needs n_kv_head == n_head)")
-    else:
-        family = "llama"
-        if cfg.ffn not in HF_LLAMA_ACT:
-            why.append(f"ffn={cfg.ffn!r}: Llama's MLP is gated ({', '.join(HF_LLAMA_ACT)}); a dense MLP needs learned "
-                       f"positions, LayerNorm and biases (GPT-2)")
-        want = dict(norm="rmsnorm", ffn_bias=False, attn_bias=False, attn_out_bias=False, fused_qkv=False)
+    if cfg.ffn not in HF_GPT2_ACT:
+        why.append(f"ffn={cfg.ffn!r}: GPT-2's MLP is dense ({', '.join(HF_GPT2_ACT)}); a gated MLP needs RoPE (Llama)")
+    want = dict(norm="layernorm", ffn_bias=True, attn_bias=True, attn_out_bias=True, tie_embeddings=True)
+    if cfg.n_kv_head != cfg.n_head:
+        why.append("grouped-query attention (GPT-2 needs n_kv_head == n_head)")
     why += config_mismatches(cfg, want)
-    if family == "gpt2" and cfg.q_dim != cfg.d_model:
+    if cfg.q_dim != cfg.d_model:
         why.append(f"n_head*head_dim={cfg.q_dim} != d_model={cfg.d_model}")
     if why:
-        raise UsageError(f"cannot export to HF ({'GPT2LMHeadModel' if family == 'gpt2' else 'LlamaForCausalLM'}): "
-                         + "; ".join(why))
-    return family
-
-
-def normal_to_neox_rows(w, n_head):
-    """Q/K rows of each head from adjacent pairs (x_2i, x_2i+1) to (x_i, x_{i+hd/2}):
-    the inverse of convert_hf_to_gguf.py's permute(). w: [n_head*hd, ...]"""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+        raise UsageError("cannot export to HF (GPT2LMHeadModel): " + "; ".join(why))
+    return "gpt2"
 
 
 def hf_config(cfg, family, tok) -> dict:
@@ -81,18 +69,15 @@ def hf_config(cfg, family, tok) -> dict:
         return hf_moe_config(cfg, family, common)
     if family in HF_CLASS:
         return family_hf_config(cfg, common)
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg.d_model,
-            "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
-            "num_key_value_heads": cfg.n_kv_head, "head_dim": cfg.head_dim, "hidden_act": HF_LLAMA_ACT[cfg.ffn],
-            "max_position_embeddings": cfg.n_ctx, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-            "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, **common}
+    return llama_config(cfg, family, common)
 
 
 def hf_tensors(cfg, params, family) -> dict:
     """GGUF-named [out, in] arrays -> HF-named arrays in HF layout."""
     if family in HF_CLASS:
         return family_hf_tensors(cfg, params)
+    if family in LLAMA_CLASS:
+        return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in llama_tensors(cfg, params, family).items()}
     out = {}
     if family == "gpt2":
         out["transformer.wte.weight"] = params["token_embd.weight"]
@@ -153,6 +138,7 @@ def export_hf(cfg, params, tok, out_dir):
     from safetensors.numpy import save_file
 
     family = hf_family(cfg)
+    params = {n: a.dequantize() if hasattr(a, "dequantize") else a for n, a in params.items()}   # a GGUF source
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:

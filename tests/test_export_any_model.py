@@ -1,0 +1,84 @@
+"""`ffnlab export MODEL --to gguf|hf` for any model ffnlab loads: an HF directory, a GGUF file, a
+checkpoint (tests/test_export_cli.py), for Mistral, Llama 3.x, Qwen3 and Phi-3.
+
+The reference for an HF export is transformers itself: AutoModelForCausalLM.from_pretrained on the
+exported directory gives the source's logits within 1e-4 (float32 on both sides, sums <= 96 long,
+logits ~5: a port differs by ~1e-5). The reference for a GGUF export is ffnlab reading the file
+back (1e-5: the same float32 weights, only q/k row order differs) and llama.cpp
+(tests/test_gguf_mistral_llama3_qwen3_phi3.py runs it on the same exports).
+"""
+import json
+
+import numpy as np
+import pytest
+
+import ffnlab
+from ffnlab.cli.main import main
+from ffnlab.training.data import byte_tokenizer
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from test_gguf_mistral_llama3_qwen3_phi3 import COMMON, FAMILIES, IDS, randomize  # noqa: E402
+
+
+def hf_dir(path, name, seed=7):
+    cfg_cls, model_cls, kw = FAMILIES[name]
+    model = randomize(getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**COMMON, **kw)), seed)
+    model.save_pretrained(path, safe_serialization=True)
+    byte_tokenizer().tk.save(str(path / "tokenizer.json"))
+    return str(path)
+
+
+def transformers_logits(path, ids=IDS):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_hf_dir_to_gguf_and_back_to_hf(name, tmp_path, capsys):
+    src = hf_dir(tmp_path / "src", name)
+    gguf_path, out = str(tmp_path / "m.gguf"), str(tmp_path / "hf")
+    assert main(["export", src, "--to", "gguf", gguf_path]) == 0
+    err = capsys.readouterr().err
+    assert ("ignores attention.sliding_window=8" in err) == (name == "mistral")
+    ref = ffnlab.load(src, progress=False).forward(IDS)
+    assert np.abs(ffnlab.load(gguf_path, progress=False).forward(IDS) - ref).max() <= 1e-5
+    if name == "llama3":               # the GGUF keeps Llama 3's divisors, not the numbers that made them
+        assert main(["export", gguf_path, "--to", "hf", out]) == 1
+        assert "rope_freq_factors without the llama3 parameters" in capsys.readouterr().err
+        return
+    assert main(["export", gguf_path, "--to", "hf", out]) == 0
+    assert np.abs(transformers_logits(out) - ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_hf_dir_to_hf_keeps_the_class_and_logits(name, tmp_path):
+    src = hf_dir(tmp_path / "src", name)
+    out = str(tmp_path / "hf")
+    assert main(["export", src, "--to", "hf", out]) == 0
+    cls = FAMILIES[name][1]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [cls]
+    assert np.abs(transformers_logits(out) - transformers_logits(src)).max() <= 1e-4
+
+
+def test_gguf_to_gguf_q8_0_copies_the_tokenizer(tmp_path):
+    from models import tiny_gguf
+    src = tiny_gguf(tmp_path / "src.gguf")
+    out = str(tmp_path / "q8.gguf")
+    assert main(["export", src, "--to", "gguf", out, "--type", "q8_0"]) == 0
+    a, b = ffnlab.load(src, progress=False), ffnlab.load(out, progress=False)
+    text = "hello there"
+    assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+    ids = a.tokenizer.encode(text)
+    # q8_0: 8-bit blocks, |w - q(w)| <= scale/2 = max|w|/254 per block; logits of ~3 move by ~1e-2
+    assert np.abs(a.forward(ids) - b.forward(ids)).max() < 0.1
+
+
+def test_hf_dir_without_a_tokenizer_is_one_line(tmp_path, capsys):
+    src = hf_dir(tmp_path / "src", "qwen3")
+    (tmp_path / "src" / "tokenizer.json").unlink()
+    capsys.readouterr()                                         # transformers' save progress bars
+    assert main(["export", src, "--to", "gguf", str(tmp_path / "m.gguf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no tokenizer" in err[0] and src in err[0]
