@@ -32,6 +32,10 @@ PUBLISHED = {
     "pythia-1b": 1_011_781_632, "pythia-1.4b": 1_414_647_808, "pythia-2.8b": 2_775_208_960,
     "pythia-6.9b": 6_857_302_016, "pythia-12b": 11_846_072_320,
     "olmo2-7b": 7_298_617_344,
+    # HF model pages' safetensors counts (Llama 3.2 1B/3B and Qwen3 0.6B tie the LM head to the table)
+    "llama3.1-8b": 8_030_261_248, "llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824,
+    "qwen3-0.6b": 596_049_920, "qwen3-8b": 8_190_735_360, "phi3-mini-4k": 3_821_079_552,
+    "mistral-7b-v0.3": 7_248_023_552,
 }
 
 EXPECTED_ALIASES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base", "llama2-7b", "llama2-13b",
@@ -39,7 +43,8 @@ EXPECTED_ALIASES = {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "bert-base",
                     "qwen2.5-7b", "gemma2-2b", "gemma3-270m", "smollm2-135m", "smollm2-360m", "smollm2-1.7b",
                     "tinyllama-1.1b", "phi3-mini-4k", "mixtral-8x7b", "qwen3-30b-a3b", "olmoe-1b-7b",
                     "gemma2-9b", "pythia-70m", "pythia-160m", "pythia-410m", "pythia-1b", "pythia-1.4b",
-                    "pythia-2.8b", "pythia-6.9b", "pythia-12b", "olmo2-7b"}
+                    "pythia-2.8b", "pythia-6.9b", "pythia-12b", "olmo2-7b", "llama3.1-8b", "llama3.2-1b",
+                    "llama3.2-3b", "mistral-7b-v0.3", "qwen3-0.6b", "qwen3-8b"}
 
 
 def _total(alias):

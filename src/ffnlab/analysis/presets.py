@@ -50,6 +50,14 @@ def _pythia(hidden, layers, heads, vocab=50304):
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
+_LLAMA32_ROPE = {**_LLAMA3_ROPE, "factor": 32.0}                 # Llama 3.2 1B/3B stretch 8k to 128k
+
+
+def _qwen3(hidden, inter, heads, kv, layers, tie):
+    """Qwen3's config.json: head_dim 128 whatever the width, per-head q/k norms, no sliding window."""
+    return {**_llama(hidden, inter, heads, kv, layers, 40960, 151936, 1000000.0, 1e-6, tie=tie),
+            "model_type": "qwen3", "head_dim": 128, "attention_bias": False, "use_sliding_window": False,
+            "sliding_window": None, "max_window_layers": layers}
 
 PRESETS = [
     Preset("gpt2", "openai-community/gpt2", _gpt2(768, 12, 12)),
@@ -66,10 +74,22 @@ PRESETS = [
     Preset("llama2-70b", "meta-llama/Llama-2-70b-hf", _llama(8192, 28672, 64, 8, 80, 4096, 32000)),
     Preset("llama3-8b", "meta-llama/Meta-Llama-3-8B", _llama(4096, 14336, 32, 8, 32, 8192, 128256, 500000.0)),
     Preset("llama3-70b", "meta-llama/Meta-Llama-3-70B", _llama(8192, 28672, 64, 8, 80, 8192, 128256, 500000.0)),
+    Preset("llama3.1-8b", "meta-llama/Llama-3.1-8B",
+           _llama(4096, 14336, 32, 8, 32, 131072, 128256, 500000.0, rope_scaling=_LLAMA3_ROPE)),
+    Preset("llama3.2-1b", "meta-llama/Llama-3.2-1B",
+           _llama(2048, 8192, 32, 8, 16, 131072, 128256, 500000.0, tie=True, head_dim=64, rope_scaling=_LLAMA32_ROPE)),
+    Preset("llama3.2-3b", "meta-llama/Llama-3.2-3B",
+           _llama(3072, 8192, 24, 8, 28, 131072, 128256, 500000.0, tie=True, head_dim=128,
+                  rope_scaling=_LLAMA32_ROPE)),
     Preset("llama3.1-405b", "meta-llama/Llama-3.1-405B",
            _llama(16384, 53248, 128, 8, 126, 131072, 128256, 500000.0, rope_scaling=_LLAMA3_ROPE)),
     Preset("mistral-7b", "mistralai/Mistral-7B-v0.1",
            {**_llama(4096, 14336, 32, 8, 32, 32768, 32000), "model_type": "mistral", "sliding_window": 4096}),
+    Preset("mistral-7b-v0.3", "mistralai/Mistral-7B-v0.3",
+           {**_llama(4096, 14336, 32, 8, 32, 32768, 32768, 1000000.0), "model_type": "mistral", "head_dim": 128,
+            "sliding_window": None}),
+    Preset("qwen3-0.6b", "Qwen/Qwen3-0.6B", _qwen3(1024, 3072, 16, 8, 28, tie=True)),
+    Preset("qwen3-8b", "Qwen/Qwen3-8B", _qwen3(4096, 12288, 32, 8, 36, tie=False)),
     Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B",
            {**_llama(896, 4864, 14, 2, 24, 32768, 151936, 1000000.0, 1e-6, tie=True), "model_type": "qwen2"}),
     Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B",
