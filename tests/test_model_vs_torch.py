@@ -62,6 +62,23 @@ CONFIGS = {
                          norm="rmsnorm", pre_norm=False, post_attn_norm=True, post_ffn_norm=True, qk_norm=True,
                          qk_norm_full=True, positions="rope", rope_pairing="neox", vocab_size=61, n_ctx=24,
                          tie_embeddings=False),
+    # Mistral: every layer slides (window 3 < 24 positions), GQA, adjacent-pair RoPE
+    "mistral": ModelConfig(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
+                           norm="rmsnorm", positions="rope", rope_pairing="normal", sliding_window=3,
+                           vocab_size=61, n_ctx=24, tie_embeddings=False),
+    # Llama 3.x rope scaling: head_dim 8, base 1e4 -> wavelengths 6.3 (interpolated, between 16/4 and 16),
+    # 63, 628, 6283 (divided by 8)
+    "llama3": ModelConfig(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
+                          norm="rmsnorm", positions="rope", rope_pairing="normal", rope_llama3=(8.0, 1.0, 4.0, 16.0),
+                          vocab_size=61, n_ctx=24, tie_embeddings=False),
+    # Qwen3: per-head q/k RMSNorm before RoPE, attention biases (attention_bias), head_dim * n_head != d_model
+    "qwen3": ModelConfig(arch="qwen3", n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=16, d_ff=72,
+                         ffn="swiglu", attn_bias=True, attn_out_bias=True, norm="rmsnorm", qk_norm=True,
+                         positions="rope", rope_pairing="neox", vocab_size=61, n_ctx=24, tie_embeddings=True),
+    # Phi-3: fused qkv split by head counts (GQA), q scaled after RoPE, one ffn_up node, window on every layer
+    "phi3": ModelConfig(arch="phi3", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
+                        fused_qkv=True, norm="rmsnorm", positions="rope", rope_pairing="neox", sliding_window=5,
+                        vocab_size=61, n_ctx=24, tie_embeddings=False),
 }
 
 
@@ -142,7 +159,8 @@ def test_block_backward_matches_torch_float64(arch):
     check_block_backward(CONFIGS[arch])
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3", "gemma2", "gptneox", "olmo2"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "gemma3", "gemma2", "gptneox", "olmo2", "mistral", "llama3",
+                                  "qwen3", "phi3"])
 def test_block_backward_matches_torch_float32(arch):
     check_block_backward(CONFIGS[arch], dtype=np.float32, tol=GRAD_FP32)
 
@@ -184,7 +202,8 @@ def test_model_grads_match_torch(arch, dtype, tol):
         R.assert_close(grads[k], ref_grads[k], tol, f"{arch} d{k}")
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "gemma2", "gptneox", "olmo2"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2", "gemma2", "gptneox", "olmo2", "mistral", "llama3",
+                                  "qwen3", "phi3"])
 def test_kv_cache_decoding_matches_full_forward_in_torch(arch):
     cfg = CONFIGS[arch]
     model = Model(cfg, random_params(cfg))

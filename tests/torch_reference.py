@@ -57,10 +57,30 @@ def rope_inv_freq(head_dim, theta, dtype=torch.float64):
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)).to(dtype)
 
 
-def rope_angles(pos, head_dim, theta, scale=1.0):
-    """pos [T] -> angles [T, head_dim/2] in float64"""
+def llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, old_context_len):
+    """Meta's apply_scaling (llama-models, Llama 3.1), frequency by frequency."""
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    new = []
+    for freq in inv_freq.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            new.append(freq)
+        elif wavelen > low_freq_wavelen:
+            new.append(freq / factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            new.append((1 - smooth) * freq / factor + smooth * freq)
+    return torch.tensor(new, dtype=torch.float64)
+
+
+def rope_angles(pos, head_dim, theta, scale=1.0, llama3=()):
+    """pos [T] -> angles [T, head_dim/2] in float64; llama3: (factor, low, high, original context)"""
     t = torch.as_tensor(np.asarray(pos), dtype=torch.float64) / scale
-    return torch.outer(t, rope_inv_freq(head_dim, theta))
+    inv = rope_inv_freq(head_dim, theta)
+    if llama3:
+        inv = llama3_inv_freq(inv, *llama3)
+    return torch.outer(t, inv)
 
 
 def rotate_half(x):
@@ -174,7 +194,7 @@ def attention(x, tp, cfg, il, pos, allowed):
         sliding = _is_sliding(cfg, il)
         theta = cfg.rope_theta_local if (sliding and cfg.rope_theta_local) else cfg.rope_theta
         r = cfg.rope_dim or hd                            # partial rotary: the first r dims rotate
-        angles = rope_angles(pos, r, theta, 1.0 if sliding else cfg.rope_scale)
+        angles = rope_angles(pos, r, theta, 1.0 if sliding else cfg.rope_scale, cfg.rope_llama3)
         rope = rope_neox if cfg.rope_pairing == "neox" else rope_normal
         q = torch.cat([rope(q[..., :r], angles), q[..., r:]], dim=-1)
         k = torch.cat([rope(k[..., :r], angles), k[..., r:]], dim=-1)
