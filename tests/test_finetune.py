@@ -138,3 +138,24 @@ def test_bad_flags_are_one_line(base, tmp_path, capsys, flag, value, needle):
     assert main(args) != 0
     err = capsys.readouterr().err.strip()
     assert needle in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_merge_into_an_hf_model_equals_the_adapted_model(base, reference, tmp_path):
+    """export --merge --to hf: transformers runs W + alpha/r B A as ffnlab runs the adapter
+    (float32 both; logits of scale ~10 agree to ~1e-6 relative, 1e-4 leaves room for the summation order)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch_reference import assert_close
+    assert main(["export", str(reference), "--merge", "--to", "hf", str(tmp_path / "merged"), "--base", str(base / "ck")]) == 0
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    ids = np.frombuffer(b"pack my box", np.uint8).astype(np.int64)
+    with torch.no_grad():
+        want = hf(torch.tensor(ids[None])).logits[0]
+    got = ffnlab.load(str(base / "ck"), lora=str(reference)).forward(ids)
+    assert_close(got, want, 1e-4, "merged HF logits vs the adapted model")
+
+
+def test_export_of_an_adapter_without_a_target_format_is_one_line(reference, tmp_path, capsys):
+    assert main(["export", str(reference), "--to", "hf", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "is a LoRA adapter: export it --to gguf-lora, or --merge it" in err and err.count("\n") == 0

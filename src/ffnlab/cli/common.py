@@ -23,11 +23,21 @@ def refuse_moe(cfg, source, command):
                          f"reads one dense or gated MLP; `ffnlab experts` studies the routing")
 
 
+def add_lora_arguments(p):
+    """--lora ADAPTER [--lora-scale S]: the model with a LoRA adapter applied (load_model reads them)."""
+    p.add_argument("--lora", default=None, metavar="ADAPTER",
+                   help="apply a LoRA adapter: a PEFT directory (`ffnlab finetune --out`) or a llama.cpp LoRA GGUF")
+    p.add_argument("--lora-scale", type=float, default=1.0, metavar="S",
+                   help="scale of the adapter's update, times alpha/r (llama.cpp's --lora-scaled; default 1)")
+
+
 def load_model(args, quiet=False):
-    """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model."""
+    """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model
+    (with --lora's adapter applied, for the commands that have the flag)."""
     from ..formats.installed import resolve_model
     from ..formats.load import load
-    return load(resolve_model(args.model), progress=None if not quiet else False)
+    return load(resolve_model(args.model), progress=None if not quiet else False,
+                lora=getattr(args, "lora", None), lora_scale=getattr(args, "lora_scale", 1.0))
 
 
 def read_prompt(args):

@@ -8,12 +8,19 @@ def add_arguments(p):
     p.add_argument("model", metavar="MODEL",
                    help="a checkpoint directory written by `ffnlab train`, a .gguf file, an HF directory, or an "
                         "installed model (smollm2, gemma3)")
-    p.add_argument("--to", required=True, choices=["gguf", "hf"], help="gguf: one .gguf file; hf: a model directory")
+    p.add_argument("--to", required=True, choices=["gguf", "hf", "gguf-lora"],
+                   help="gguf: one .gguf file; hf: a model directory; gguf-lora: MODEL is a LoRA adapter (a PEFT "
+                        "directory), written as llama.cpp's adapter GGUF")
     p.add_argument("out", help="output .gguf file (--to gguf) or directory (--to hf)")
     p.add_argument("--type", default="f32", choices=["f32", "q8_0"],
                    help="GGUF weight type: f32 (exact; a quantized GGUF is dequantized) or q8_0 (8-bit blocks of 32, "
                         "matrices only); HF is always f32")
     p.add_argument("--force", action="store_true", help="overwrite OUT if it exists (default: refuse, as train does)")
+    # a LoRA adapter (`ffnlab finetune`'s directory, or a llama.cpp LoRA GGUF): cli/export_lora.py
+    p.add_argument("--merge", action="store_true", help="LoRA adapter: write its base model with W + alpha/r B A "
+                                                        "merged in (--to gguf: a GGUF base; --to hf)")
+    p.add_argument("--base", default=None, help="LoRA adapter: its base model (default: the one it records)")
+    p.add_argument("--lora-scale", type=float, default=1.0, help="--merge: scale of the adapter's update (default 1)")
 
 
 def source(model):
@@ -46,6 +53,10 @@ def run(args):
     out = os.path.normpath(args.out)                 # 'dir/' -> 'dir', so messages print no '//'
     if os.path.lexists(out) and not args.force and not (os.path.isdir(out) and not os.listdir(out)):
         raise UsageError(f"{out} already exists; add --force to overwrite it or choose another output")
+    from ..formats.peft import is_adapter_dir
+    if args.to == "gguf-lora" or args.merge or (args.model is not None and is_adapter_dir(args.model)):
+        from .export_lora import run_lora
+        return run_lora(args, out)
     if args.to == "hf" and args.type != "f32":
         raise UsageError("--type q8_0 is for --to gguf; an HF export is float32")
     cfg, params, tok, tok_meta = source(args.model)

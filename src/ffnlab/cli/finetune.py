@@ -33,6 +33,8 @@ def add_arguments(p):
     p.add_argument("--resume", action="store_true", help="continue the run in --out (same settings; --steps may grow)")
     for flag, (_, typ, hlp) in SETTING_FLAGS.items():
         p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
+    p.add_argument("--no-train-eval", dest="eval_train", action="store_false", default=None,
+                   help="evaluate on the held-out windows only (half the evaluation cost)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -51,6 +53,7 @@ def run(args):
     from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune
 
     given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
+    given["eval_train"] = args.eval_train
     given = {k: v for k, v in given.items() if v is not None}
     saved = {}
     if args.resume and os.path.isfile(os.path.join(args.out, FINETUNE_FILE)):

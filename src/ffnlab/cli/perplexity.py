@@ -7,8 +7,9 @@ HELP = "perplexity on a text file, chunked and scored like llama.cpp's llama-per
 
 
 def add_arguments(p):
-    from .common import add_model_argument, count_or_all, positive
+    from .common import add_lora_arguments, add_model_argument, count_or_all, positive
     add_model_argument(p)
+    add_lora_arguments(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to score")
     p.add_argument("--ctx", type=positive("--ctx"), default=512,
                    help="chunk length in tokens; the second half of each chunk is scored (default 512, as llama.cpp)")

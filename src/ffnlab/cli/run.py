@@ -7,8 +7,9 @@ HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
 
 def add_arguments(p):
-    from .common import add_model_argument, nonneg
+    from .common import add_lora_arguments, add_model_argument, nonneg
     add_model_argument(p)
+    add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
     p.add_argument("-n", "--n-predict", type=int, default=64,

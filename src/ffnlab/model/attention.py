@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.attention import attention_backward, attention_mix, attention_probs, attention_scores
-from ..ops.linear import linear_backward, linear_forward
+from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_backward, rope_forward
 from .hooks import identity
@@ -139,14 +139,14 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
                   ((f"kqv-{il} (permuted)", (T, H, hd)),))
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
-    y = linear_forward(merged, p[wo])                                             # [B, T, H*hd] -> [B, T, d_model]
+    y = linear_forward(merged, p[wo], hook=hook, node="attn_out_w" if bo in p else "attn_out")   # [B, T, H*hd] -> [B, T, d_model]
     # llama.cpp names the output projection attn_out only in its llama graph (other graphs
     # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
     if bo in p:
-        y = hook("attn_out_w", y, "MUL_MAT", (wo, "kqv_out"))
+        y = hook("attn_out_w", y, mm_op(p[wo]), (wo, "kqv_out"))
         y = hook("attn_out", y + p[bo], "ADD", ("attn_out_w", bo))
     else:
-        y = hook("attn_out", y, "MUL_MAT", (wo, "kqv_out"))
+        y = hook("attn_out", y, mm_op(p[wo]), (wo, "kqv_out"))
     return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
                         capped)
 
@@ -183,7 +183,7 @@ def _split_qkv(qkv, cfg):
 def _fused_qkv(x, p, blk, hook):
     """GPT-2: one matmul for q, k and v (llama.cpp: wqkv, then wqkv_b after the bias)."""
     w, b = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
-    qkv = hook("wqkv", linear_forward(x, p[w]), "MUL_MAT", (w, "attn_norm"))      # [B, T, 3*d_model]
+    qkv = hook("wqkv", linear_forward(x, p[w], hook=hook, node="wqkv"), mm_op(p[w]), (w, "attn_norm"))   # [B, T, 3*d_model]
     if b in p:
         qkv = hook("wqkv_b", qkv + p[b], "ADD", ("wqkv", b))
     return qkv
@@ -192,7 +192,7 @@ def _fused_qkv(x, p, blk, hook):
 def _proj(x, p, blk, which, node, hook, y=None):
     """One of the q/k/v projections (y: its slice of the packed product, when there is one)."""
     w, b = blk + f"attn_{which}.weight", blk + f"attn_{which}.bias"
-    y = hook(node, linear_forward(x, p[w]) if y is None else y, "MUL_MAT", (w, "attn_norm"))
+    y = hook(node, linear_forward(x, p[w], hook=hook, node=node) if y is None else y, mm_op(p[w]), (w, "attn_norm"))
     if b in p:
         y = hook(node, y + p[b], "ADD", (node, b))
     return y

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.activations import ACTIVATIONS, sigmoid
-from ..ops.linear import linear_backward, linear_forward
+from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
 from .hooks import identity
 
@@ -102,12 +102,12 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
     gate = None
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
-        gate = gu[..., :gu.shape[-1] // 2] if gu is not None else linear_forward(x, w.gate)   # [..., d_ff]
-        gate = hook("ffn_gate", gate, "MUL_MAT", ("ffn_gate.weight", "ffn_norm"))
+        gate = gu[..., :gu.shape[-1] // 2] if gu is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
+        gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
         if w.gate_b is not None:
             gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
-    up = gu[..., gu.shape[-1] // 2:] if gu is not None else linear_forward(x, w.up)        # [..., d_ff]
-    up = hook("ffn_up", up, "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
+    up = gu[..., gu.shape[-1] // 2:] if gu is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
+    up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
     if w.up_b is not None:
         up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
@@ -116,12 +116,12 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
         h = hook(k.node, act * up, k.op, ("ffn_gate_b" if w.gate_b is not None else "ffn_gate", up_src))
     else:
         act = h = hook(k.node, ACTIVATIONS[k.act].forward(up), k.op, (up_src,))   # [..., d_ff]
-    y = linear_forward(h, w.down)                                         # [..., d_ff] -> [..., d_model]
+    y = linear_forward(h, w.down, hook=hook, node="ffn_down" if w.down_b is not None else "ffn_out")   # [..., d_model]
     if w.down_b is not None:
-        y = hook("ffn_down", y, "MUL_MAT", ("ffn_down.weight", k.node))
+        y = hook("ffn_down", y, mm_op(w.down), ("ffn_down.weight", k.node))
         y = hook("ffn_out", y + w.down_b, "ADD", ("ffn_down", "ffn_down.bias"))
     else:
-        y = hook("ffn_out", y, "MUL_MAT", ("ffn_down.weight", k.node))
+        y = hook("ffn_out", y, mm_op(w.down), ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
 
 

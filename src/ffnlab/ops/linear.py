@@ -13,8 +13,15 @@ class ComposedWeight:
     """A weight [out, in] that computes its own product: forward(x2 [N, in]) -> [N, out] and
     backward(dy2 [N, out], x2) -> (dx2 [N, in], its gradient or None when it learns nothing).
     forward's hook, when given, is called as hook(suffix, value [N, k], op, srcs) on the parts
-    of the product (a LoRA adapter's, as llama.cpp's graph has them) and returns the value."""
+    of the product (a LoRA adapter's, as llama.cpp's graph has them) and returns the value;
+    "{node}" in a source name stands for the node the product feeds."""
     shape: tuple
+
+
+def mm_op(w):
+    """The ggml op of the node a product with w gives: MUL_MAT, or ADD for a LoRA-adapted weight
+    (llama.cpp's build_lora_mm adds the adapter's product to the base's and names the sum)."""
+    return getattr(w, "op", "MUL_MAT")
 
 
 def linear_forward(x, w, b=None, hook=None, node=None):
@@ -29,7 +36,8 @@ def linear_forward(x, w, b=None, hook=None, node=None):
         part = None
         if hook is not None and node is not None:
             def part(suffix, v, op, srcs):            # [N, k] shown as [..., k], like every node
-                return hook(f"{node}_{suffix}", v.reshape(*lead, v.shape[-1]), op, srcs).reshape(v.shape)
+                return hook(f"{node}_{suffix}", v.reshape(*lead, v.shape[-1]), op,
+                            tuple(s.format(node=node) for s in srcs)).reshape(v.shape)
         y = w.forward(x2, part).reshape(*lead, w.shape[0])
     elif isinstance(w, QuantTensor):
         # the blocks are dequantized inside the product: a fused matrix-vector kernel for one row

@@ -107,11 +107,12 @@ def _read(t, tc, type_name, g):
     return np.array(a, dtype=np.float32 if dt.kind == "f" else dt)
 
 
-def capture(path, ids, keep=None, n_threads=None, kv_f32=False):
+def capture(path, ids, keep=None, n_threads=None, kv_f32=False, lora=None):
     """Run llama.cpp on token ids (one sequence, positions 0..T-1, logits for every token)
     -> [RefNode] in evaluation order. keep(name) -> bool says which nodes' data to copy
     (default: every f32/f16 node whose name is not a view or an unnamed node_N).
-    kv_f32: keep the KV cache in f32 instead of llama.cpp's default f16."""
+    kv_f32: keep the KV cache in f32 instead of llama.cpp's default f16.
+    lora: (adapter GGUF path, scale): a LoRA adapter on the model, as llama.cpp's --lora-scaled."""
     L, g = _lib()
     ids = [int(i) for i in ids]
     T = len(ids)
@@ -161,6 +162,15 @@ def capture(path, ids, keep=None, n_threads=None, kv_f32=False):
     if not ctx:
         L.llama_model_free(model)
         raise UsageError(f"{path}: llama.cpp could not create a context")
+    adapter = None
+    if lora is not None:
+        adapter = L.llama_adapter_lora_init(model, os.fspath(lora[0]).encode())
+        if not adapter or L.llama_set_adapters_lora(ctx, (L.llama_adapter_lora_p_ctypes * 1)(adapter), 1,
+                                                    (ctypes.c_float * 1)(float(lora[1]))) != 0:
+            L.llama_free(ctx)
+            L.llama_model_free(model)
+            why = f": {LOG_ERRORS[-1]}" if LOG_ERRORS else ""
+            raise UsageError(f"{lora[0]}: llama.cpp could not apply this LoRA adapter{why}")
     batch = L.llama_batch_init(T, 0, 1)
     try:
         for i, tok in enumerate(ids):
@@ -174,6 +184,8 @@ def capture(path, ids, keep=None, n_threads=None, kv_f32=False):
     finally:
         L.llama_batch_free(batch)
         L.llama_free(ctx)
+        if adapter:
+            L.llama_adapter_lora_free(adapter)
         L.llama_model_free(model)
     if errors:
         raise errors[0]
@@ -228,7 +240,8 @@ def f32_copy(src, dst):
 def ffnlab_only(name, arch):
     """Nodes ffnlab names where llama.cpp leaves an unnamed node_N: Gemma 3's q scale after
     RoPE (Qcur_scaled), the attention output projection (attn_out) in every graph but llama's,
-    its product before the output bias (attn_out_w, GPT-2), and Phi-3's first residual sum (ffn_inp)."""
+    its product before the output bias (attn_out_w, GPT-2), Phi-3's first residual sum (ffn_inp), and a
+    LoRA adapter's parts (build_lora_mm's mul_mat(a), mul_mat(b), scale: `{node}_lora_a`, `_lora_b`, `_lora_scaled`)."""
     base = name.rsplit("-", 1)[0]
     return base in ("Qcur_scaled", "attn_out_w") or (base == "attn_out" and arch != "llama") \
-        or (base == "ffn_inp" and arch == "phi3")
+        or (base == "ffn_inp" and arch == "phi3") or base.endswith(("_lora_a", "_lora_b", "_lora_scaled"))

@@ -143,11 +143,12 @@ def compare(nodes, reference, against, rtol=None, atol=None, f32=False):
     return report
 
 
-def reference_nodes(against, source, ids, f32=False, arch=None, n_ctx=None):
+def reference_nodes(against, source, ids, f32=False, arch=None, n_ctx=None, lora=None):
     """Run the reference on ids -> {(name, op, k): array} for the named nodes it computes.
     f32 (llama.cpp): run it on an F32 copy of the GGUF, with an F32 KV cache.
     arch (hf): the GGUF's architecture, which decides whether Q/K rows are permuted.
-    n_ctx (hf): the file's context length (transformers does not read GPT-2's from the GGUF)."""
+    n_ctx (hf): the file's context length (transformers does not read GPT-2's from the GGUF).
+    lora (llama.cpp): (adapter GGUF, scale) applied to the model."""
     if against == "llama.cpp":
         import os
         import tempfile
@@ -155,9 +156,9 @@ def reference_nodes(against, source, ids, f32=False, arch=None, n_ctx=None):
         from .llamacpp import capture, f32_copy, is_auto_name, is_kv_node
         if f32:
             with tempfile.TemporaryDirectory(prefix="ffnlab-f32-") as d:
-                nodes = capture(f32_copy(source, os.path.join(d, "f32.gguf")), ids, kv_f32=True)
+                nodes = capture(f32_copy(source, os.path.join(d, "f32.gguf")), ids, kv_f32=True, lora=lora)
         else:
-            nodes = capture(source, ids)
+            nodes = capture(source, ids, lora=lora)
         return keyed([(n.name, n.op, n.array) for n in nodes
                       if not is_auto_name(n.name) and not is_kv_node(n) and n.array is not None])
     from .hf import capture

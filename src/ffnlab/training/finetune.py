@@ -15,6 +15,7 @@ instant resumes from the last commit and reproduces the uninterrupted run's loss
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -51,6 +52,7 @@ class FinetuneSettings(TrainSettings):
     dropout: float = 0.0         # PEFT's lora_dropout, on the adapter input
     targets: str = "q,v"         # PEFT's (and llama-factory's) default for Llama: q_proj, v_proj
     train_tokens: int = 0        # train on the first N tokens of the train split only; 0: all of it
+    eval_train: bool = True      # evaluate on fixed train windows too (False: val only, half the cost)
 
     def validate(self):
         super().validate()
@@ -100,7 +102,9 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
     if record is not None and not resume:
         raise UsageError(f"--out {out} already holds a fine-tuning run at step {record['step']}; "
                          f"add --resume to continue it or choose another --out")
-    meta = {"settings": asdict(s), "base_model": base_model, "config": cfg.to_dict(), "data": data_info or {}}
+    # as JSON holds it (tuples become lists), so a resume compares like with like
+    meta = json.loads(json.dumps({"settings": asdict(s), "base_model": base_model, "config": cfg.to_dict(),
+                                  "data": data_info or {}}))
     if record is not None:
         from ..formats.jsonfile import read_json_object
         saved_meta = read_json_object(os.path.join(out, FINETUNE_FILE), "fine-tuning record")
@@ -140,7 +144,8 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
 
     def evaluate():
         set_training(p, False)
-        tl, vl = mean_loss(p, cfg, train_windows), mean_loss(p, cfg, val_windows)
+        tl = mean_loss(p, cfg, train_windows) if s.eval_train else float("nan")
+        vl = mean_loss(p, cfg, val_windows)
         set_training(p, True)
         return tl, vl
 

@@ -56,6 +56,7 @@ class Frozen(ComposedWeight):
 class LoraWeight(Frozen):
     """base + scale * B A. a [r, in] and b [out, r] are the arrays of the adapter dict (updated
     in place by the optimizer). training: dropout is on (fine-tuning), off for evaluation."""
+    op = "ADD"                        # the node it feeds is base + adapter (ops/linear.py mm_op)
 
     def __init__(self, base, a, b, scale, dropout=0.0, rng=None):
         super().__init__(base)
@@ -63,6 +64,7 @@ class LoraWeight(Frozen):
         self.dropout, self.rng = float(dropout), rng
         self.training = False
         self.mask = None              # the last forward's dropout mask / (1 - p), for its backward
+        self.name = "W"               # its tensor name (attach sets it), for the trace
 
     def __repr__(self):
         return f"LoraWeight({self.base!r}, r={self.a.shape[0]}, scale={self.scale:g})"
@@ -81,9 +83,10 @@ class LoraWeight(Frozen):
         hook = hook or (lambda suffix, v, op, srcs: v)
         y = linear_forward(x2, self.base)                               # [N, in] -> [N, out]
         # llama.cpp's build_lora_mm: mul_mat(b, mul_mat(a, x)), scale, add to the base product
-        xa = hook("lora_a", linear_forward(self._dropped(x2, True), self.a), "MUL_MAT", ("lora_a", "inp"))   # [N, r]
-        ab = hook("lora_b", linear_forward(xa, self.b), "MUL_MAT", ("lora_b", "lora_a"))                     # [N, out]
-        ab = hook("lora_scaled", ab * np.asarray(self.scale, ab.dtype), "SCALE", ("lora_b",))
+        xa = hook("lora_a", linear_forward(self._dropped(x2, True), self.a), "MUL_MAT",
+                  (self.name + ".lora_a",))                                                    # [N, r]
+        ab = hook("lora_b", linear_forward(xa, self.b), "MUL_MAT", (self.name + ".lora_b", "{node}_lora_a"))   # [N, out]
+        ab = hook("lora_scaled", ab * np.asarray(self.scale, ab.dtype), "SCALE", ("{node}_lora_b",))
         return y + ab
 
     def backward(self, dy2, x2):
@@ -149,6 +152,7 @@ def attach(params, adapters, scale, dropout=0.0, rng=None, freeze=False) -> dict
         w = an[:-len(".lora_a")]
         s = scale[w] if isinstance(scale, dict) else scale
         out[w] = LoraWeight(params[w], adapters[an], adapters[an[:-1] + "b"], s, dropout, rng)
+        out[w].name = w
     if freeze:
         for n, v in out.items():
             if not isinstance(v, ComposedWeight) and getattr(v, "ndim", 0) == 2:
@@ -177,3 +181,25 @@ def merged(base, a, b, scale):
     w = base.dequantize() if isinstance(base, QuantTensor) else np.array(base, np.float32)
     w += np.float32(scale) * (b @ a)                                    # [out, r] @ [r, in]
     return w
+
+
+def read_lora(path, cfg, params):
+    """A PEFT adapter directory or a llama.cpp LoRA GGUF -> adapters, {weight: alpha / r},
+    {"r", "alpha", "tensors"}; a file that does not fit the model is one ModelFileError line."""
+    if str(path).endswith(".gguf"):
+        from ..formats.gguf_lora import read_gguf_lora
+        adapters, scale, r, alpha = read_gguf_lora(path, cfg, params)
+    else:
+        from ..formats.peft import read_adapter
+        adapters, scale, conf = read_adapter(path, cfg, params)
+        r, alpha = conf["r"], conf["lora_alpha"]
+    return adapters, scale, {"r": r, "alpha": alpha, "tensors": len(adapters) // 2}
+
+
+def adapters_of(params):
+    """An adapted params dict -> adapters {lora name: array}, {weight name: scale} (what attach made)"""
+    adapters, scale = {}, {}
+    for w, v in params.items():
+        if isinstance(v, LoraWeight):
+            adapters[w + ".lora_a"], adapters[w + ".lora_b"], scale[w] = v.a, v.b, v.scale
+    return adapters, scale
