@@ -82,3 +82,22 @@ def test_hf_dir_without_a_tokenizer_is_one_line(tmp_path, capsys):
     assert main(["export", src, "--to", "gguf", str(tmp_path / "m.gguf")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no tokenizer" in err[0] and src in err[0]
+
+
+def test_checkpoint_to_gguf_to_hf_to_gguf(tmp_path):
+    """A chain through every kind of source: the HF directory's tokenizer.json (the Split + ByteLevel
+    pre-tokenizer ffnlab builds from the GGUF's gpt-2 regex) goes back into GGUF as pre = gpt-2, and
+    llama.cpp tokenizes the last file as ffnlab does."""
+    from export_helpers import LLAMA, PROMPT, config, make_checkpoint
+    make_checkpoint(tmp_path / "ckpt", config(LLAMA))
+    a, b, c = str(tmp_path / "a.gguf"), str(tmp_path / "b-hf"), str(tmp_path / "c.gguf")
+    assert main(["export", str(tmp_path / "ckpt"), "--to", "gguf", a]) == 0
+    assert main(["export", a, "--to", "hf", b]) == 0
+    assert main(["export", b, "--to", "gguf", c]) == 0
+    first, last = ffnlab.load(str(tmp_path / "ckpt"), progress=False), ffnlab.load(c, progress=False)
+    ids = first.tokenizer.encode(PROMPT)
+    assert last.tokenizer.encode(PROMPT) == ids
+    assert np.abs(last.forward(ids) - first.forward(ids)).max() <= 1e-5
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=c, vocab_only=True, verbose=False)
+    assert llm.tokenize(PROMPT.encode(), add_bos=False, special=True) == last.tokenizer.encode(PROMPT, add_bos=False)

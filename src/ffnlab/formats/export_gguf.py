@@ -137,10 +137,11 @@ def tokenizer_fields(tok, tok_meta) -> list:
     if (tok_meta or {}).get("kind") == "model" and src.endswith(".gguf") and os.path.isfile(src):
         return _copied_tokenizer_fields(src)
     model = json.loads(tok.tk.to_str())["model"]
-    pre = json.loads(tok.tk.to_str()).get("pre_tokenizer") or {}
-    if model.get("type") != "BPE" or pre.get("type") != "ByteLevel":
+    pre_name = _pre_tokenizer_name(json.loads(tok.tk.to_str()).get("pre_tokenizer") or {})
+    if model.get("type") != "BPE" or pre_name is None:
         raise UsageError("cannot export this tokenizer to GGUF: only byte-level BPE tokenizers (ffnlab's byte and "
-                         "bpe, or a GGUF model's own) are supported; --to hf writes any tokenizer")
+                         "bpe, a GGUF model's own, or an HF one whose split regexes llama.cpp names) are supported; "
+                         "--to hf writes any tokenizer")
     vocab = tok.tk.get_vocab(with_added_tokens=True)
     tokens = [None] * len(vocab)
     for t, i in vocab.items():
@@ -151,9 +152,9 @@ def tokenizer_fields(tok, tok_meta) -> list:
     types = [3 if t in special else 1 for t in tokens]          # 3 = CONTROL, 1 = NORMAL
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     fields = [("tokenizer.ggml.model", "gpt2", T.STRING, None),
-              # GPT-2's pre-tokenizer regex (the one tokenizers' ByteLevel uses); with no merges
-              # (byte vocab) the split cannot change the ids
-              ("tokenizer.ggml.pre", "gpt-2", T.STRING, None),
+              # GPT-2's pre-tokenizer regex (the one tokenizers' ByteLevel uses; with no merges, a
+              # byte vocab, the split cannot change the ids), or the name of the HF regexes
+              ("tokenizer.ggml.pre", pre_name, T.STRING, None),
               ("tokenizer.ggml.tokens", tokens, T.ARRAY, T.STRING),
               ("tokenizer.ggml.token_type", types, T.ARRAY, T.INT32),
               ("tokenizer.ggml.merges", merges, T.ARRAY, T.STRING),
@@ -166,6 +167,28 @@ def tokenizer_fields(tok, tok_meta) -> list:
     if tok.chat_template:
         fields.append(("tokenizer.chat_template", tok.chat_template, T.STRING, None))
     return fields
+
+
+def _pre_tokenizer_name(pre) -> str | None:
+    """tokenizer.json's pre_tokenizer -> the tokenizer.ggml.pre name llama.cpp splits text the same
+    way for, or None. ByteLevel alone splits with GPT-2's regex; Split regexes followed by a
+    ByteLevel that does not split again (what gguf_tokenizer.py builds from a GGUF) are looked up
+    in llama.cpp's table (PRE_TOKENIZER_REGEXES)."""
+    from .gguf_tokenizer import PRE_TOKENIZER_REGEXES
+    if pre.get("type") == "ByteLevel":
+        return "gpt-2"                   # as before: ffnlab's byte and bpe tokenizers
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else []
+    if not steps or steps[-1].get("type") != "ByteLevel" or steps[-1].get("use_regex", True):
+        return None
+    regexes = []
+    for st in steps[:-1]:
+        if st.get("type") != "Split" or st.get("behavior") != "Isolated" or st.get("invert"):
+            return None
+        regexes.append((st.get("pattern") or {}).get("Regex"))
+    for name in ("gpt-2", "smollm", "llama-bpe", "qwen2"):
+        if PRE_TOKENIZER_REGEXES[name] == regexes:
+            return name
+    return None
 
 
 def _copied_tokenizer_fields(src) -> list:
