@@ -1,4 +1,4 @@
-"""Mistral, Llama 3.x, Qwen3 and Phi-3 through GGUF: HF directory -> ffnlab -> export_gguf -> llama.cpp.
+"""Mistral, Llama 3.x, Qwen3, Phi-3 (and Qwen2) through GGUF: HF directory -> ffnlab -> export_gguf -> llama.cpp.
 
 For each family a tiny random transformers model (from_config, weights re-drawn, a byte tokenizer
 so llama.cpp has a vocabulary) is loaded by ffnlab from its HF directory and exported to GGUF as
@@ -41,8 +41,9 @@ FAMILIES = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(rope_parameters=LLAMA3)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict()),           # q/k/v biases, no o bias
 }
-GGUF_ARCH = {"mistral": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3"}
+GGUF_ARCH = {"mistral": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3", "qwen2": "qwen2"}
 
 
 def randomize(model, seed):
