@@ -19,6 +19,7 @@ import pytest
 import ffnlab
 from ffnlab.errors import UsageError
 from ffnlab.formats.export_gguf import export_gguf
+from ffnlab.formats.hf_tokenizer import tokenizer_json
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 from test_hf_families import randomize
 
@@ -52,6 +53,7 @@ def exported(tmp_path_factory):
                                                                         attn_implementation="eager"))
         d = tmp_path_factory.mktemp(fam)
         model.save_pretrained(d, safe_serialization=True)
+        tokenizer_json(tok).save(str(d / "tokenizer.json"))          # for verify's text prompt
         with torch.no_grad():
             ref = model(torch.tensor([IDS])).logits[0].numpy()
         m = ffnlab.load(str(d), progress=False)
@@ -126,3 +128,17 @@ def test_verify_against_llama_cpp_passes_node_by_node(family, exported, capsys):
     assert main(["verify", "-m", path, "--against", "llama.cpp", "--f32", "-p", "Hello there, how are you"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "nodes compared" in out
+
+
+@pytest.mark.parametrize("source", ["gemma2", "gptneox", "olmo2", "gemma2.gguf"])
+def test_verify_against_transformers_passes_node_by_node(source, exported, capsys):
+    """`ffnlab verify --against hf` (1e-4 of each node's largest value): on the HF directories, and
+    on the Gemma 2 GGUF, which transformers reads itself (soft-caps, window and scale set as
+    llama.cpp reads them; transformers reads no gptneox or olmo2 GGUF)."""
+    from ffnlab.cli.main import main
+    family = source.removesuffix(".gguf")
+    m, path, _ = exported[family]
+    model = path if source.endswith(".gguf") else m.source
+    assert main(["verify", "-m", model, "--against", "hf", "-p", "Hello there, how are you"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and int(out.split(" nodes compared")[0].split()[-1]) > 15 * m.config.n_layer

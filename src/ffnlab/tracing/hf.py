@@ -48,18 +48,21 @@ def _register_capture(torch, records):
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         """Eager attention, recording each step. query [B, H, T, hd], key/value [B, Hkv, S, hd]."""
-        if getattr(module.config, "attn_logit_softcapping", None):
-            raise UsageError("verify --against hf: attention logit soft-capping is not supported")
+        cap = getattr(module.config, "attn_logit_softcapping", None)     # Gemma 2
         groups = query.shape[1] // key.shape[1]
         k = key.repeat_interleave(groups, dim=1)            # query head h reads KV head h // groups
         v = value.repeat_interleave(groups, dim=1)
         raw = query @ k.transpose(2, 3)                       # [B, H, T, S] unscaled q.k
         w = raw * scaling
+        rec = {}
+        if cap:                                               # c * tanh(scores / c), llama.cpp's three nodes
+            rec = dict(scaled_1=w / cap, tanh=torch.tanh(w / cap))
+            w = rec["scaled_2"] = rec["tanh"] * cap
         if attention_mask is not None:
             w = w + attention_mask[:, :, :, : k.shape[-2]]
         probs = torch.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
         out = probs @ v                                      # [B, H, T, hd]
-        records[module.layer_idx] = dict(q=query, k=key, raw=raw, scaling=scaling, probs=probs, out=out)
+        records[module.layer_idx] = dict(q=query, k=key, raw=raw, scaling=scaling, probs=probs, out=out, **rec)
         return out.transpose(1, 2).contiguous(), probs
 
     AttentionInterface.register(CAPTURE, attention)
@@ -94,12 +97,18 @@ def load_hf(path, **config):
 
 
 def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
-    """Llama, Qwen2 and Gemma 3: separate q/k/v projections, a gated MLP."""
+    """Llama, Qwen2, Gemma 2/3 and OLMo 2: separate q/k/v projections, a gated MLP. OLMo 2 has no
+    input_layernorm and norms q/k whole ([T, q_dim]); Gemma 2 has no q/k norms. The post-FFN norm
+    of Gemma 2 and OLMo 2 has no layer suffix (ffn_post_norm, as llama.cpp names it) and is not
+    captured: one key per name here."""
     inner = model.model
+    olmo2 = model.config.model_type == "olmo2"
+    bare_post_ffn = model.config.model_type in ("gemma2", "olmo2")
     for il, layer in enumerate(inner.layers):
         sa, mlp = layer.self_attn, layer.mlp
         hd = sa.head_dim
-        on(layer.input_layernorm, hook_out(f"attn_norm-{il}", "MUL"))
+        if not olmo2:
+            on(layer.input_layernorm, hook_out(f"attn_norm-{il}", "MUL"))
         for proj, node in ((sa.q_proj, "Qcur"), (sa.k_proj, "Kcur"), (sa.v_proj, "Vcur")):
             perm = permuted and node != "Vcur"
 
@@ -110,7 +119,10 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
                 return heads.reshape(a.shape)
             # with a bias (qwen2) the projection's output is llama.cpp's ADD node, else its MUL_MAT
             on(proj, hook_out(f"{node}-{il}", "ADD" if proj.bias is not None else "MUL_MAT", fix))
-        if gemma:
+        if olmo2:                                 # over the whole projection: [T, q_dim]
+            on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL"))
+            on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL"))
+        elif getattr(sa, "q_norm", None) is not None:
             # the norms run on [B, heads, T, hd] (after HF's transpose(1, 2)) -> [T, heads, hd]
             on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL", lambda a: a.transpose(1, 0, 2)))
             on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL", lambda a: a.transpose(1, 0, 2)))
@@ -120,7 +132,11 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
             on(layer.post_attention_layernorm, hook_out(f"attn_post_norm-{il}", "MUL"))
             on(layer.pre_feedforward_layernorm, hook_in(f"sa_out-{il}", "ADD"))
             on(layer.pre_feedforward_layernorm, hook_out(f"ffn_norm-{il}", "MUL"))
-            on(layer.post_feedforward_layernorm, hook_out(f"ffn_post_norm-{il}", "MUL"))
+            if not bare_post_ffn:
+                on(layer.post_feedforward_layernorm, hook_out(f"ffn_post_norm-{il}", "MUL"))
+        elif olmo2:
+            on(layer.post_attention_layernorm, hook_out(f"attn_post_norm-{il}", "MUL"))
+            on(mlp, hook_in(f"ffn_inp-{il}", "ADD"))
         else:
             on(layer.post_attention_layernorm, hook_in(f"ffn_inp-{il}", "ADD"))
             on(layer.post_attention_layernorm, hook_out(f"ffn_norm-{il}", "MUL"))
@@ -132,7 +148,11 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
         on(layer, hook_out(f"l_out-{il}", "ADD"))
     on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
     on(inner.norm, hook_out("result_norm", "MUL"))
-    on(model.lm_head, hook_out("result_output", "MUL_MAT"))
+    if getattr(model.config, "final_logit_softcapping", None):          # Gemma 2: the capped logits, a SCALE
+        on(model, lambda _mod, _inp, output: out.__setitem__(("result_output", "SCALE"),
+                                                             output.logits[0].detach().float().numpy()))
+    else:
+        on(model.lm_head, hook_out("result_output", "MUL_MAT"))
 
 
 def _gpt2_hooks(model, on, hook_in, hook_out, out):
@@ -165,6 +185,52 @@ def _gpt2_hooks(model, on, hook_in, hook_out, out):
     on(model.lm_head, hook_out("result_output", "MUL_MAT"))
 
 
+def _gemma2_gguf_fields(model, path):
+    """transformers' GGUF reader leaves Gemma 2's soft-caps, window and query_pre_attn_scalar at
+    their defaults: set them as llama.cpp reads the file (formats/gguf_meta.py's rules)."""
+    from ..formats.gguf_meta import config_from_gguf, open_gguf
+    cfg = config_from_gguf(open_gguf(path), path)
+    c = model.config
+    c.attn_logit_softcapping, c.final_logit_softcapping = cfg.attn_softcap, cfg.final_logit_softcap
+    c.sliding_window = cfg.sliding_window
+    for layer in model.model.layers:
+        layer.self_attn.scaling = cfg.scale
+        layer.self_attn.attn_logit_softcapping = cfg.attn_softcap
+        if layer.self_attn.sliding_window:
+            layer.self_attn.sliding_window = cfg.sliding_window
+
+
+def _neox_hooks(model, on, hook_in, hook_out, out):
+    """GPT-NeoX: LayerNorms with bias, one query_key_value whose rows are per head [H, 3, hd]
+    (reordered to llama.cpp's [q; k; v] for wqkv_b and its Q/K/V views), a dense GELU MLP with
+    biases, and (use_parallel_residual) the MLP reading the block input."""
+    inner = model.gpt_neox
+    on(inner.embed_in, hook_out("embd", "GET_ROWS"))
+    for il, layer in enumerate(inner.layers):
+        sa, mlp = layer.attention, layer.mlp
+        H = model.config.num_attention_heads
+
+        def split(a, il=il, H=H):                                       # [T, H*3*hd] -> [T, 3*H*hd]
+            T, hd = a.shape[0], a.shape[1] // (3 * H)
+            per = a.reshape(T, H, 3, hd)
+            for j, node in enumerate(("Qcur", "Kcur", "Vcur")):
+                out[(f"{node}-{il}", "VIEW")] = per[:, :, j]
+            return per.transpose(0, 2, 1, 3).reshape(a.shape)
+        on(layer.input_layernorm, hook_out(f"attn_norm-{il}", "ADD"))
+        on(sa.query_key_value, hook_out(f"wqkv_b-{il}", "ADD", split))
+        on(sa.dense, hook_in(f"kqv_out-{il}", "CONT"))
+        on(sa.dense, hook_out(f"attn_out-{il}", "ADD"))
+        if not layer.use_parallel_residual:
+            on(layer.post_attention_layernorm, hook_in(f"ffn_inp-{il}", "ADD"))
+        on(layer.post_attention_layernorm, hook_out(f"ffn_norm-{il}", "ADD"))
+        on(mlp.dense_h_to_4h, hook_out(f"ffn_up_b-{il}", "ADD"))
+        on(mlp.dense_4h_to_h, hook_in(f"ffn_gelu-{il}", "GELU_ERF" if model.config.hidden_act == "gelu" else "GELU"))
+        on(mlp.dense_4h_to_h, hook_out(f"ffn_out-{il}", "ADD"))
+        on(layer, hook_out(f"l_out-{il}", "ADD"))
+    on(inner.final_layer_norm, hook_out("result_norm", "ADD"))
+    on(model.get_output_embeddings(), hook_out("result_output", "MUL_MAT"))
+
+
 def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None):
     """Run the HF model on token ids -> {(node name, op): numpy array in ffnlab's node layout}.
     gguf_arch: the file's general.architecture (default: HF's model type, the same for llama).
@@ -178,10 +244,12 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         hf_model = load_hf(path, **({"n_positions": n_ctx} if gguf_arch == "gpt2" and n_ctx else {}))
     model = hf_model
     mtype = model.config.model_type
-    if mtype not in ("llama", "qwen2", "gemma3_text", "gemma3", "gpt2"):
+    if mtype not in ("llama", "qwen2", "gemma2", "gemma3_text", "gemma3", "gpt2", "gpt_neox", "olmo2"):
         raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
-                         "(supported: gpt2, llama, qwen2, gemma3)")
-    gemma = mtype.startswith("gemma3")
+                         "(supported: gpt2, llama, qwen2, gemma2, gemma3, gpt_neox, olmo2)")
+    gemma = mtype.startswith("gemma")
+    if mtype == "gemma2" and str(path).endswith(".gguf"):
+        _gemma2_gguf_fields(model, path)
     permuted = gguf_to_hf_permuted(gguf_arch or mtype, path) if permuted is None else permuted
     out, attn, hooks = {}, {}, []
 
@@ -205,6 +273,8 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
 
     if mtype == "gpt2":
         _gpt2_hooks(model, on, hook_in, hook_out, out)
+    elif mtype == "gpt_neox":
+        _neox_hooks(model, on, hook_in, hook_out, out)
     else:
         _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out)
 
@@ -227,8 +297,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         if permuted:
             q, k = permute_heads(q), permute_heads(k)
         raw = arr(r["raw"])                               # [H, T, S]
+        if "tanh" in r:                                   # Gemma 2's soft-capped scores
+            for node, key in (("kq_scaled_1", "SCALE"), ("kq_tanh", "TANH"), ("kq_scaled_2", "SCALE")):
+                out[(f"{node}-{il}", key)] = arr(r[node.removeprefix("kq_")])
         if gemma:
-            # llama.cpp's Gemma 3 graph scales q after RoPE (ffnlab: Qcur_scaled), so its kq is scaled
+            # llama.cpp's Gemma graphs scale q after RoPE (ffnlab: Qcur_scaled), so their kq is scaled
             out[(f"Qcur-{il}", "ROPE")] = q
             out[(f"Qcur_scaled-{il}", "SCALE")] = q * np.float32(r["scaling"])
             raw = raw * np.float32(r["scaling"])
