@@ -142,3 +142,20 @@ def test_verify_against_transformers_passes_node_by_node(source, exported, capsy
     assert main(["verify", "-m", model, "--against", "hf", "-p", "Hello there, how are you"]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and int(out.split(" nodes compared")[0].split()[-1]) > 15 * m.config.n_layer
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_export_cli_from_the_hf_dir_and_back_from_the_gguf(family, exported, tmp_path):
+    """`ffnlab export HF_DIR --to gguf`, then `ffnlab export THAT.gguf --to hf`: the same model all the
+    way (ffnlab's logits within 1e-5 at each step, transformers' on the final directory within 1e-4)."""
+    from ffnlab.cli.main import main
+    m, _, ref = exported[family]
+    gguf_path, hf_dir = str(tmp_path / "cli.gguf"), str(tmp_path / "cli_hf")
+    assert main(["export", m.source, "--to", "gguf", gguf_path]) == 0
+    assert main(["export", gguf_path, "--to", "hf", hf_dir]) == 0
+    ours = m.forward(IDS)
+    for path in (gguf_path, hf_dir):
+        assert np.abs(ffnlab.load(path, progress=False).forward(IDS) - ours).max() <= READBACK_TOL, path
+    back = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert np.abs(back(torch.tensor([IDS])).logits[0].numpy() - ref).max() <= 1e-4
