@@ -159,3 +159,15 @@ def test_export_cli_from_the_hf_dir_and_back_from_the_gguf(family, exported, tmp
     back = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         assert np.abs(back(torch.tensor([IDS])).logits[0].numpy() - ref).max() <= 1e-4
+
+
+def test_inspect_names_each_familys_block(exported, capsys):
+    from ffnlab.cli.main import main
+    want = {"gptneox": ["rotary dims                  4 of 16 per head (partial RoPE)",
+                        "residual                     parallel: x + attn(attn_norm(x)) + ffn(ffn_norm(x))"],
+            "gemma2": ["soft-caps (c*tanh(x/c))      attention 3, logits 6", "sliding window 4"],
+            "olmo2": ["rmsnorm, no pre-norms, q/k norm, post-attention norm, post-FFN norm"]}
+    for family, lines in want.items():
+        assert main(["inspect", exported[family][1]]) == 0
+        out = capsys.readouterr().out
+        assert all(line in out for line in lines), (family, out[:800])

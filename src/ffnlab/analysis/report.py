@@ -45,7 +45,8 @@ def model_summary(src) -> dict:
         "positions": c.positions, "rope_theta": c.rope_theta, "sliding_window": c.sliding_window,
         "sliding_window_pattern": c.sliding_window_pattern, "tie_embeddings": c.tie_embeddings,
         "n_expert": c.n_expert, "n_expert_used": c.n_expert_used, "expert_norm": c.expert_norm,
-        "d_ff_shexp": c.d_ff_shexp,
+        "d_ff_shexp": c.d_ff_shexp, "pre_norm": c.pre_norm, "parallel_residual": c.parallel_residual,
+        "rope_dim": c.n_rot, "attn_softcap": c.attn_softcap, "final_logit_softcap": c.final_logit_softcap,
     }
 
 

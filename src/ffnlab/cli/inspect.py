@@ -40,8 +40,8 @@ def render(r) -> str:
     m = r["model"]
     where = m["path"] or m["source"]
     biases = [n for n, b in (("q/k/v", m["attn_bias"]), ("attn output", m["attn_out_bias"]), ("FFN", m["ffn_bias"])) if b]
-    norm = m["norm"] + (", q/k norm" if m["qk_norm"] else "") + (", post-attention norm" if m["post_attn_norm"] else "") \
-        + (", post-FFN norm" if m["post_ffn_norm"] else "")
+    norm = m["norm"] + ("" if m["pre_norm"] else ", no pre-norms") + (", q/k norm" if m["qk_norm"] else "") \
+        + (", post-attention norm" if m["post_attn_norm"] else "") + (", post-FFN norm" if m["post_ffn_norm"] else "")
     every = f"every {m['sliding_window_pattern']}th layer global" if m["sliding_window_pattern"] else "every layer"
     sw = f", sliding window {m['sliding_window']} ({every})" if m["sliding_window"] else ""
     rows = [
@@ -60,6 +60,14 @@ def render(r) -> str:
                     + (f", RoPE base {m['rope_theta']:g}" if m["positions"] == "rope" else "") + sw + ")"],
         ["tied embeddings", yes_no(m["tie_embeddings"])],
     ]
+    # rows only families that have them print (GPT-NeoX, Gemma 2)
+    if m["positions"] == "rope" and m["rope_dim"] != m["head_dim"]:
+        rows.insert(-2, ["rotary dims", f"{m['rope_dim']} of {m['head_dim']} per head (partial RoPE)"])
+    if m["parallel_residual"]:
+        rows.insert(-1, ["residual", "parallel: x + attn(attn_norm(x)) + ffn(ffn_norm(x))"])
+    if m["attn_softcap"] or m["final_logit_softcap"]:
+        caps = [f"{what} {c:g}" for what, c in (("attention", m["attn_softcap"]), ("logits", m["final_logit_softcap"])) if c]
+        rows.insert(-1, ["soft-caps (c*tanh(x/c))", ", ".join(caps)])
     out = ["\n".join(f"{k:28s} {v}" for k, v in rows), ""]
     if m["kind"] != "gguf":
         out.append("(no file: tensors as convert_hf_to_gguf.py --outtype f16 would write them)")
