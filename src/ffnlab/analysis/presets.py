@@ -40,6 +40,15 @@ def _llama(hidden, inter, heads, kv, layers, ctx, vocab, theta=10000.0, eps=1e-5
             "hidden_act": "silu", "tie_word_embeddings": tie, **extra}
 
 
+def _gemma2(hidden, inter, heads, kv, layers):
+    """Google's Gemma 2 config.json: head_dim 256, query_pre_attn_scalar 256, window 4096, soft-caps 50 / 30."""
+    return {"model_type": "gemma2", "hidden_size": hidden, "intermediate_size": inter, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "head_dim": 256, "num_hidden_layers": layers, "max_position_embeddings": 8192,
+            "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 256,
+            "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}
+
+
 def _pythia(hidden, layers, heads, vocab=50304):
     """EleutherAI's Pythia config.json (transformers 4 names: rotary_pct, rotary_emb_base)."""
     return {"model_type": "gpt_neox", "hidden_size": hidden, "intermediate_size": 4 * hidden,
@@ -94,18 +103,8 @@ PRESETS = [
            {**_llama(896, 4864, 14, 2, 24, 32768, 151936, 1000000.0, 1e-6, tie=True), "model_type": "qwen2"}),
     Preset("qwen2.5-7b", "Qwen/Qwen2.5-7B",
            {**_llama(3584, 18944, 28, 4, 28, 131072, 152064, 1000000.0, 1e-6), "model_type": "qwen2"}),
-    Preset("gemma2-2b", "google/gemma-2-2b",
-           {"model_type": "gemma2", "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8,
-            "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 26, "max_position_embeddings": 8192,
-            "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 256,
-            "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
-            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
-    Preset("gemma2-9b", "google/gemma-2-9b",
-           {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
-            "num_key_value_heads": 8, "head_dim": 256, "num_hidden_layers": 42, "max_position_embeddings": 8192,
-            "vocab_size": 256000, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "query_pre_attn_scalar": 256,
-            "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
-            "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True}),
+    Preset("gemma2-2b", "google/gemma-2-2b", _gemma2(2304, 9216, 8, 4, 26)),
+    Preset("gemma2-9b", "google/gemma-2-9b", _gemma2(3584, 14336, 16, 8, 42)),
     Preset("gemma3-270m", "google/gemma-3-270m",
            {"model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048, "num_attention_heads": 4,
             "num_key_value_heads": 1, "head_dim": 256, "num_hidden_layers": 18, "max_position_embeddings": 32768,
