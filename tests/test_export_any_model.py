@@ -101,3 +101,20 @@ def test_checkpoint_to_gguf_to_hf_to_gguf(tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=c, vocab_only=True, verbose=False)
     assert llm.tokenize(PROMPT.encode(), add_bos=False, special=True) == last.tokenizer.encode(PROMPT, add_bos=False)
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen3", "phi3"])
+def test_verify_against_hf_maps_every_family(name, tmp_path, capsys):
+    """verify --against hf on the HF directory: node for node within verify's tolerance, 30 tokens
+    (past Mistral's window of 8). Phi-3's fused nodes are captured under llama.cpp's names: the
+    views of wqkv, one ffn_up [T, 2*d_ff], and q scaled after RoPE under the name Qcur."""
+    src = hf_dir(tmp_path / "src", name)
+    prompt = "the quick brown fox jumps over"
+    assert main(["verify", "-m", src, "--against", "hf", "-p", prompt]) == 0
+    assert capsys.readouterr().out.strip().endswith("PASS")
+    if name == "phi3":
+        from ffnlab.tracing.hf import capture
+        ids = ffnlab.load(src, progress=False).tokenizer.encode(prompt)
+        nodes = capture(src, ids, permuted=False)
+        assert nodes[("ffn_up-0", "MUL_MAT")].shape == (len(ids), 2 * 96)
+        assert nodes[("Qcur-1", "VIEW")].shape == (len(ids), 4, 16) and ("Qcur-1", "SCALE") in nodes

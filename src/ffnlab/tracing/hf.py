@@ -97,10 +97,11 @@ def load_hf(path, **config):
 
 
 def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
-    """Llama, Qwen2, Gemma 2/3 and OLMo 2: separate q/k/v projections, a gated MLP. OLMo 2 has no
-    input_layernorm and norms q/k whole ([T, q_dim]); Gemma 2 has no q/k norms. The post-FFN norm
-    of Gemma 2 and OLMo 2 has no layer suffix (ffn_post_norm, as llama.cpp names it) and is not
-    captured: one key per name here."""
+    """Llama, Mistral, Qwen2/3, Gemma 2/3 and OLMo 2: separate q/k/v projections, a gated MLP. OLMo 2
+    has no input_layernorm and norms q/k whole ([T, q_dim]); Gemma 2 has no q/k norms; Qwen3 norms
+    each head before HF's transpose. The post-FFN norm of Gemma 2 and OLMo 2 has no layer suffix
+    (ffn_post_norm, as llama.cpp names it) and is not captured: one key per name here. Phi-3: one
+    qkv_proj (llama.cpp's wqkv and its Q/K/V views) and one gate_up_proj (llama.cpp's ffn_up)."""
     inner = model.model
     olmo2 = model.config.model_type == "olmo2"
     bare_post_ffn = model.config.model_type in ("gemma2", "olmo2")
@@ -109,7 +110,19 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
         hd = sa.head_dim
         if not olmo2:
             on(layer.input_layernorm, hook_out(f"attn_norm-{il}", "MUL"))
-        for proj, node in ((sa.q_proj, "Qcur"), (sa.k_proj, "Kcur"), (sa.v_proj, "Vcur")):
+        if hasattr(sa, "qkv_proj"):                                      # Phi-3
+            H, Hkv = model.config.num_attention_heads, model.config.num_key_value_heads
+
+            def split(a, il=il, H=H, Hkv=Hkv, hd=hd):                    # [T, (H + 2 Hkv) hd] -> views
+                parts = np.split(a, [H * hd, (H + Hkv) * hd], axis=-1)
+                for part, node in zip(parts, ("Qcur", "Kcur", "Vcur")):
+                    out[(f"{node}-{il}", "VIEW")] = part.reshape(part.shape[0], -1, hd)
+                return a
+            on(sa.qkv_proj, hook_out(f"wqkv-{il}", "MUL_MAT", split))
+        for proj, node in ((getattr(sa, "q_proj", None), "Qcur"), (getattr(sa, "k_proj", None), "Kcur"),
+                           (getattr(sa, "v_proj", None), "Vcur")):
+            if proj is None:
+                continue
             perm = permuted and node != "Vcur"
 
             def fix(a, perm=perm, node=node, il=il):
@@ -119,7 +132,7 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
                 return heads.reshape(a.shape)
             # with a bias (qwen2) the projection's output is llama.cpp's ADD node, else its MUL_MAT
             on(proj, hook_out(f"{node}-{il}", "ADD" if proj.bias is not None else "MUL_MAT", fix))
-        if olmo2:                                 # over the whole projection: [T, q_dim]
+        if olmo2 or model.config.model_type == "qwen3":    # [T, q_dim] (OLMo 2) or [T, heads, hd] (Qwen3)
             on(sa.q_norm, hook_out(f"Qcur_normed-{il}", "MUL"))
             on(sa.k_norm, hook_out(f"Kcur_normed-{il}", "MUL"))
         elif getattr(sa, "q_norm", None) is not None:
@@ -140,8 +153,11 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
         else:
             on(layer.post_attention_layernorm, hook_in(f"ffn_inp-{il}", "ADD"))
             on(layer.post_attention_layernorm, hook_out(f"ffn_norm-{il}", "MUL"))
-        on(mlp.gate_proj, hook_out(f"ffn_gate-{il}", "MUL_MAT"))
-        on(mlp.up_proj, hook_out(f"ffn_up-{il}", "MUL_MAT"))
+        if hasattr(mlp, "gate_up_proj"):                                 # Phi-3: one [T, 2 d_ff] node
+            on(mlp.gate_up_proj, hook_out(f"ffn_up-{il}", "MUL_MAT"))
+        else:
+            on(mlp.gate_proj, hook_out(f"ffn_gate-{il}", "MUL_MAT"))
+            on(mlp.up_proj, hook_out(f"ffn_up-{il}", "MUL_MAT"))
         act = ("ffn_geglu", "GEGLU") if gemma else ("ffn_swiglu", "SWIGLU")
         on(mlp.down_proj, hook_in(f"{act[0]}-{il}", act[1]))
         on(mlp.down_proj, hook_out(f"ffn_out-{il}", "MUL_MAT"))
@@ -244,9 +260,10 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         hf_model = load_hf(path, **({"n_positions": n_ctx} if gguf_arch == "gpt2" and n_ctx else {}))
     model = hf_model
     mtype = model.config.model_type
-    if mtype not in ("llama", "qwen2", "gemma2", "gemma3_text", "gemma3", "gpt2", "gpt_neox", "olmo2"):
-        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} "
-                         "(supported: gpt2, llama, qwen2, gemma2, gemma3, gpt_neox, olmo2)")
+    if mtype not in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "gpt2",
+                     "gpt_neox", "olmo2"):
+        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} (supported: gpt2, llama, "
+                         "mistral, qwen2, qwen3, phi3, gemma2, gemma3, gpt_neox, olmo2)")
     gemma = mtype.startswith("gemma")
     if mtype == "gemma2" and str(path).endswith(".gguf"):
         _gemma2_gguf_fields(model, path)
@@ -300,10 +317,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         if "tanh" in r:                                   # Gemma 2's soft-capped scores
             for node, key in (("kq_scaled_1", "SCALE"), ("kq_tanh", "TANH"), ("kq_scaled_2", "SCALE")):
                 out[(f"{node}-{il}", key)] = arr(r[node.removeprefix("kq_")])
-        if gemma:
-            # llama.cpp's Gemma graphs scale q after RoPE (ffnlab: Qcur_scaled), so their kq is scaled
+        if gemma or mtype == "phi3":
+            # llama.cpp's Gemma and Phi-3 graphs scale q after RoPE (ffnlab: Qcur_scaled; Phi-3 names it
+            # Qcur again), so their kq is scaled
             out[(f"Qcur-{il}", "ROPE")] = q
-            out[(f"Qcur_scaled-{il}", "SCALE")] = q * np.float32(r["scaling"])
+            out[("Qcur_scaled" if gemma else "Qcur") + f"-{il}", "SCALE"] = q * np.float32(r["scaling"])
             raw = raw * np.float32(r["scaling"])
         elif mtype != "gpt2":                             # GPT-2 has no RoPE: its Q/K are the views
             out[(f"Qcur-{il}", "ROPE")] = q
