@@ -322,7 +322,9 @@ def tiny_gguf(path, arch="llama", meta=None, tensor_types=None, drop=(), seed=0,
               "attention.head_count_kv": cfg.n_kv_head, "attention.layer_norm_rms_epsilon": 1e-5,
               "rope.freq_base": 10000.0, **(meta or {})}
     for key, value in fields.items():
-        if isinstance(value, int):
+        if isinstance(value, str):
+            w.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, int):
             w.add_uint32(f"{arch}.{key}", value)
         else:
             w.add_float32(f"{arch}.{key}", value)

@@ -145,6 +145,15 @@ def test_rope_frequency_factors_of_the_wrong_length_are_refused(tmp_path, capsys
     assert path in line and "rope_freqs.weight" in line and "n_rot/2 = 4" in line
 
 
+def test_yarn_rope_scaling_in_a_gguf_is_refused_not_ignored(tmp_path, capsys):
+    path = tiny_gguf(tmp_path / "linear.gguf", meta={"rope.scaling.factor": 4.0})
+    from ffnlab.formats.gguf_meta import config_from_gguf, open_gguf
+    assert config_from_gguf(open_gguf(path), path).rope_scale == 4.0     # no type key: linear (llama.cpp's default)
+    path = tiny_gguf(tmp_path / "yarn2.gguf", meta={"rope.scaling.factor": 4.0, "rope.scaling.type": "yarn"})
+    line = one_error_line(capsys, "-m", path, "-p", "hi")
+    assert path in line and "rope.scaling.type = 'yarn'" in line
+
+
 def test_rope_frequency_factors_are_read_not_ignored(tmp_path):
     import ffnlab
     plain = ffnlab.load(tiny_gguf(tmp_path / "plain.gguf"), progress=False)

@@ -18,7 +18,7 @@ Metadata keys read, for arch in {gpt2, llama, qwen2, gemma2, gemma3, gptneox, ol
   gptneox.use_parallel_residual -> parallel_residual (required, as llama.cpp requires it)
   gemma2.attn_logit_softcapping / .final_logit_softcapping -> attn_softcap / final_logit_softcap
       (llama.cpp's defaults 50 and 30 when absent: its gemma2 graph always caps both)
-  {arch}.rope.scaling.type / .factor (linear) -> rope_scale
+  {arch}.rope.scaling.type / .factor (linear) -> rope_scale; yarn, longrope (a factor other than 1) refused
   {arch}.attention.sliding_window (+ .sliding_window_pattern) -> sliding window (gemma2, gemma3);
       llama, qwen3, phi3: every layer slides (Mistral, Phi-3; llama.cpp itself ignores the key there)
   {arch}.rope.freq_base_swa -> rope_theta_local (gemma3, default 10000)
@@ -242,6 +242,10 @@ def config_from_gguf(reader, path) -> ModelConfig:
         kw["rope_pairing"] = "normal"                           # unused: GPT-2 has learned positions
     scaling = get_key(reader, f"{arch}.rope.scaling.type", path, "linear", str)
     factor = key("rope.scaling.factor", 0.0, float, 0.0, 1e30)
+    if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+        # yarn / longrope change every rotation angle (and yarn the attention scale): refused, not ignored
+        raise ModelFileError(f"{path}: {arch}.rope.scaling.type = {scaling!r} (factor {factor:g}) is not implemented "
+                             f"(ffnlab runs linear RoPE scaling and Llama 3's rope_freqs.weight)")
     if scaling == "linear" and factor > 0:
         kw["rope_scale"] = factor
     n_rot = key("rope.dimension_count", kw["head_dim"])
