@@ -97,9 +97,9 @@ class MatmulCounter:
         real_scores, real_mix = attention_mod.attention_scores, attention_mod.attention_mix
 
         def counted(bucket):
-            def linear(x, w, b=None):
+            def linear(x, w, b=None, **named):              # named: the hook and node a product feeds
                 self.flops[bucket] += 2 * (x.size // x.shape[-1]) * w.shape[0] * w.shape[1]
-                return real_linear(x, w, b)
+                return real_linear(x, w, b, **named)
             return linear
 
         def scores(q, k):                                   # q [B, T, H, hd], k [B, S, Hkv, hd]
