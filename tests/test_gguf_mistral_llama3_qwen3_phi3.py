@@ -3,7 +3,8 @@
 For each family a tiny random transformers model (from_config, weights re-drawn, a byte tokenizer
 so llama.cpp has a vocabulary) is loaded by ffnlab from its HF directory and exported to GGUF as
 llama.cpp's converter writes that architecture (llama with rope_freqs.weight for Llama 3's
-scaling, qwen3 with per-head q/k norms, phi3 with fused attn_qkv and a [gate; up] ffn_up). Then:
+scaling, qwen3 with per-head q/k norms, phi3 with fused attn_qkv and a [gate; up] ffn_up, and
+with partial rotary as rope.dimension_count). Then:
   - ffnlab reading the GGUF gives its own HF logits within 1e-5: the same float32 weights, only the
     q/k row order (llama's adjacent pairs vs HF's half-split) and packing differ, so the sums run in
     another order: ~1e-6 on logits of ~5;
@@ -42,8 +43,12 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict()),           # q/k/v biases, no o bias
+    "phi3_partial": ("Phi3Config", "Phi3ForCausalLM",                 # rotates 8 of 16 dims per head
+                     dict(pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                           "partial_rotary_factor": 0.5})),
 }
-GGUF_ARCH = {"mistral": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3", "qwen2": "qwen2"}
+GGUF_ARCH = {"mistral": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3", "qwen2": "qwen2",
+             "phi3_partial": "phi3"}
 
 
 def randomize(model, seed):

@@ -47,7 +47,7 @@ def test_lists_are_disjoint_and_name_real_fields(model_type):
     assert not set(fam.used) & irrelevant and not set(fam.used) & set(fam.refused)
     assert not irrelevant & set(fam.refused)
     rope_keys = {"partial_rotary_factor"}                       # refused keys may live in rope_parameters
-    extra = set(fam.used) | set(fam.irrelevant) | set(fam.refused)
+    extra = set(fam.used) | set(fam.irrelevant) | set(fam.refused)      # partial_rotary_factor: Phi-3 uses it
     assert extra - class_fields(model_type) <= rope_keys
 
 

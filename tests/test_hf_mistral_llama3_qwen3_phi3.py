@@ -117,12 +117,20 @@ def test_phi3_sliding_window(tmp_path):
     moved(ref, hf_logits(phi3()))
 
 
-def test_phi3_partial_rotary_is_refused(tmp_path):
+def test_phi3_partial_rotary(tmp_path):
+    """partial_rotary_factor 0.5: the first 8 of 16 dims of each head rotate (rope_dim 8)."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    m, ref = check(phi3(rope_parameters=rope), tmp_path)
+    assert m.config.rope_dim == 8 and m.config.n_rot == 8
+    moved(ref, hf_logits(phi3()))
+
+
+def test_phi3_partial_rotary_out_of_range_is_refused(tmp_path):
     phi3().save_pretrained(tmp_path)
     import json
     f = tmp_path / "config.json"
     d = json.loads(f.read_text())
-    d["rope_parameters"]["partial_rotary_factor"] = 0.5
+    d["rope_parameters"]["partial_rotary_factor"] = 1.5
     f.write_text(json.dumps(d))
     with pytest.raises(ConfigError, match="partial_rotary_factor"):
         ffnlab.load(str(tmp_path), progress=False)

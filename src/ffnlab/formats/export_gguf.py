@@ -36,7 +36,7 @@ GGUF_TARGETS = {
     "qwen2": (dict(_SWIGLU, attn_bias=True, fused_qkv=False, rope_pairing="neox"), ()),
     "qwen3": (dict(_SWIGLU, attn_bias=False, fused_qkv=False, qk_norm=True, qk_norm_full=False,
                    rope_pairing="neox"), ("sliding_window",)),
-    "phi3": (dict(_SWIGLU, attn_bias=False, fused_qkv=True, rope_pairing="neox"), ("sliding_window",)),
+    "phi3": (dict(_SWIGLU, attn_bias=False, fused_qkv=True, rope_pairing="neox"), ("sliding_window", "rope_dim")),
 }
 # llama.cpp's llama and phi3 graphs attend to every position whatever the file's sliding_window says
 # (phi3 warns "Phi SWA is currently disabled"): the key is written for ffnlab and HF's sake

@@ -8,7 +8,8 @@ computes:
   mistral   MistralForCausalLM  no biases                             sliding_window on every layer
   qwen2     Qwen2ForCausalLM    q/k/v biases, no o bias               use_sliding_window (every layer)
   qwen3     Qwen3ForCausalLM    per-head q/k RMSNorm, biases all/none use_sliding_window (every layer)
-  phi3      Phi3ForCausalLM     fused qkv_proj, no biases             gate_up_proj = [gate; up]; sliding_window
+  phi3      Phi3ForCausalLM     fused qkv_proj, no biases             gate_up_proj = [gate; up]; sliding_window;
+                                                                        partial_rotary_factor (rope_dim)
 A config loaded from an HF directory goes back to its own class (cfg.arch); a GGUF llama with a
 window goes to Mistral. Llama 3's rope_freq_factors need the four numbers config.json had
 (cfg.rope_llama3): factors read from a GGUF's rope_freqs.weight alone are refused.
@@ -28,7 +29,8 @@ WANT = {
     "mistral": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=False, ffn="swiglu"), ("sliding_window",)),
     "qwen2": (dict(_BASE, attn_bias=True, attn_out_bias=False, fused_qkv=False, ffn="swiglu"), ("sliding_window",)),
     "qwen3": (dict(_BASE, fused_qkv=False, qk_norm=True, qk_norm_full=False, ffn="swiglu"), ("sliding_window",)),
-    "phi3": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=True, ffn="swiglu"), ("sliding_window",)),
+    "phi3": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=True, ffn="swiglu", rope_pairing="neox"),
+             ("sliding_window", "rope_dim")),
 }
 
 
@@ -61,6 +63,8 @@ def _rope_parameters(cfg) -> dict:
                   original_max_position_embeddings=int(orig))
     elif cfg.rope_scale != 1.0:
         rp.update(rope_type="linear", factor=cfg.rope_scale)
+    if cfg.rope_dim:                          # Phi-3's partial rotary (other families refuse rope_dim)
+        rp["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim
     return rp
 
 

@@ -181,6 +181,7 @@ def _decoder(d, req, model_type, path, name):
         kw["qk_norm"] = True                               # q_norm / k_norm: RMSNorm over each head's head_dim
     if model_type == "phi3":
         kw["fused_qkv"] = True                             # qkv_proj: one [q_dim + 2*kv_dim, hidden] matrix
+        kw["rope_dim"] = _phi3_rope_dim(d, head_dim, path)
     if gemma:
         kw.update(post_attn_norm=True, post_ffn_norm=True, embed_scale=True,
                   attn_scale=float(req("query_pre_attn_scalar", float, None, lo=1e-30, hi=1e30) or head_dim) ** -0.5,
@@ -199,6 +200,20 @@ def _decoder(d, req, model_type, path, name):
     if model_type == "gemma2":
         check_layer_types(d, cfg, path)
     return cfg
+
+
+def _phi3_rope_dim(d, head_dim, path) -> int:
+    """Phi-3's partial rotary: HF rotates the first int(head_dim * partial_rotary_factor) dims of each
+    head (rope_parameters, or top-level in older files) -> rope_dim, 0 for all of them."""
+    rp = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
+    f = rp.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if type(f) not in (int, float) or not 0 < f <= 1:
+        raise ConfigError(f"{path}: field 'partial_rotary_factor' = {f!r:.40}: must be a number in (0, 1]")
+    n = int(head_dim * f)
+    if n % 2 or n == 0:
+        raise ConfigError(f"{path}: field 'partial_rotary_factor' = {f!r}: rotates {n} of {head_dim} dims, "
+                          f"which must be even and nonzero")
+    return n if n < head_dim else 0
 
 
 def _rope_scaling(rs, path) -> dict:

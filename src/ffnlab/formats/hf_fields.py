@@ -61,16 +61,19 @@ class Family:
 
 FAMILIES = {
     "llama": Family("LlamaConfig", COMMON_USED + ("head_dim", "attention_bias", "mlp_bias"),
-                    {"pretraining_tp": "tensor-parallel rank of the original training; transformers 5 never reads it"}),
-    "mistral": Family("MistralConfig", COMMON_USED + ("head_dim", "sliding_window")),
+                    {"pretraining_tp": "tensor-parallel rank of the original training; transformers 5 never reads it"},
+                    {"partial_rotary_factor": _PARTIAL_ROTARY}),
+    "mistral": Family("MistralConfig", COMMON_USED + ("head_dim", "sliding_window"), {},
+                      {"partial_rotary_factor": _PARTIAL_ROTARY}),
     "qwen2": Family("Qwen2Config", COMMON_USED + ("use_sliding_window", "sliding_window", "max_window_layers",
-                                                  "layer_types")),
+                                                  "layer_types"), {}, {"partial_rotary_factor": _PARTIAL_ROTARY}),
     "qwen3": Family("Qwen3Config", COMMON_USED + ("head_dim", "attention_bias", "use_sliding_window",
-                                                  "sliding_window", "max_window_layers", "layer_types")),
-    "phi3": Family("Phi3Config", COMMON_USED + ("sliding_window",),
+                                                  "sliding_window", "max_window_layers", "layer_types"), {},
+                    {"partial_rotary_factor": _PARTIAL_ROTARY}),
+    # Phi-3's partial_rotary_factor (in rope_parameters) rotates the first head_dim * factor dims
+    "phi3": Family("Phi3Config", COMMON_USED + ("sliding_window", "partial_rotary_factor"),
                    {"resid_pdrop": "dropout, zero at inference", "embd_pdrop": "dropout, zero at inference",
-                    "original_max_position_embeddings": "read by longrope scaling only, which is refused"},
-                   {"partial_rotary_factor": _PARTIAL_ROTARY}),
+                    "original_max_position_embeddings": "read by longrope scaling only, which is refused"}),
     # Gemma 2, GPT-NeoX, OLMo 2: read in formats/hf_families.py
     "gemma2": Family("Gemma2Config", tuple(f for f in COMMON_USED if f != "hidden_act") + (
                          "hidden_activation", "head_dim", "attention_bias", "query_pre_attn_scalar", "sliding_window",
