@@ -145,7 +145,7 @@ def render(r) -> str:
             table(rows, ["weights", "bits/weight", "size", "bytes", "tensor types"], "lrrrl"),
             "ggml bits/weight: " + ", ".join(f"{t} {b:g}" for t, b in r["bits_per_weight"].items()),
             f"KV cache ({s['kv_dtype']}): {nbytes(mem['kv_cache_bytes'])} ({mem['kv_cache_bytes']:,d} bytes)"
-            + (f"; with llama.cpp's sliding-window cache: {nbytes(mem['kv_cache_swa_bytes'])}"
+            + (f"; with {_swa_cache_name(m)}: {nbytes(mem['kv_cache_swa_bytes'])}"
                if mem["kv_cache_swa_bytes"] != mem["kv_cache_bytes"] else ""),
             f"MLP activations per layer ({ma['dtype']}, {ma['elements_each']:,d} elements each = B*T*d_ff): "
             + (f"gate {nbytes(ma['gate'])} + up {nbytes(ma['up'])} = {nbytes(ma['together'])}" if ma["gate"]
@@ -185,3 +185,12 @@ def render(r) -> str:
             f"  total {count(lo['total'])} = {lo['percent_of_model']:.3f}% of the model; "
             f"attention {count(lo['attention'])}, MLP {count(lo['mlp'])}"]
     return "\n".join(out)
+
+
+def _swa_cache_name(m) -> str:
+    """Who keeps only the window on sliding layers: llama.cpp's interleaved cache for Gemma-style
+    patterns; when every layer slides (Mistral, Phi-3) transformers does, but llama.cpp's llama and
+    phi3 graphs keep every position (they ignore the window)."""
+    if m.get("sliding_window_pattern"):
+        return "llama.cpp's sliding-window cache"
+    return "transformers' sliding-window cache (llama.cpp's llama/phi3 graphs keep every position)"
