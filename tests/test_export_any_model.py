@@ -44,9 +44,9 @@ def test_hf_dir_to_gguf_and_back_to_hf(name, tmp_path, capsys):
     assert ("ignores attention.sliding_window=8" in err) == (name == "mistral")
     ref = ffnlab.load(src, progress=False).forward(IDS)
     assert np.abs(ffnlab.load(gguf_path, progress=False).forward(IDS) - ref).max() <= 1e-5
-    if name == "llama3":               # the GGUF keeps Llama 3's divisors, not the numbers that made them
+    if name == "llama3":               # head_dim 16: one divisor in the interpolated band, too few to fit
         assert main(["export", gguf_path, "--to", "hf", out]) == 1
-        assert "rope_freq_factors without the llama3 parameters" in capsys.readouterr().err
+        assert "rope_freq_factors that no llama3 rope_parameters reproduce" in capsys.readouterr().err
         return
     assert main(["export", gguf_path, "--to", "hf", out]) == 0
     assert np.abs(transformers_logits(out) - ref).max() <= 1e-4
@@ -118,3 +118,25 @@ def test_verify_against_hf_maps_every_family(name, tmp_path, capsys):
         nodes = capture(src, ids, permuted=False)
         assert nodes[("ffn_up-0", "MUL_MAT")].shape == (len(ids), 2 * 96)
         assert nodes[("Qcur-1", "VIEW")].shape == (len(ids), 4, 16) and ("Qcur-1", "SCALE") in nodes
+
+
+def test_llama3_gguf_to_hf_fits_rope_parameters(tmp_path):
+    """A Llama 3 GGUF holds only the divisors (rope_freqs.weight). With Llama 3's own head_dim 128 and
+    base 500000 the interpolated band has several frequencies, and the fit finds config.json's
+    numbers again (factor 8, low 1, high 4, original context 8192): transformers then runs the HF
+    export with ffnlab's logits."""
+    rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8192)
+    cfg = transformers.LlamaConfig(**{**COMMON, "hidden_size": 256, "num_attention_heads": 2,
+                                      "num_key_value_heads": 1}, head_dim=128, rope_parameters=rope)
+    model = randomize(transformers.LlamaForCausalLM(cfg), seed=3)
+    model.save_pretrained(tmp_path / "src", safe_serialization=True)
+    byte_tokenizer().tk.save(str(tmp_path / "src" / "tokenizer.json"))
+    gguf_path, out = str(tmp_path / "m.gguf"), str(tmp_path / "hf")
+    assert main(["export", str(tmp_path / "src"), "--to", "gguf", gguf_path]) == 0
+    assert main(["export", gguf_path, "--to", "hf", out]) == 0
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())["rope_parameters"]
+    assert written == {**rope, "rope_theta": 500000.0}
+    ids = list(range(1, 120, 7))
+    ref = ffnlab.load(gguf_path, progress=False).forward(ids)
+    assert np.abs(transformers_logits(out, ids) - ref).max() <= 1e-4

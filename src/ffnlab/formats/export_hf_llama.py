@@ -11,8 +11,9 @@ computes:
   phi3      Phi3ForCausalLM     fused qkv_proj, no biases             gate_up_proj = [gate; up]; sliding_window;
                                                                         partial_rotary_factor (rope_dim)
 A config loaded from an HF directory goes back to its own class (cfg.arch); a GGUF llama with a
-window goes to Mistral. Llama 3's rope_freq_factors need the four numbers config.json had
-(cfg.rope_llama3): factors read from a GGUF's rope_freqs.weight alone are refused.
+window goes to Mistral. Llama 3's rope_freq_factors are written as rope_parameters llama3: the
+four numbers config.json had (cfg.rope_llama3), or, for a GGUF's rope_freqs.weight alone, numbers
+fitted to the divisors (llama3_from_factors) that give the same frequencies.
 """
 import numpy as np
 
@@ -47,20 +48,47 @@ def llama_family(cfg) -> str:
         why.append(f"attn_bias={cfg.attn_bias} with attn_out_bias={cfg.attn_out_bias} (attention_bias covers both)")
     if cfg.sliding_window and cfg.sliding_window_pattern:
         why.append(f"sliding_window_pattern={cfg.sliding_window_pattern} ({CLASS[family]} slides every layer)")
-    if cfg.rope_freq_factors and len(cfg.rope_llama3) != 4:
-        why.append("rope_freq_factors without the llama3 parameters that made them (a GGUF's rope_freqs.weight "
-                   "has no rope_parameters form)")
+    if cfg.rope_freq_factors and len(cfg.rope_llama3) != 4 and llama3_from_factors(cfg) is None:
+        why.append("rope_freq_factors that no llama3 rope_parameters reproduce (fewer than two frequencies "
+                   "in the interpolated band, or not Llama 3's shape)")
     if why:
         raise UsageError(f"cannot export to HF ({CLASS[family]}): " + "; ".join(why))
     return family
 
 
+def llama3_from_factors(cfg):
+    """(factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) that give
+    cfg.rope_freq_factors, or None. In the interpolated band the divisor is 1 / ((1 - s)/factor + s)
+    with s = orig / (wavelength * (high - low)) - low / (high - low) = A / wavelength - B: two
+    numbers, fitted from two band frequencies; any (orig, low, high) with the same A and B gives the
+    same frequencies, so low = 1 is chosen. The fit is accepted only if it reproduces every divisor."""
+    from ..ops.rope import llama3_freq_factors
+    f = np.asarray(cfg.rope_freq_factors, dtype=np.float64)
+    n = 2 * len(f)
+    wl = 2 * np.pi * cfg.rope_theta ** (np.arange(0, n, 2, dtype=np.float64) / n)      # wavelengths [n/2]
+    factor = float(f.max())
+    band = (f > 1 + 1e-6) & (f < factor * (1 - 1e-6))
+    if factor <= 1 or band.sum() < 2:
+        return None
+    s = (1 / f[band] - 1 / factor) / (1 - 1 / factor)              # invert the divisor: s per band frequency
+    A, B = np.polyfit(1 / wl[band], s, 1)                          # s = A / wavelength - B, fitted
+    B = -B
+    if A <= 0 or B <= 0:
+        return None
+    low, high = 1.0, round(1.0 + 1.0 / B, 6)                       # round: 4 and 8192 for Llama 3's own
+    orig = round(A / B, 3)
+    fit = np.asarray(llama3_freq_factors(n, cfg.rope_theta, factor, low, high, orig))
+    return (factor, low, high, orig) if np.allclose(fit, f, rtol=1e-5, atol=0) else None
+
+
 def _rope_parameters(cfg) -> dict:
     rp = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_llama3:
-        factor, low, high, orig = cfg.rope_llama3
+    llama3 = cfg.rope_llama3 if len(cfg.rope_llama3) == 4 else llama3_from_factors(cfg) if cfg.rope_freq_factors else ()
+    if llama3:
+        factor, low, high, orig = llama3
+        # transformers reads original_max_position_embeddings as a number; a fitted one need not be whole
         rp.update(rope_type="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
-                  original_max_position_embeddings=int(orig))
+                  original_max_position_embeddings=int(orig) if float(orig).is_integer() else float(orig))
     elif cfg.rope_scale != 1.0:
         rp.update(rope_type="linear", factor=cfg.rope_scale)
     if cfg.rope_dim:                          # Phi-3's partial rotary (other families refuse rope_dim)
