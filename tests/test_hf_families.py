@@ -29,6 +29,7 @@ FAMILIES = {
                                     sliding_window=4, attn_logit_softcapping=3.0, final_logit_softcapping=6.0)),
     "gemma2_bias": ("Gemma2Config", dict(intermediate_size=96, num_key_value_heads=2, head_dim=16, sliding_window=5,
                                          attention_bias=True, attn_logit_softcapping=None,
+                                         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
                                          final_logit_softcapping=None, tie_word_embeddings=False)),
     "pythia": ("GPTNeoXConfig", dict(intermediate_size=128, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                              "partial_rotary_factor": 0.25})),
@@ -36,6 +37,8 @@ FAMILIES = {
                                                   rope_parameters={"rope_type": "default", "rope_theta": 500.0,
                                                                    "partial_rotary_factor": 0.5},
                                                   tie_word_embeddings=True, hidden_act="gelu_new")),
+    "pythia_linear_rope": ("GPTNeoXConfig", dict(intermediate_size=128, rope_parameters={
+        "rope_type": "linear", "factor": 3.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5})),
     "olmo2": ("Olmo2Config", dict(intermediate_size=96, num_key_value_heads=2)),
     "olmo2_bias": ("Olmo2Config", dict(intermediate_size=96, num_key_value_heads=4, attention_bias=True,
                                        tie_word_embeddings=True)),

@@ -194,7 +194,9 @@ def attention(x, tp, cfg, il, pos, allowed):
         sliding = _is_sliding(cfg, il)
         theta = cfg.rope_theta_local if (sliding and cfg.rope_theta_local) else cfg.rope_theta
         r = cfg.rope_dim or hd                            # partial rotary: the first r dims rotate
-        angles = rope_angles(pos, r, theta, 1.0 if sliding else cfg.rope_scale, cfg.rope_llama3)
+        # Gemma 3's local RoPE (rope_theta_local) is unscaled; one scaled RoPE otherwise
+        angles = rope_angles(pos, r, theta, 1.0 if (sliding and cfg.rope_theta_local) else cfg.rope_scale,
+                             cfg.rope_llama3)
         rope = rope_neox if cfg.rope_pairing == "neox" else rope_normal
         q = torch.cat([rope(q[..., :r], angles), q[..., r:]], dim=-1)
         k = torch.cat([rope(k[..., :r], angles), k[..., r:]], dim=-1)

@@ -207,7 +207,9 @@ class ModelConfig:
         return self.rope_theta
 
     def layer_rope_scale(self, layer: int) -> float:
-        return 1.0 if self.is_sliding(layer) else self.rope_scale
+        """Gemma 3's sliding layers have their own RoPE (rope_theta_local), unscaled; in every other
+        family (Gemma 2, Mistral) one scaled RoPE serves every layer, sliding or not."""
+        return 1.0 if self.is_sliding(layer) and self.rope_theta_local else self.rope_scale
 
     def layer_rope(self, layer: int) -> tuple:
         """(theta, linear scale, frequency factors) of `layer`'s RoPE: ops/rope.py rope_angles' arguments.

@@ -25,14 +25,15 @@ _WANT = {
     "gemma2": dict(norm="rmsnorm", ffn="geglu", ffn_bias=False, attn_bias=False, attn_out_bias=False, fused_qkv=False,
                    pre_norm=True, post_attn_norm=True, post_ffn_norm=True, qk_norm=False, parallel_residual=False,
                    positions="rope", rope_dim=0, embed_scale=True, tie_embeddings=True, rope_theta_local=0.0,
-                   rope_scale=1.0),
+                   rope_scale=1.0, rope_freq_factors=()),
     "gptneox": dict(norm="layernorm", ffn="gelu", ffn_bias=True, attn_bias=True, attn_out_bias=True, pre_norm=True,
                     post_attn_norm=False, post_ffn_norm=False, qk_norm=False, positions="rope", embed_scale=False,
-                    attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0, rope_scale=1.0),
+                    attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0, rope_scale=1.0,
+                    rope_freq_factors=()),
     "olmo2": dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_bias=False, attn_out_bias=False, fused_qkv=False,
                   pre_norm=False, post_attn_norm=True, post_ffn_norm=True, qk_norm=True, qk_norm_full=True,
                   parallel_residual=False, positions="rope", rope_dim=0, embed_scale=False, attn_scale=0.0,
-                  attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0, rope_scale=1.0),
+                  attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0, rope_scale=1.0, rope_freq_factors=()),
 }
 
 

@@ -51,7 +51,8 @@ _BLOCK = {
 _TOP = {
     "gemma2": {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                "lm_head.weight": "output.weight"},
-    "gptneox": {"gpt_neox.embed_in.weight": "token_embd.weight", "gpt_neox.final_layer_norm.weight": "output_norm.weight",
+    "gptneox": {"gpt_neox.embed_in.weight": "token_embd.weight",
+                "gpt_neox.final_layer_norm.weight": "output_norm.weight",
                 "gpt_neox.final_layer_norm.bias": "output_norm.bias", "embed_out.weight": "output.weight"},
 }
 _TOP["olmo2"] = _TOP["gemma2"]
@@ -103,7 +104,9 @@ def gptneox_config(d, req, path, name) -> ModelConfig:
     if rope_dim % 2:
         _refuse(path, "partial_rotary_factor", factor, f"it rotates {rope_dim} of {hd} dims, an odd number")
     bias = req("attention_bias", bool, True)
-    return ModelConfig(
+    from .hf_config import _rope_scaling                 # linear and llama3 run; other types are refused
+    scaling = _rope_scaling(req("rope_scaling", dict, None) or {}, path)
+    return ModelConfig(**scaling,
         arch="gptneox", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head,
         d_ff=req("intermediate_size"), ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=bias, attn_out_bias=bias, fused_qkv=True,
@@ -152,14 +155,14 @@ MODEL_TYPE = {"gemma2": "gemma2", "gptneox": "gpt_neox", "olmo2": "olmo2"}
 _HF_WANT = {
     "gemma2": dict(norm="rmsnorm", ffn="geglu", ffn_bias=False, fused_qkv=False, pre_norm=True, post_attn_norm=True,
                    post_ffn_norm=True, qk_norm=False, parallel_residual=False, rope_dim=0, embed_scale=True,
-                   rope_theta_local=0.0, rope_scale=1.0, rope_pairing="neox"),
+                   rope_theta_local=0.0, rope_freq_factors=(), rope_pairing="neox"),
     "gptneox": dict(norm="layernorm", ffn_bias=True, pre_norm=True, post_attn_norm=False, post_ffn_norm=False,
                     qk_norm=False, embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0,
-                    sliding_window=0, rope_scale=1.0, rope_pairing="neox"),
+                    sliding_window=0, rope_freq_factors=(), rope_pairing="neox"),
     "olmo2": dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, fused_qkv=False, pre_norm=False, post_attn_norm=True,
                   post_ffn_norm=True, qk_norm=True, qk_norm_full=True, parallel_residual=False, rope_dim=0,
                   embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0,
-                  rope_scale=1.0, rope_pairing="neox"),
+                  rope_freq_factors=(), rope_pairing="neox"),
 }
 _HF_NEOX_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 
@@ -188,6 +191,8 @@ def family_hf_mismatches(cfg) -> list:
 def family_hf_config(cfg, common) -> dict:
     """config.json for cfg (common: vocab, token ids, tie_word_embeddings, dtype)."""
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    if cfg.rope_scale != 1.0:                               # linear scaling: positions / factor, every layer
+        rope.update(rope_type="linear", factor=cfg.rope_scale)
     d = {"architectures": [HF_CLASS[cfg.arch]], "model_type": MODEL_TYPE[cfg.arch], "hidden_size": cfg.d_model,
          "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
          "max_position_embeddings": cfg.n_ctx, "attention_bias": cfg.attn_bias, "attention_dropout": 0.0,
@@ -202,8 +207,10 @@ def family_hf_config(cfg, common) -> dict:
     window = cfg.sliding_window or None
     return {**d, "head_dim": cfg.head_dim, "hidden_activation": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": round(cfg.scale ** -2), "sliding_window": window,
-            "layer_types": ["sliding_attention" if cfg.is_sliding(il) else "full_attention" for il in range(cfg.n_layer)],
-            "attn_logit_softcapping": cfg.attn_softcap or None, "final_logit_softcapping": cfg.final_logit_softcap or None}
+            "layer_types": ["sliding_attention" if cfg.is_sliding(il) else "full_attention"
+                            for il in range(cfg.n_layer)],
+            "attn_logit_softcapping": cfg.attn_softcap or None,
+            "final_logit_softcapping": cfg.final_logit_softcap or None}
 
 
 def family_hf_tensors(cfg, params) -> dict:
