@@ -140,3 +140,18 @@ def test_llama3_gguf_to_hf_fits_rope_parameters(tmp_path):
     ids = list(range(1, 120, 7))
     ref = ffnlab.load(gguf_path, progress=False).forward(ids)
     assert np.abs(transformers_logits(out, ids) - ref).max() <= 1e-4
+
+
+def test_qwen3_window_from_a_layer_on_round_trips_through_hf(tmp_path, capsys):
+    """max_window_layers=1: HF export writes it back; GGUF refuses it (llama.cpp's qwen3 has no window)."""
+    cfg = transformers.Qwen3Config(**COMMON, head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    model = randomize(transformers.Qwen3ForCausalLM(cfg), seed=5)
+    model.save_pretrained(tmp_path / "src", safe_serialization=True)
+    byte_tokenizer().tk.save(str(tmp_path / "src" / "tokenizer.json"))
+    out = str(tmp_path / "hf")
+    assert main(["export", str(tmp_path / "src"), "--to", "hf", out]) == 0
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["max_window_layers"] == 1
+    assert np.abs(transformers_logits(out) - transformers_logits(str(tmp_path / "src"))).max() <= 1e-4
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "src"), "--to", "gguf", str(tmp_path / "m.gguf")]) == 1
+    assert "sliding_window_start=1" in capsys.readouterr().err

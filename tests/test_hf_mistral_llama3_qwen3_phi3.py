@@ -91,9 +91,22 @@ def test_qwen3_window_off_unless_use_sliding_window(tmp_path):
     assert m.config.sliding_window == 0
 
 
-def test_qwen_window_on_some_layers_is_refused(tmp_path):
-    """max_window_layers=1 of 2: layer 0 full, layer 1 sliding -- not an every-layer window."""
+def test_qwen_window_from_max_window_layers_on(tmp_path):
+    """max_window_layers=1 of 2: layer 0 attends fully, layer 1 slides."""
+    m, ref = check(qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=1), tmp_path)
+    assert m.config.sliding_window_start == 1 and [m.config.is_sliding(il) for il in range(2)] == [False, True]
+    moved(ref, hf_logits(qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=0)))
+    moved(ref, hf_logits(qwen3(use_sliding_window=False)))
+
+
+def test_layer_types_out_of_order_are_refused(tmp_path):
+    """Sliding then full layers: no max_window_layers describes it."""
+    import json
     qwen3(use_sliding_window=True, sliding_window=8, max_window_layers=1).save_pretrained(tmp_path)
+    f = tmp_path / "config.json"
+    d = json.loads(f.read_text())
+    d["layer_types"] = ["sliding_attention", "full_attention"]
+    f.write_text(json.dumps(d))
     with pytest.raises(ConfigError, match="layer_types"):
         ffnlab.load(str(tmp_path), progress=False)
 

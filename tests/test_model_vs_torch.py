@@ -71,10 +71,12 @@ CONFIGS = {
     "llama3": ModelConfig(arch="llama", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
                           norm="rmsnorm", positions="rope", rope_pairing="normal", rope_llama3=(8.0, 1.0, 4.0, 16.0),
                           vocab_size=61, n_ctx=24, tie_embeddings=False),
-    # Qwen3: per-head q/k RMSNorm before RoPE, attention biases (attention_bias), head_dim * n_head != d_model
+    # Qwen3: per-head q/k RMSNorm before RoPE, attention biases (attention_bias), head_dim * n_head != d_model,
+    # a window of 3 from layer 1 on (max_window_layers 1)
     "qwen3": ModelConfig(arch="qwen3", n_layer=2, d_model=32, n_head=4, n_kv_head=2, head_dim=16, d_ff=72,
                          ffn="swiglu", attn_bias=True, attn_out_bias=True, norm="rmsnorm", qk_norm=True,
-                         positions="rope", rope_pairing="neox", vocab_size=61, n_ctx=24, tie_embeddings=True),
+                         positions="rope", rope_pairing="neox", sliding_window=3, sliding_window_start=1,
+                         vocab_size=61, n_ctx=24, tie_embeddings=True),
     # Phi-3: fused qkv split by head counts (GQA), q scaled after RoPE, one ffn_up node, window on every layer
     "phi3": ModelConfig(arch="phi3", n_layer=2, d_model=32, n_head=4, n_kv_head=2, d_ff=72, ffn="swiglu",
                         fused_qkv=True, norm="rmsnorm", positions="rope", rope_pairing="neox", sliding_window=5,

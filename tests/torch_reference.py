@@ -210,7 +210,7 @@ def _is_sliding(cfg, il):
     # Gemma 2/3: all layers slide except every sliding_window_pattern-th (the last of each group);
     # pattern 0 (Mistral, Phi-3): every layer slides
     n = cfg.sliding_window_pattern
-    return bool(cfg.sliding_window and (n == 0 or (il % n) != n - 1))
+    return bool(cfg.sliding_window and il >= cfg.sliding_window_start and (n == 0 or (il % n) != n - 1))
 
 
 def block_forward(x, tp, cfg, il, pos, allowed=None):

@@ -74,6 +74,7 @@ class ModelConfig:
     sliding_window: int = 0          # keys more than this many positions back are masked on sliding layers; 0: none
     sliding_window_pattern: int = 0  # which layers slide (llama.cpp's n_pattern): N > 0: every Nth layer is global,
                                      # the others slide (Gemma 2: 2, Gemma 3: 6); 0: every layer slides (Mistral)
+    sliding_window_start: int = 0    # Qwen2/3 (max_window_layers): layers below this one never slide
     attn_scale: float = 0.0          # multiplier of q.k; 0 means 1/sqrt(head_dim)
     attn_softcap: float = 0.0        # Gemma 2: scores = c*tanh(scale*q.k / c) before the mask; 0 means none
     embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
@@ -152,7 +153,7 @@ class ModelConfig:
             v = getattr(self, f)
             need(math.isfinite(v) and v >= 0, f"{f} must be finite and >= 0 (0: unused), got {v}")
         need(math.isfinite(self.rope_scale) and self.rope_scale > 0, f"rope_scale must be finite and > 0, got {self.rope_scale}")
-        for f in ("sliding_window", "sliding_window_pattern"):
+        for f in ("sliding_window", "sliding_window_pattern", "sliding_window_start"):
             v = getattr(self, f)
             need(0 <= v <= MAX_DIM, f"{f} must be an integer in [0, {MAX_DIM}], got {v}")
         ff = self.rope_freq_factors
@@ -195,8 +196,9 @@ class ModelConfig:
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends to the last sliding_window positions only. As llama.cpp's
         set_swa_pattern: pattern 0 slides every layer (Mistral), N slides all but every Nth
-        (il % N < N - 1: Gemma 2 alternates with N = 2, Gemma 3 has N = 6)."""
-        if not self.sliding_window:
+        (il % N < N - 1: Gemma 2 alternates with N = 2, Gemma 3 has N = 6); layers below
+        sliding_window_start (Qwen's max_window_layers) never slide."""
+        if not self.sliding_window or layer < self.sliding_window_start:
             return False
         n = self.sliding_window_pattern
         return n == 0 or layer % n < n - 1

@@ -28,8 +28,10 @@ _BASE = dict(norm="rmsnorm", ffn_bias=False, positions="rope")
 WANT = {
     "llama": (dict(_BASE, fused_qkv=False), ("rope_freq_factors",)),
     "mistral": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=False, ffn="swiglu"), ("sliding_window",)),
-    "qwen2": (dict(_BASE, attn_bias=True, attn_out_bias=False, fused_qkv=False, ffn="swiglu"), ("sliding_window",)),
-    "qwen3": (dict(_BASE, fused_qkv=False, qk_norm=True, qk_norm_full=False, ffn="swiglu"), ("sliding_window",)),
+    "qwen2": (dict(_BASE, attn_bias=True, attn_out_bias=False, fused_qkv=False, ffn="swiglu"),
+              ("sliding_window", "sliding_window_start")),
+    "qwen3": (dict(_BASE, fused_qkv=False, qk_norm=True, qk_norm_full=False, ffn="swiglu"),
+              ("sliding_window", "sliding_window_start")),
     "phi3": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=True, ffn="swiglu", rope_pairing="neox"),
              ("sliding_window", "rope_dim")),
 }
@@ -115,7 +117,7 @@ def llama_config(cfg, family, common) -> dict:
         d["mlp_bias"] = False
     if family in ("qwen2", "qwen3"):
         d.update(use_sliding_window=bool(cfg.sliding_window), sliding_window=cfg.sliding_window or None,
-                 max_window_layers=0)
+                 max_window_layers=cfg.sliding_window_start)
     if family in ("mistral", "phi3"):
         d["sliding_window"] = cfg.sliding_window or None
     return d

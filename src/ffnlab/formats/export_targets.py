@@ -7,7 +7,8 @@ def config_mismatches(cfg, want, allow=()) -> list:
     softcap, custom attention scale, RoPE scaling) it uses that the target does not `allow`. [] when it fits."""
     why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     for k in ("qk_norm", "post_attn_norm", "post_ffn_norm", "embed_scale", "sliding_window", "final_logit_softcap",
-              "attn_scale", "attn_softcap", "parallel_residual", "rope_dim", "rope_freq_factors"):
+              "attn_scale", "attn_softcap", "parallel_residual", "rope_dim", "rope_freq_factors",
+              "sliding_window_start"):
         if getattr(cfg, k) and k not in allow and k not in want:
             why.append(f"{k}={getattr(cfg, k)!r} (needs off)")
     if cfg.rope_scale != 1.0 and "rope_scale" not in allow:

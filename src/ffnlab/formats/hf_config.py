@@ -187,7 +187,8 @@ def _decoder(d, req, model_type, path, name):
                   attn_scale=float(req("query_pre_attn_scalar", float, None, lo=1e-30, hi=1e30) or head_dim) ** -0.5,
                   final_logit_softcap=req("final_logit_softcapping", float, None, lo=0, hi=1e30) or 0.0)
     if model_type not in MOE_TYPES:                        # hf_moe refuses their windows
-        kw["sliding_window"], kw["sliding_window_pattern"] = _sliding(d, req, model_type, n_layer, path)
+        kw["sliding_window"], kw["sliding_window_pattern"], kw["sliding_window_start"] = \
+            _sliding(d, req, model_type, n_layer, path)
     if model_type in ("gemma3", "gemma3_text"):
         kw["qk_norm"] = True
         kw["rope_theta_local"] = req("rope_local_base_freq", float, None, lo=1e-30, hi=1e30) or 10000.0
@@ -236,28 +237,34 @@ def _rope_scaling(rs, path) -> dict:
 
 
 def _sliding(d, req, model_type, n_layer, path) -> tuple:
-    """-> (sliding_window, sliding_window_pattern) as ModelConfig reads them (window 0: none).
+    """-> (sliding_window, sliding_window_pattern, sliding_window_start) as ModelConfig reads them
+    (window 0: none).
 
     Mistral and Phi-3 slide every layer when sliding_window is set (pattern 0). Qwen2/Qwen3 use
     the window only with use_sliding_window, and only on the layers layer_types calls
-    sliding_attention (by default those from max_window_layers on). Gemma alternates."""
+    sliding_attention (by default those from max_window_layers on: start). Gemma alternates."""
     if model_type in ("qwen2", "qwen3") and not req("use_sliding_window", bool, False):
-        return 0, 0                          # transformers sets sliding_window to None: full attention
+        return 0, 0, 0                       # transformers sets sliding_window to None: full attention
     window = req("sliding_window", int, None, lo=0) or 0
     if not window:
-        return 0, 0
+        return 0, 0, 0
     if model_type.startswith("gemma"):
-        return window, _sliding_pattern(d, model_type)
+        return window, _sliding_pattern(d, model_type), 0
     types = d.get("layer_types")
     if types is None and model_type in ("qwen2", "qwen3"):
         first = req("max_window_layers", int, 28, lo=0, hi=MAX_LAYERS)
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layer)]
-    if types is None or (isinstance(types, list) and all(t == "sliding_attention" for t in types)):
-        return window, 0                     # every layer slides
-    if isinstance(types, list) and all(t == "full_attention" for t in types):
-        return 0, 0
-    raise ConfigError(f"{path}: field 'layer_types' (max_window_layers for Qwen) mixes sliding and full layers "
-                      f"as {model_type} does not: only every-layer windows run for it ({types!r:.80})")
+    if types is None:
+        return window, 0, 0                  # every layer slides
+    start = next((i for i, t in enumerate(types) if t != "full_attention"), len(types)) \
+        if isinstance(types, list) else -1
+    if start == len(types):
+        return 0, 0, 0
+    if start < 0 or any(t != "sliding_attention" for t in types[start:]) or \
+            (start and model_type not in ("qwen2", "qwen3")):
+        raise ConfigError(f"{path}: field 'layer_types' must be full layers then sliding ones (Qwen's "
+                          f"max_window_layers; Mistral and Phi-3: all sliding), found {types!r:.80}")
+    return window, 0, start
 
 
 def _sliding_pattern(d, model_type):
