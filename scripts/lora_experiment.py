@@ -102,6 +102,7 @@ def plot(curves, summary):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     colors = dict(zip(TARGETS, ["tab:blue", "tab:orange", "tab:green", "tab:red"]))
@@ -115,7 +116,7 @@ def plot(curves, summary):
                 ax.plot(c[0][:, 0], mean, style, color=colors[t], label=f"{t} r={r}")
         ax.set_title(f"val loss, {data} data ({'306,985' if data == 'full' else f'{SMALL:,}'} train tokens)")
         ax.set_xlabel("step (x 96 tokens)")
-        ax.set_ylabel("val loss (mean of 2 seeds)")
+        ax.set_ylabel("held-out loss (mean over seeds)")
         ax.legend(fontsize=7)
     ax = axes[2]
     for data, marker in zip(DATA, ["o", "s"]):
@@ -123,6 +124,8 @@ def plot(curves, summary):
             ax.scatter(s["trainable"], s["val_loss_0"] - s["val_loss"], color=colors[s["targets"]], marker=marker,
                        s=30 if s["r"] == 4 else 70)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("trainable parameters")
     ax.set_ylabel("val loss drop from the base model")
     ax.set_title("drop vs size (o full data, s small; small/large: r=4/16)")
