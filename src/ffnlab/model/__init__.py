@@ -1,6 +1,7 @@
 """The model: a config, a dict of GGUF-named arrays, and (for real models) a tokenizer."""
 import numpy as np
 
+from .arith import arith_named
 from .attention import KVCache
 from .decode import decode_step, make_plan, params_key
 from .hooks import Hooks
@@ -10,7 +11,7 @@ from .transformer import backward, forward
 
 
 class Model:
-    def __init__(self, config, params, tokenizer=None, source=None, pack_weights=False):
+    def __init__(self, config, params, tokenizer=None, source=None, pack_weights=False, arith="f32"):
         self.config = config          # ModelConfig
         self.params = params          # {GGUF tensor name: np.ndarray or quant.QuantTensor [out, in]}
         # inference models pack q/k/v and gate/up rows into one buffer each (views, no copy kept)
@@ -19,6 +20,9 @@ class Model:
         self.source = source          # the file or directory it came from, for messages
         self.hooks = Hooks()          # what ffnlab.trace / ffnlab.hooks attach to the named nodes
         self._plan = None             # the weights per layer for decode_step, built on first use
+        # "f32" | "ggml": how the graph computes (model/arith.py); the QuantTensors in params
+        # were made with the same setting at load (they pick the product kernels)
+        self.arith = arith_named(arith)
         self.lora = None              # {"path", "scale", "r", "alpha", "tensors"} once apply_lora ran
 
     @classmethod
@@ -42,17 +46,17 @@ class Model:
     def forward(self, ids, kv=None):
         """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""
         logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
-                            packs=self.packs)
+                            packs=self.packs, arith=self.arith)
         return logits[0]
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
-        if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1:
+        if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1 and self.arith.name == "f32":
             # the fast one-token path; with hooks attached the general one runs them, so a hooked
             # sequence gives the same tokens with the KV cache as recomputed in full
             return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv)
         logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
-                            last_only=True, packs=self.packs)
+                            last_only=True, packs=self.packs, arith=self.arith)
         return logits[0, -1]
 
     def decode_plan(self):
@@ -70,7 +74,8 @@ class Model:
         return generate(self, ids, n_predict, params or SamplingParams(**sampling), on_token, ignore_eos=ignore_eos)
 
     def new_cache(self, n_ctx=None, batch=1):
-        return KVCache(self.config, batch=batch, n_ctx=n_ctx, dtype=self.params["token_embd.weight"].dtype)
+        dtype = np.float16 if self.arith.kv_dtype == np.float16 else self.params["token_embd.weight"].dtype
+        return KVCache(self.config, batch=batch, n_ctx=n_ctx, dtype=dtype)
 
     @property
     def n_params(self):

@@ -8,10 +8,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.attention import attention_backward, attention_mix, attention_probs, attention_scores
+from ..ops.attention import attention_backward
 from ..ops.linear import linear_backward, linear_forward, mm_op
-from ..ops.norms import rmsnorm_backward, rmsnorm_forward
-from ..ops.rope import rope_angles, rope_backward, rope_forward
+from ..ops.norms import rmsnorm_backward
+from ..ops.rope import rope_backward
+from .arith import F32
 from .hooks import identity
 from .packing import packed
 
@@ -73,7 +74,7 @@ def scales_q(cfg):
     return cfg.arch in Q_SCALED_NODE
 
 
-def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
+def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32):
     """x: [B, T, d_model] (attn_norm output), pos: [T] absolute positions, allowed: [T, S] mask
     (None: nothing masked) -> out [B, T, d_model], AttnCache.
 
@@ -81,13 +82,14 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     hook: the block's hook point (model/hooks.py).
     rope: precomputed (cos, sin) for pos (the model computes them once per forward).
     packs: packed q/k/v buffers (model/packing.py) for one matmul instead of three.
+        arith: model/arith.py's F32 or GGML (the norms, RoPE, KQ, softmax and KQV it computes).
     """
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     blk = f"blk.{il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
     if cfg.positions == "rope":
-        cos, sin = rope if rope is not None else rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
+        cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
     qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]
@@ -109,9 +111,9 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
                 a = hook(name, a, "RESHAPE", (name,))
         pre, ncache = a, None
         if cfg.qk_norm and which != "v":
-            a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook)
+            a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook, arith)
         if cos is not None and which != "v":
-            a = hook(name, rope_forward(a, cos, sin, cfg.rope_pairing), "ROPE",
+            a = hook(name, arith.rope(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
         if which == "q" and scales_q(cfg):
             a = hook(Q_SCALED_NODE[cfg.arch], a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
@@ -127,14 +129,14 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         v_all = kv.v[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
     S, qn = k_all.shape[1], (Q_SCALED_NODE[cfg.arch] if scales_q(cfg) else "Qcur") + f"-{il}"
-    kq = hook("kq", attention_scores(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
+    kq = hook("kq", arith.kq(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
               ((f"cache_k_l{il} (view) (permuted)", (Hkv, S, hd)), (f"{qn} (view) (permuted)", (H, T, hd))))
     capped = None
     if cfg.attn_softcap:
         kq, capped = _softcap(kq, scale, cfg.attn_softcap, hook)
-    probs = hook("kq_soft_max", attention_probs(kq, 1.0 if cfg.attn_softcap else scale, allowed), "SOFT_MAX",
+    probs = hook("kq_soft_max", arith.soft_max(kq, 1.0 if cfg.attn_softcap else scale, allowed), "SOFT_MAX",
                  ("kq_scaled_2" if cfg.attn_softcap else "kq", "attn_inp_kq_mask"))   # capped: scaled already
-    out = hook("kqv", attention_mix(probs, v_all), "MUL_MAT",                     # [B, H, T, hd]
+    out = hook("kqv", arith.kqv(probs, v_all), "MUL_MAT",                     # [B, H, T, hd]
                ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
                   ((f"kqv-{il} (permuted)", (T, H, hd)),))
@@ -161,13 +163,13 @@ def _softcap(kq, scale, c, hook):
     return hook("kq_scaled_2", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
 
 
-def _head_norm(a, p, cfg, w, name, hook):
+def _head_norm(a, p, cfg, w, name, hook, arith=F32):
     """Gemma 3, Qwen3: RMS-norm each head's vector (over hd) before RoPE; OLMoE (qk_norm_full):
     the whole projection, all heads at once -> normed [B, T, h, hd], cache"""
     shape = a.shape
     if cfg.qk_norm_full:
         a = a.reshape(*shape[:-2], -1)                                 # [B, T, h, hd] -> [B, T, h*hd]
-    a, ncache = rmsnorm_forward(a, p[w], cfg.norm_eps)
+    a, ncache = arith.rms_norm(a, p[w], cfg.norm_eps)
     x_hat = hook("norm", ncache[0], "RMS_NORM", (name,))
     if x_hat is not ncache[0]:                 # a hook replaced the unscaled norm: scale what it gave
         a, ncache = x_hat * p[w], (x_hat, ncache[1])

@@ -13,14 +13,15 @@ tracer), so adding into it in place would silently corrupt both.
 """
 from typing import NamedTuple
 
-from ..ops.norms import layernorm_backward, layernorm_forward, rmsnorm_backward, rmsnorm_forward
+from ..ops.norms import layernorm_backward, rmsnorm_backward
+from .arith import F32
 from .attention import attention_backward_layer, attention_forward_layer
 from .ffn import FFN_TENSOR, ffn_backward, ffn_forward, ffn_out_node, ffn_weights
 from .hooks import identity
 from .packing import packed
 
 
-def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp", bare_out=False):
+def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp", bare_out=False, arith=F32):
     """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias) -> y, cache.
 
     Hooked as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only when
@@ -29,10 +30,10 @@ def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="in
     the result (Gemma 2 and OLMo 2 name it with il = -1 too)."""
     w, b = p[wname + ".weight"], p.get(wname + ".bias")
     if cfg.norm == "layernorm":
-        y, cache = layernorm_forward(x, w, None, cfg.norm_eps)        # y = x_hat * w; the bias below
+        y, cache = arith.layer_norm(x, w, None, cfg.norm_eps)         # y = x_hat * w; the bias below
         op = "NORM"
     else:
-        y, cache = rmsnorm_forward(x, w, cfg.norm_eps)                # y = x_hat * w
+        y, cache = arith.rms_norm(x, w, cfg.norm_eps)                 # y = x_hat * w
         op = "RMS_NORM"
     x_hat = hook("norm", cache[0], op, (src,), bare_norm)
     if x_hat is not cache[0]:                  # a hook replaced the unscaled norm: scale what it gave
@@ -77,18 +78,18 @@ class BlockCache(NamedTuple):
     post_ffn_norm: tuple | None
 
 
-def _pre_norm(x, p, cfg, wname, node, hook, src):
+def _pre_norm(x, p, cfg, wname, node, hook, src, arith=F32):
     """attn_norm / ffn_norm, or x itself when the family has no pre norms (OLMo 2) -> y, cache"""
     if not cfg.pre_norm:
         return x, None
-    return norm_forward(x, p, cfg, wname, node, hook, src=src)
+    return norm_forward(x, p, cfg, wname, node, hook, src=src, arith=arith)
 
 
 def _pre_norm_backward(dy, p, cfg, wname, cache):
     return norm_backward(dy, p, cfg, wname, cache) if cfg.pre_norm else (dy, {})
 
 
-def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None):
+def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32):
     """x: [B, T, d_model] -> [B, T, d_model], BlockCache
 
     pos/allowed: absolute positions [T] and the [T, S] attention mask (None: all visible);
@@ -96,19 +97,20 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     packs: packed projections (model/packing.py)."""
     blk = f"blk.{il}."
     res1 = "sa_out" if cfg.arch in GRAPH_NAMES["sa_out"] else "ffn_inp"
-    a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp")
-    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs)
+    a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp", arith)
+    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs, arith)
     pa_cache = None
     if cfg.post_attn_norm:
-        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out")
+        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out",
+                                   arith=arith)
     if cfg.parallel_residual:                                          # GPT-NeoX: the FFN reads x, not h
         h, res1 = x, "inp"
     else:
         h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
-    f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1)
+    f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1, arith)
     gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
     f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook,
-                               fused_gate_up=cfg.arch in GRAPH_NAMES["fused_gate_up"])
+                               fused_gate_up=cfg.arch in GRAPH_NAMES["fused_gate_up"], arith=arith)
     cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
     if cfg.parallel_residual:
         f = hook("ffn_out", f + x, "ADD", (ffn_out_node(cfg), "inp"))                       # [B, T, d_model]
@@ -117,7 +119,7 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     pf_cache = None
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
-                                   bare_out=cfg.arch in GRAPH_NAMES["bare_ffn_post_norm"])
+                                   bare_out=cfg.arch in GRAPH_NAMES["bare_ffn_post_norm"], arith=arith)
     out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else ffn_out_node(cfg), res1))   # [B, T, d_model]
     return out, BlockCache(*cache, pf_cache)
 

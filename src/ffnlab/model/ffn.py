@@ -88,7 +88,7 @@ class FFNCache(NamedTuple):
     h: np.ndarray                       # [..., d_ff] what enters down: act * up, or act
 
 
-def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
+def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arith=None):
     """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)
 
     fused_gate_up: name the gate and up products as one node, ffn_up [..., 2*d_ff], as llama.cpp's
@@ -98,7 +98,7 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
     k = FFN_KINDS[kind]
     gu = linear_forward(x, w.gate_up) if w.gate_up is not None else None    # [..., 2*d_ff]: gate, up
     if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
-        return _fused_gate_up_forward(x, w, k, hook, gu)
+        return _fused_gate_up_forward(x, w, k, hook, gu, arith)
     gate = None
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
@@ -112,10 +112,10 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
         up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
-        act = ACTIVATIONS[k.act].forward(gate)                            # [..., d_ff]
+        act = _act(k.act, arith)(gate)                                    # [..., d_ff]
         h = hook(k.node, act * up, k.op, ("ffn_gate_b" if w.gate_b is not None else "ffn_gate", up_src))
     else:
-        act = h = hook(k.node, ACTIVATIONS[k.act].forward(up), k.op, (up_src,))   # [..., d_ff]
+        act = h = hook(k.node, _act(k.act, arith)(up), k.op, (up_src,))   # [..., d_ff]
     y = linear_forward(h, w.down, hook=hook, node="ffn_down" if w.down_b is not None else "ffn_out")   # [..., d_model]
     if w.down_b is not None:
         y = hook("ffn_down", y, mm_op(w.down), ("ffn_down.weight", k.node))
@@ -125,20 +125,25 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False):
     return y, FFNCache(x, up, gate, act, h)
 
 
-def _fused_gate_up_forward(x, w, k, hook, gu=None):
+def _act(name, arith):
+    """the activation's forward: model/arith.py's version when an Arith is given (ggml's SiLU, GELU)"""
+    return ACTIVATIONS[name].forward if arith is None else arith.act[name]
+
+
+def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=None):
     """Phi-3's graph: ffn_up = [gate; up] x, one node [..., 2*d_ff]; the GLU splits it."""
     if gu is None:
         gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)   # [..., 2*d_ff]
     gu = hook("ffn_up", gu, "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
     d_ff = gu.shape[-1] // 2
     gate, up = gu[..., :d_ff], gu[..., d_ff:]                              # [..., d_ff] views
-    act = ACTIVATIONS[k.act].forward(gate)
+    act = _act(k.act, arith)(gate)
     h = hook(k.node, act * up, k.op, ("ffn_up",))                          # [..., d_ff]
     y = hook("ffn_out", linear_forward(h, w.down), "MUL_MAT", ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
 
 
-def ffn_forward_one(x, w: FFNWeights, kind):
+def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
     """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py),
     in as few NumPy calls as possible."""
     if isinstance(w, MoEWeights):
@@ -154,13 +159,13 @@ def ffn_forward_one(x, w: FFNWeights, kind):
             gate = gate + w.gate_b
         if w.up_b is not None:
             up = up + w.up_b
-        h = ACTIVATIONS[k.act].forward(gate)
+        h = _act(k.act, arith)(gate)
         h *= up                                                           # [d_ff] act(gate) * up
     else:
         up = linear_forward(x, w.up)                                      # [d_ff]
         if w.up_b is not None:
             up += w.up_b
-        h = ACTIVATIONS[k.act].forward(up)
+        h = _act(k.act, arith)(up)
     y = linear_forward(h, w.down)                                         # [d_ff] -> [d_model]
     if w.down_b is not None:
         y += w.down_b

@@ -12,7 +12,7 @@ import numpy as np
 from ..ops.attention import causal_mask
 from ..ops.embedding import embedding_backward
 from ..ops.linear import ComposedWeight, linear_backward, linear_forward
-from ..ops.rope import rope_angles
+from .arith import F32
 from .block import block_backward, block_forward, norm_backward, norm_forward
 from .hooks import Hooks
 from .params import lm_head_name
@@ -28,7 +28,7 @@ class ForwardCache(NamedTuple):
     softcap: np.ndarray | None      # tanh(z / c) when the logits are soft-capped
 
 
-def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, packs=None):
+def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, packs=None, arith=F32):
     """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), ForwardCache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
@@ -37,6 +37,8 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
     packs: packed q/k/v and gate/up buffers (model/packing.py) for faster inference.
     last_only: compute logits for the last position only (generation: the LM head is the
                largest matmul, and only the last row is sampled) -> [B, 1, vocab].
+    arith: model/arith.py's F32 or GGML (llama.cpp's CPU numerics); the weights' products
+           follow the QuantTensors' own setting, made at load.
     """
     ids = np.atleast_2d(np.asarray(ids))
     B, T = ids.shape
@@ -65,17 +67,17 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
         if cfg.positions == "rope":
             key = cfg.layer_rope(il)
             if key not in ropes:
-                cos, sin = rope_angles(pos, cfg.n_rot, *key)             # float64 angles, cast once
+                cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
-        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs)
+        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, arith)
         if train:
             block_caches.append(c)
         del c                                  # inference: free this layer's activations before the next
     if last_only:
         x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
         hook = hooks.point(-1, pos[-1:])
-    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook)
+    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook, arith=arith)
     head = lm_head_name(cfg)
     logits = linear_forward(y, p[head])                                   # [B, T, d_model] -> [B, T, vocab]
     softcap = None

@@ -10,20 +10,30 @@ np.asarray(w) raises, so a float32 copy of a matrix is always a visible dequanti
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import kernels
+from . import ggml_kernels, kernels
 from .blocks import KERNEL_TYPES, row_bytes, table_for
+from .ggml_quants import Q8Rows
 
 TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights: fits in L2 with room for x and y
 HALF_BLOCK = 16                      # the fused kernels' lane count, passed at run time (kernels.py says why)
+T = GGMLQuantizationType
+# arith="ggml": the 8-bit blocks ggml quantizes the activation into for each weight type (the
+# vec_dot_type of ggml-cpu.c's type_traits_cpu); F16 / BF16 weights round it to their own type
+K_BYTES = {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
+VEC_DOT_TYPE = {T.Q4_0: "q8_0", T.Q5_0: "q8_0", T.Q8_0: "q8_0", T.Q4_1: "q8_1", T.Q5_1: "q8_1",
+                T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.Q4_K: "q8_k", T.Q5_K: "q8_k", T.Q6_K: "q8_k"}
 
 
 class QuantTensor:
     dtype = np.dtype(np.float32)     # what its products and dequantize() give
     ndim = 2
 
-    def __init__(self, data, qtype, shape):
-        """data: the blocks (any array over the file's bytes), qtype: ggml type, shape: (out, in)"""
+    def __init__(self, data, qtype, shape, arith="f32"):
+        """data: the blocks (any array over the file's bytes), qtype: ggml type, shape: (out, in),
+        arith: "f32" (float32 products of the exact weights) or "ggml" (llama.cpp's CPU products:
+        the activation quantized to 8-bit blocks, integer dot products; quant/ggml_kernels.py)"""
         self.qtype = GGMLQuantizationType(qtype)
+        self.arith = arith
         if self.qtype not in KERNEL_TYPES:
             raise ValueError(f"no kernel for ggml type {self.qtype.name}")
         out, n = (int(s) for s in shape)
@@ -68,7 +78,7 @@ class QuantTensor:
         w[a:b]: the rows a..b as a QuantTensor (blocks are per row, so no copy)."""
         if isinstance(key, slice):
             rows = self.data[key]
-            return QuantTensor(rows, self.qtype, (rows.shape[0], self.shape[1]))
+            return QuantTensor(rows, self.qtype, (rows.shape[0], self.shape[1]), self.arith)
         ids = np.asarray(key)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"{self!r} takes integer row indices or a slice, not {key!r}")
@@ -83,6 +93,8 @@ class QuantTensor:
 
     def matvec(self, x) -> np.ndarray:
         """x: [in] float32 -> W x: [out] float32"""
+        if self.arith == "ggml":
+            return self.matmul(x[None])[0]
         y = np.empty(self.shape[0], np.float32)
         kernels.matvec(int(self.qtype), self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
         return y
@@ -91,6 +103,8 @@ class QuantTensor:
         """x: [N, in] float32 -> x W^T: [N, out]. Tiles of rows are dequantized into a
         cache-sized float32 buffer and multiplied by BLAS, so the float32 matrix never exists whole."""
         x = np.ascontiguousarray(x, np.float32)
+        if self.arith == "ggml":
+            return self._ggml_matmul(x)
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
         tile = np.empty((min(rows, out), n), np.float32)
@@ -115,3 +129,32 @@ class QuantTensor:
             kernels.dequant_rows(int(self.qtype), self.data[r0:r0 + t.shape[0]], self.table, t, HALF_BLOCK)
             dx += dy[:, r0:r0 + t.shape[0]] @ t                      # [N, rows] @ [rows, in]
         return dx
+
+    def _ggml_matmul(self, x):
+        """x: [N, in] -> [N, out] as ggml's mul_mat: x converted to the weight's vec_dot_type, then
+        one dot product per (token, row)"""
+        kind = VEC_DOT_TYPE.get(self.qtype)
+        if kind is None:                                            # F16 / BF16: x rounded to the same type
+            x = _round_to(x, self.qtype)
+            return QuantTensor(self.data, self.qtype, self.shape).matmul(x)
+        a = Q8Rows(kind, x)
+        y = np.empty((x.shape[0], self.shape[0]), np.float32)
+        qxt = np.ascontiguousarray(a.qs.T, np.int32)                # [in, N]: vectorized over the tokens
+        if kind != "q8_k" and x.shape[0] > 1:
+            ggml_kernels.gemm32_batch(int(self.qtype), self.data, self.table, qxt, np.ascontiguousarray(a.d.T),
+                                      np.ascontiguousarray(a.e.T), y)
+        elif kind == "q8_k" and x.shape[0] >= ggml_kernels.TILED_MIN_BATCH:
+            ggml_kernels.gemmk_batch(int(self.qtype), K_BYTES[self.qtype], self.data, self.table, qxt,
+                                     np.ascontiguousarray(a.d.T), np.ascontiguousarray(a.e.T), y)
+        else:
+            ggml_kernels.gemm(int(self.qtype), self.data, self.table, a.qs, a.d, a.e, y)
+        return y
+
+
+def _round_to(x, qtype):
+    """float32 x rounded to half (F16C) or bfloat16 (ggml_cpu_fp32_to_bf16: nearest, ties to even)"""
+    if qtype == T.F16:
+        return x.astype(np.float16).astype(np.float32)
+    bits = x.view(np.uint32)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+    return bits.astype(np.uint32).view(np.float32)

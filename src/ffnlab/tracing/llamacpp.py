@@ -107,12 +107,14 @@ def _read(t, tc, type_name, g):
     return np.array(a, dtype=np.float32 if dt.kind == "f" else dt)
 
 
-def capture(path, ids, keep=None, n_threads=None, kv_f32=False, lora=None):
+def capture(path, ids, keep=None, n_threads=None, kv_f32=False, lora=None, repack=False):
     """Run llama.cpp on token ids (one sequence, positions 0..T-1, logits for every token)
     -> [RefNode] in evaluation order. keep(name) -> bool says which nodes' data to copy
     (default: every f32/f16 node whose name is not a view or an unnamed node_N).
     kv_f32: keep the KV cache in f32 instead of llama.cpp's default f16.
-    lora: (adapter GGUF path, scale): a LoRA adapter on the model, as llama.cpp's --lora-scaled."""
+    lora: (adapter GGUF path, scale): a LoRA adapter on the model, as llama.cpp's --lora-scaled.
+    repack: let llama.cpp repack weights for its CPU kernels (its default; off here so that each
+    weight stays one tensor the callback can name, and the products are the plain ones)."""
     L, g = _lib()
     ids = [int(i) for i in ids]
     T = len(ids)
@@ -144,7 +146,7 @@ def capture(path, ids, keep=None, n_threads=None, kv_f32=False, lora=None):
     cb_c = L.ggml_backend_sched_eval_callback(cb)    # referenced until the decode is done
     L.llama_backend_init()
     mp = L.llama_model_default_params()
-    mp.use_extra_bufts = False
+    mp.use_extra_bufts = repack
     model = L.llama_model_load_from_file(os.fspath(path).encode(), mp)
     if not model:
         why = f": {LOG_ERRORS[-1]}" if LOG_ERRORS else ""

@@ -1,0 +1,85 @@
+"""arith="ggml" against arith="f32" on the same quantized model: prompt processing and decoding.
+
+  python3 bench/bench_ggml.py [-m smollm2] [--prompt-tokens 64] [--decode 16] [--repeats 3]
+
+For each arithmetic, the same model file (weights in their GGUF blocks both times):
+  prompt   forward() over a prompt of --prompt-tokens ids (one batch, logits for every position)
+  decode   --decode tokens, one forward_last() each against the KV cache (f16 in ggml mode)
+Times are process CPU time per run (time.process_time: other jobs on a shared machine slow them
+less than wall-clock time); the median over --repeats is reported, with the ratio ggml / f32
+measured in this same process. Threads: NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS = 1, so the
+figures are per core. The CPU model is printed with the load average.
+"""
+import argparse
+import os
+import statistics
+import time
+
+for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ[var] = "1"
+
+import numpy as np  # noqa: E402
+
+from ffnlab.formats.installed import resolve_model  # noqa: E402
+from ffnlab.formats.load import load  # noqa: E402
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return "unknown CPU"
+
+
+def cpu_time(f):
+    t = time.process_time()
+    f()
+    return time.process_time() - t
+
+
+def measure(model, ids, n_decode, repeats):
+    """-> (median prompt seconds, median seconds per decoded token)"""
+    def prompt():
+        model.forward(ids)
+
+    def decode():
+        kv = model.new_cache(n_ctx=len(ids) + n_decode + 1)
+        tok = int(np.argmax(model.forward_last(ids[:8], kv)))   # a short prompt, not timed
+        t = time.process_time()
+        for _ in range(n_decode):
+            tok = int(np.argmax(model.forward_last([tok], kv)))
+        return (time.process_time() - t) / n_decode
+
+    prompt(), decode()                                       # compile (or load numba's cache), warm caches
+    p = statistics.median(cpu_time(prompt) for _ in range(repeats))
+    d = statistics.median(decode() for _ in range(repeats))
+    return p, d
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--decode", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    path = resolve_model(args.model)
+    rng = np.random.default_rng(0)
+    results = {}
+    for arith in ("f32", "ggml"):
+        m = load(path, arith=arith, progress=False)
+        ids = rng.integers(100, m.config.vocab_size - 100, args.prompt_tokens).tolist()
+        results[arith] = measure(m, ids, args.decode, args.repeats)
+    print(f"{os.path.basename(path)} on {cpu_model()}, 1 thread, median CPU time of {args.repeats}; "
+          f"load average {os.getloadavg()[0]:.1f}\n")
+    print("| arith | prompt (%d tokens) s | prompt tok/s | decode ms/token | decode tok/s |" % args.prompt_tokens)
+    print("|---|---|---|---|---|")
+    for arith, (p, d) in results.items():
+        print(f"| {arith} | {p:.3f} | {args.prompt_tokens / p:.1f} | {d * 1e3:.1f} | {1 / d:.1f} |")
+    (pf, df), (pg, dg) = results["f32"], results["ggml"]
+    print(f"\nggml / f32 time: prompt {pg / pf:.2f}x, decode {dg / df:.2f}x (the issue's ceiling: 1.5x)")
+
+
+if __name__ == "__main__":
+    main()

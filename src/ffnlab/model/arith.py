@@ -1,0 +1,69 @@
+"""Arithmetic: one setting, chosen at load, that says how the graph's numbers are computed.
+
+  f32   float32 everywhere, weights dequantized exactly: the HF / PyTorch reference
+  ggml  llama.cpp's CPU backend (its default context: flash attention off, f16 K/V cache):
+        activations quantized to 8-bit blocks before each quantized product and integer dot
+        products (quant/ggml_kernels.py, selected in the QuantTensor at load); K and V kept in
+        f16 and q rounded to f16 for KQ, the softmax output rounded to f16 for KQV; ggml's exp,
+        SiLU, GELU table, softmax, norms and RoPE angles (ops/ggml_math.py)
+
+The block code takes an Arith and calls its functions; it never asks which one it has.
+"""
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from ..ops import ggml_math
+from ..ops.activations import ACTIVATIONS
+from ..ops.attention import attention_mix, attention_probs, attention_scores
+from ..ops.norms import layernorm_forward, rmsnorm_forward
+from ..ops.rope import rope_angles, rope_forward
+
+
+class Arith(NamedTuple):
+    name: str
+    rms_norm: Callable          # (x [..., D], w [D] or None, eps) -> y, (x_hat, rstd)
+    layer_norm: Callable        # (x, w, b, eps) -> y, (x_hat, rstd)
+    rope_angles: Callable       # (pos [T], head_dim, theta, scale) -> cos, sin [T, hd/2]
+    rope: Callable              # (x [..., T, H, hd], cos, sin, pairing) -> rotated x
+    kq: Callable                # (q [B, T, H, hd], k [B, S, Hkv, hd]) -> raw scores [B, H, T, S]
+    soft_max: Callable          # (kq, scale, allowed [T, S] or None) -> probs [B, H, T, S]
+    kqv: Callable               # (probs, v [B, S, Hkv, hd]) -> [B, H, T, hd]
+    act: dict                   # activation name (ops/activations.py) -> forward function
+    kv_dtype: type              # what the KV cache stores
+
+
+def _ggml_kq(q, k):
+    """q: [B, T, H, hd], k: [B, S, Hkv, hd] -> [B, H, T, S]. ggml_mul_mat(k, q): k is f16 (the
+    cache), so q is converted to f16 (the vec_dot_type of F16); the f16 x f16 products are exact
+    in float32 and summed in tinyBLAS's eight lanes (ops/ggml_math.py's f16_matmul)"""
+    B, T, H, hd = q.shape
+    S, Hkv = k.shape[1], k.shape[2]
+    qg = q.reshape(B, T, Hkv, H // Hkv, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, H // Hkv * T, hd)
+    kq = ggml_math.f16_matmul(k.transpose(0, 2, 1, 3), qg, T)             # [B, Hkv, G*T, S]
+    return kq.reshape(B, H, T, S)
+
+
+def _ggml_kqv(probs, v):
+    """probs: [B, H, T, S], v: [B, S, Hkv, hd] -> [B, H, T, hd]. ggml_mul_mat(v, kq_soft_max):
+    v is f16 (stored transposed), so the probabilities are rounded to f16 first"""
+    B, H, T, S = probs.shape
+    Hkv, hd = v.shape[2], v.shape[3]
+    out = ggml_math.f16_matmul(v.transpose(0, 2, 3, 1), probs.reshape(B, Hkv, H // Hkv * T, S), T)   # [B, Hkv, G*T, hd]
+    return out.reshape(B, H, T, hd)
+
+
+F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
+            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32)
+
+GGML = Arith("ggml", ggml_math.rms_norm, ggml_math.layer_norm, ggml_math.rope_angles, ggml_math.rope, _ggml_kq, ggml_math.soft_max,
+             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16)
+
+ARITH = {"f32": F32, "ggml": GGML}
+
+
+def arith_named(name):
+    """"f32" | "ggml" -> Arith"""
+    if name not in ARITH:
+        raise ValueError(f"arith must be one of {', '.join(ARITH)}, not {name!r}")
+    return ARITH[name]

@@ -1,0 +1,312 @@
+"""The pointwise and reduction ops as llama.cpp's CPU backend computes them (ggml-cpu, AVX2 build).
+
+  v_expf      ggml_v_expf (vec.h): ARM's optimized-routines exp, a degree-5 polynomial after a
+              range reduction by ln 2, FMAs throughout; within ~1.5 ulp of exp, not correctly rounded
+  silu        ggml_v_silu (vec.h): x / (1 + v_expf(-x)); SwiGLU (ggml_vec_swiglu_f32) is silu(x) * g
+  gelu        ggml_vec_gelu_f32 with GGML_GELU_FP16 (vec.h): |x| < 10 reads a 65536-entry table of
+              f16(gelu_tanh(h)) at h = f16(x); x <= -10 gives 0, x >= 10 gives x. GeGLU: the same times g
+  soft_max    ggml_compute_forward_soft_max_f32 (ops.cpp): w = x * scale + mask, max, y = v_expf(w - max)
+              per 8 lanes, each 8-lane float32 sum added to a float64 total (ggml_vec_soft_max_f32),
+              y *= (float)(1 / total)
+  rms_norm    ggml_compute_forward_rms_norm_f32 (ops.cpp): float32 squares summed in float64,
+              mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x * scale (then * w)
+  layer_norm  ggml_compute_forward_norm_f32: float64 sum for the mean, float64 sum of squared
+              deviations (ggml_vec_cvar_f32), both rounded to float32
+  rope_angles ggml_rope_cache_init (ops.cpp): theta_scale = powf(base, -2/n_dims) in float32 and
+              theta multiplied by it once per pair, in float32: the angle of pair i at position p is
+              p * theta_scale^i with i float32 roundings (not the float64 angle), then libm's cosf /
+              sinf (which are not always correctly rounded: 1 ulp off for some angles)
+  rope        rotate_pairs (ops.cpp): x0 cos - x1 sin, x0 sin + x1 cos with the compiler's FMA
+              contraction (the first product fused), which llama.cpp's build does
+  to_f16      ggml_cpu_fp32_to_fp16 (F16C, round to nearest even): the K/V cache, and the float32
+              operand of an f16 product (mul_mat's vec_dot_type for F16 is F16)
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .activations import GELU_TANH_COEF, SQRT_2_OVER_PI
+
+JIT = dict(cache=True, nogil=True)          # no fastmath: the roundings are ggml's
+
+
+@njit(**JIT)
+def _fma(a, b, c):
+    """float32 fused multiply-add: the product of two float32 values is exact in float64"""
+    return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+# ggml_v_expf's constants, as the hex floats of vec.h
+EXP_R = np.float32(float.fromhex("0x1.8p23"))         # adding it rounds to an integer
+LOG2E = np.float32(float.fromhex("0x1.715476p+0"))
+LN2_HI = np.float32(float.fromhex("0x1.62e4p-1"))     # ln 2 in two parts, for an exact x - n ln 2
+LN2_LO = np.float32(float.fromhex("0x1.7f7d1cp-20"))
+C5, C4, C3, C2, C1 = (np.float32(float.fromhex(h)) for h in
+                      ("0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1"))
+
+
+@njit(**JIT)
+def _expf1(x):
+    """ggml_v_expf for one lane (vec.h, the __AVX2__ && __FMA__ version). 2^n is built there by
+    shifting n into a float's exponent field; math.ldexp gives the same powers of two."""
+    z = _fma(x, LOG2E, EXP_R)
+    n = z - EXP_R                                                  # round(x / ln 2), as a float
+    b = _fma(-n, LN2_LO, _fma(-n, LN2_HI, x))                      # x - n ln 2
+    u = b * b
+    j = _fma(_fma(_fma(C5, b, C4), u, _fma(C3, b, C2)), u, C1 * b)  # exp(b) - 1
+    if not abs(n) > 126:
+        k = np.float32(math.ldexp(1.0, int(n)))
+        return _fma(j, k, k)
+    # |n| > 126: 2^n split in two factors so that neither overflows nor underflows on its own
+    s1 = np.float32(math.ldexp(1.0, -125 if n <= 0 else 127))
+    if abs(n) > 192:                                               # -inf (a masked score) lands here: 0
+        return s1 * s1
+    s2 = np.float32(math.ldexp(1.0, int(n) + 125 if n <= 0 else int(n) - 127))
+    return _fma(s2, j, s2) * s1
+
+
+@njit(parallel=True, **JIT)
+def _expf_rows(x, y):
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            y[i, j] = _expf1(x[i, j])
+
+
+def v_expf(x):
+    """float32 array -> ggml_v_expf of each element"""
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.empty_like(x)
+    _expf_rows(x.reshape(-1, x.shape[-1] if x.ndim else 1), y.reshape(-1, x.shape[-1] if x.ndim else 1))
+    return y
+
+
+@njit(parallel=True, **JIT)
+def _silu_rows(x, y):
+    one = np.float32(1.0)
+    for i in prange(x.shape[0]):
+        for j in range(x.shape[1]):
+            y[i, j] = x[i, j] / (one + _expf1(-x[i, j]))
+
+
+def silu(x):
+    """x / (1 + v_expf(-x)), float32 (ggml_v_silu; SwiGLU multiplies it by up afterwards)"""
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.empty_like(x)
+    _silu_rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))
+    return y
+
+
+@njit(**JIT)
+def _gelu_f32(h, out):
+    """ggml_gelu_f32 (vec.h) of each half h, in float32 as llama.cpp's build compiles it: the
+    compiler fuses 1 + (GELU_COEF_A x) x into one FMA; tanhf is libm's (numba's math.tanh)"""
+    a, c = np.float32(GELU_TANH_COEF), np.float32(SQRT_2_OVER_PI)
+    for i in range(h.shape[0]):
+        x = h[i]
+        v = _fma(a * x, x, np.float32(1.0))
+        out[i] = (np.float32(0.5) * x) * (np.float32(1.0) + math.tanh((c * x) * v))
+
+
+def _gelu_table():
+    """ggml_table_gelu_f16 (ggml-cpu.c, ggml_cpu_init): f16(ggml_gelu_f32(h)) for every half h"""
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    g = np.empty_like(h)
+    with np.errstate(all="ignore"):
+        _gelu_f32(h, g)
+        return g.astype(np.float16).astype(np.float32)
+
+
+GELU_TABLE = _gelu_table()
+
+
+def gelu(x):
+    """ggml_vec_gelu_f32 with GGML_GELU_FP16: the f16 table between -10 and 10"""
+    x = np.asarray(x, np.float32)
+    with np.errstate(over="ignore"):                             # |x| >= 65520 -> inf index: masked below
+        t = GELU_TABLE[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10.0, np.float32(0.0), np.where(x >= 10.0, x, t)).astype(np.float32)
+
+
+@njit(**JIT)
+def _hsum8(v, o):
+    """hsum_float_8 of v[o:o+8] (lanes past the row's end are 0: a padded, masked column)"""
+    a = np.zeros(1, np.float32)[0]
+    l = [a] * 8
+    for k in range(8):
+        if o + k < v.shape[0]:
+            l[k] = v[o + k]
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+
+
+@njit(parallel=True, **JIT)
+def _soft_max_rows(w, y):
+    """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale)"""
+    for i in prange(w.shape[0]):
+        row = w[i]
+        mx = np.float32(-np.inf)
+        for j in range(row.shape[0]):
+            mx = max(mx, row[j])
+        total = 0.0
+        for j0 in range(0, row.shape[0], 8):                       # one 8-lane vector at a time
+            for j in range(j0, min(j0 + 8, row.shape[0])):
+                y[i, j] = _expf1(row[j] - mx)
+            total += np.float64(_hsum8(y[i], j0))
+        inv = np.float32(1.0 / total)
+        for j in range(row.shape[0]):
+            y[i, j] *= inv
+
+
+def soft_max(kq, scale, allowed):
+    """kq: [..., T, S] raw scores, allowed: [T, S] bool or None -> probs [..., T, S] float32.
+    The masked scores are -inf, so their exp is 0 wherever they fall in the 8-lane groups: ggml's
+    KV cache is padded with such columns, and its rows split into the same groups of 8 from 0."""
+    w = np.multiply(kq, np.float32(scale), dtype=np.float32)
+    if allowed is not None:
+        np.copyto(w, np.float32(-np.inf), where=~allowed)
+    y = np.empty_like(w)
+    _soft_max_rows(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), y.reshape(-1, w.shape[-1]))
+    return y
+
+
+def rms_norm(x, w, eps):
+    """x: [..., D], w: [D] or None -> y, cache (x_hat, scale) as ops/norms.py's rmsnorm_forward"""
+    x = np.asarray(x, np.float32)
+    sq = np.square(x, dtype=np.float32).astype(np.float64)       # float32 products, summed in float64
+    mean = (sq.sum(axis=-1, keepdims=True) / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    x_hat = x * scale
+    return (x_hat * w if w is not None else x_hat), (x_hat, scale)
+
+
+def layer_norm(x, w, b, eps):
+    """x: [..., D] -> y, cache (x_hat, scale), as layernorm_forward"""
+    x = np.asarray(x, np.float32)
+    mean = (x.astype(np.float64).sum(axis=-1, keepdims=True) / x.shape[-1]).astype(np.float32)
+    xc = x - mean
+    var = (np.square(xc, dtype=np.float32).astype(np.float64).sum(axis=-1, keepdims=True)
+           / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(var + np.float32(eps))
+    x_hat = xc * scale
+    y = x_hat * w
+    if b is not None:
+        y += b
+    return y, (x_hat, scale)
+
+
+@njit(**JIT)
+def _rope_cache(pos, theta_scale, freq_scale, ff, cos, sin):
+    for t in range(pos.shape[0]):
+        theta = np.float32(pos[t])
+        for i in range(cos.shape[1]):
+            a = freq_scale * (theta / ff[i])                         # rope_yarn(theta / ff, ...), ext_factor 0
+            cos[t, i] = math.cos(a)                                 # float32 in, float32 out: libm's cosf
+            sin[t, i] = math.sin(a)
+            theta = theta * theta_scale
+
+
+def rope_angles(pos, head_dim, theta, scale=1.0, freq_factors=()):
+    """pos: [T] -> cos, sin: [T, head_dim/2] float32, as ggml_rope_cache_init builds them
+    (head_dim: the rotated dims, n_rot; freq_factors: rope_freqs.weight's divisors, () for none)"""
+    theta_scale = np.float32(np.float32(theta) ** np.float32(-2.0 / head_dim))   # powf(base, -2.0f/n_dims)
+    cos = np.empty((len(pos), head_dim // 2), np.float32)
+    sin = np.empty_like(cos)
+    ff = np.asarray(freq_factors, np.float32) if len(freq_factors) else np.ones(head_dim // 2, np.float32)
+    _rope_cache(np.asarray(pos, np.float32), theta_scale, np.float32(1.0 / scale), ff, cos, sin)
+    return cos, sin
+
+
+def rope(x, cos, sin, pairing="normal"):
+    """x: [..., T, H, hd], cos/sin: [T, hd/2] -> rotated x, as rotate_pairs (ops.cpp) compiles:
+    x0 cos - x1 sin and x0 sin + x1 cos, each with its first product fused into the add"""
+    n_rot = 2 * cos.shape[-1]
+    if n_rot < x.shape[-1]:                                        # partial rotary: the tail passes through
+        out = np.array(x, np.float32)
+        out[..., :n_rot] = rope(np.ascontiguousarray(x[..., :n_rot]), cos, sin, pairing)
+        return out
+    c = cos[:, None, :].astype(np.float64)
+    s = sin[:, None, :].astype(np.float64)
+    if pairing == "normal":
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+    else:
+        x0, x1 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x0, x1 = x0.astype(np.float64), x1.astype(np.float64)
+    y0 = (x0 * c - (x1 * s).astype(np.float32)).astype(np.float32)    # fma(x0, cos, -(x1 sin))
+    y1 = (x0 * s + (x1 * c).astype(np.float32)).astype(np.float32)    # fma(x0, sin, x1 cos)
+    out = np.empty(x.shape, np.float32)
+    if pairing == "normal":
+        out[..., 0::2], out[..., 1::2] = y0, y1
+    else:
+        out[..., :x.shape[-1] // 2], out[..., x.shape[-1] // 2:] = y0, y1
+    return out
+
+
+# the f16 products: acc = a * b + acc is their only multiply-add, and `contract` lets LLVM emit it
+# as the FMA instruction tinyBLAS and ggml_vec_dot_f16 use (nothing else fused or reordered)
+F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"})
+
+
+@njit(parallel=True, **F16_DOT)
+def _f16_gemm(a, b, c):
+    """a: [G, M, K], b: [G, N, K] (f16 values in float32) -> c: [G, N, M], c[g, n, m] = a[g, m] . b[g, n]
+    as llamafile's tinyBLAS<8, __m256> (sgemm.cpp): lane l accumulates the products k = l mod 8
+    with one FMA each, in k order; the lanes are then summed as hsum_float_8."""
+    G, M, K = a.shape
+    N = b.shape[1]
+    for task in prange(G * N):
+        g, n = task // N, task % N
+        for m in range(M):
+            l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = np.float32(0.0)
+            for k in range(0, K, 8):
+                l0 = a[g, m, k] * b[g, n, k] + l0
+                l1 = a[g, m, k + 1] * b[g, n, k + 1] + l1
+                l2 = a[g, m, k + 2] * b[g, n, k + 2] + l2
+                l3 = a[g, m, k + 3] * b[g, n, k + 3] + l3
+                l4 = a[g, m, k + 4] * b[g, n, k + 4] + l4
+                l5 = a[g, m, k + 5] * b[g, n, k + 5] + l5
+                l6 = a[g, m, k + 6] * b[g, n, k + 6] + l6
+                l7 = a[g, m, k + 7] * b[g, n, k + 7] + l7
+            c[g, n, m] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+
+
+@njit(parallel=True, **F16_DOT)
+def _f16_vec_dot(a, b, c):
+    """As _f16_gemm, in ggml_vec_dot_f16's order (vec.cpp, AVX2): four 8-lane accumulators over
+    each 32 k's (accumulator j takes k = 32i + 8j + lane), added (0+2, 1+3, then 0+1) and reduced
+    as GGML_F32x8_REDUCE: (l0+l4)+(l1+l5) + (l2+l6)+(l3+l7), two hadds. K is a multiple of 32."""
+    G, M, K = a.shape
+    N = b.shape[1]
+    for task in prange(G * N):
+        g, n = task // N, task % N
+        acc = np.zeros(32, np.float32)
+        for m in range(M):
+            acc[:] = 0
+            for k0 in range(0, K, 32):
+                for t in range(32):
+                    acc[t] = a[g, m, k0 + t] * b[g, n, k0 + t] + acc[t]
+            x = np.empty(8, np.float32)
+            for t in range(8):
+                x[t] = (acc[t] + acc[16 + t]) + (acc[8 + t] + acc[24 + t])
+            c[g, n, m] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
+
+
+def f16_matmul(a, b, tokens=2):
+    """a: [..., M, K] (the f16 operand: K or V^T), b: [..., N, K] (rounded to f16 here, as mul_mat
+    converts src1 to the vec_dot_type F16) -> [..., N, M] float32. tokens: the product's src1 rows
+    per head in ggml; llamafile's tinyBLAS takes it from 2 up (sgemm.cpp: n < 2 returns false),
+    ggml_vec_dot_f16 for one. K is padded with zeros to a multiple of 32, as llama.cpp pads its
+    KV cache with masked cells (zero probabilities)."""
+    lead, (M, K), N = a.shape[:-2], a.shape[-2:], b.shape[-2]
+    pad = -K % 32
+    a2 = np.zeros((int(np.prod(lead, dtype=np.int64)), M, K + pad), np.float32)
+    b2 = np.zeros((a2.shape[0], N, K + pad), np.float32)
+    a2[:, :, :K] = to_f16(a).reshape(-1, M, K)
+    b2[:, :, :K] = to_f16(b).reshape(-1, N, K)
+    c = np.empty((a2.shape[0], N, M), np.float32)
+    (_f16_gemm if tokens >= 2 else _f16_vec_dot)(a2, b2, c)
+    return c.reshape(*lead, N, M)
+
+
+def to_f16(x):
+    """float32 values rounded to the nearest half (ties to even), kept as float32"""
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
