@@ -127,3 +127,18 @@ def test_an_adapter_for_another_model_is_one_line(smol, adapter, tmp_path, capsy
     assert main(["perplexity", "-m", smol, "--lora", str(bad), "--data", str(bad / "adapter_config.json")]) == 1
     err = capsys.readouterr().err.strip()
     assert "field 'r' = 0 is outside [1, None]" in err and err.count("\n") == 0, err
+
+
+def test_trace_and_verify_show_the_adapter_where_llama_cpp_does(smol, tmp_path, capsys):
+    """`trace --lora`: the adapter's three nodes before the adapted node, which is an ADD (llama.cpp's
+    build_lora_mm); `verify --lora` runs llama.cpp with the same adapter and passes, comparing Vcur's ADD."""
+    adapter = random_adapter(smol, tmp_path, "v")
+    assert main(["trace", "-m", smol, "--lora", str(adapter), "-p", "Speak", "--filter", "Vcur.*-0", "-t", "1"]) == 0
+    # 'common_debug_cb_eval:   Vcur-0 = (f32)        ADD(...)' -> 'Vcur-0 ADD'
+    lines = [ln.split("=")[0].split(":")[-1].strip() + " " + ln.split(")", 1)[1].split("(")[0].strip()
+             for ln in capsys.readouterr().out.splitlines() if "Vcur" in ln.split("=")[0]]
+    assert lines[:4] == ["Vcur_lora_a-0 MUL_MAT", "Vcur_lora_b-0 MUL_MAT", "Vcur_lora_scaled-0 SCALE", "Vcur-0 ADD"], lines
+    rc = main(["verify", "-m", smol, "--against", "llama.cpp", "--lora", str(adapter), "-p", "To be, or not", "-t", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "PASS" in out, out[-2000:]
+    assert any(ln.startswith("Vcur-0 ") and " ADD " in ln for ln in out.splitlines())
