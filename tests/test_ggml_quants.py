@@ -122,3 +122,38 @@ def test_vec_dot_matches_ggml(qtype):
         assert np.all(np.abs(y - ref) <= 16 * 2.0 ** -24 * scale)     # a few float32 roundings apart
     else:
         np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.parametrize("qtype", list(PAIRS), ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [1, 3, 9])
+def test_quanttensor_fast_kernels_equal_the_reference_order(qtype, tokens):
+    """QuantTensor(arith="ggml") routes one token to gemv32 (hardware FMA through LLVM's contract
+    flag), several to the batched kernels vectorized over the tokens (K-quants: the tiled order
+    from 8 tokens); each must give the bits of the one-dot-at-a-time kernel (gemm, float64-emulated
+    FMA), which test_vec_dot_matches_ggml holds to ggml."""
+    from ffnlab.quant import QuantTensor
+    from ffnlab.quant.ggml_kernels import TILED_MIN_BATCH
+    rng = np.random.default_rng(5)
+    n, rows = 512, 40
+    data = random_blocks(qtype, rows, n, rng)
+    x = activations(rng, tokens, n)
+    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
+    a = Q8Rows(PAIRS[qtype][0], x)
+    ref = np.empty((tokens, rows), np.float32)
+    ggml_kernels.gemm(int(qtype), data, F16_TABLE, a.qs, a.d, a.e, ref)
+    if PAIRS[qtype][0] == "q8_k" and tokens >= TILED_MIN_BATCH:
+        return                                                         # tiled order: gemmk_batch vs _dot_k_tiled below
+    np.testing.assert_array_equal(w.matmul(x), ref)
+
+
+def test_tiled_batch_kernel_equals_its_reference_order():
+    from ffnlab.quant.tensor import K_BYTES
+    rng = np.random.default_rng(6)
+    for qtype in (T.Q4_K, T.Q6_K, T.Q2_K, T.Q3_K, T.Q5_K):
+        data = random_blocks(qtype, 24, 512, rng)
+        a = Q8Rows("q8_k", activations(rng, 9, 512))
+        ref, y = np.empty((9, 24), np.float32), np.empty((9, 24), np.float32)
+        ggml_kernels.gemm(int(qtype), data, F16_TABLE, a.qs, a.d, a.e, ref)             # 9 tokens: _dot_k_tiled
+        ggml_kernels.gemmk_batch(int(qtype), K_BYTES[qtype], data, F16_TABLE, np.ascontiguousarray(a.qs.T, np.int32),
+                                 np.ascontiguousarray(a.d.T), np.ascontiguousarray(a.e.T), y)
+        np.testing.assert_array_equal(y, ref)

@@ -139,13 +139,17 @@ class QuantTensor:
             return QuantTensor(self.data, self.qtype, self.shape).matmul(x)
         a = Q8Rows(kind, x)
         y = np.empty((x.shape[0], self.shape[0]), np.float32)
-        qxt = np.ascontiguousarray(a.qs.T, np.int32)                # [in, N]: vectorized over the tokens
-        if kind != "q8_k" and x.shape[0] > 1:
-            ggml_kernels.gemm32_batch(int(self.qtype), self.data, self.table, qxt, np.ascontiguousarray(a.d.T),
-                                      np.ascontiguousarray(a.e.T), y)
-        elif kind == "q8_k" and x.shape[0] >= ggml_kernels.TILED_MIN_BATCH:
-            ggml_kernels.gemmk_batch(int(self.qtype), K_BYTES[self.qtype], self.data, self.table, qxt,
-                                     np.ascontiguousarray(a.d.T), np.ascontiguousarray(a.e.T), y)
+        batch = x.shape[0] > 1 if kind != "q8_k" else x.shape[0] >= ggml_kernels.TILED_MIN_BATCH
+        if batch:                                                   # vectorized over the tokens, same order
+            qxt = np.ascontiguousarray(a.qs.T, np.int32)            # [in, N]
+            f = ggml_kernels.gemm32_batch if kind != "q8_k" else ggml_kernels.gemmk_batch
+            args = () if kind != "q8_k" else (K_BYTES[self.qtype],)
+            f(int(self.qtype), *args, self.data, self.table, qxt, np.ascontiguousarray(a.d.T),
+              np.ascontiguousarray(a.e.T), y)
+        elif kind != "q8_k":                                        # one token: the FMA kernel
+            for t in range(x.shape[0]):
+                ggml_kernels.gemv32(int(self.qtype), self.data, self.table, a.qs[t].astype(np.int32), a.d[t], a.e[t],
+                                    y[t])
         else:
             ggml_kernels.gemm(int(self.qtype), self.data, self.table, a.qs, a.d, a.e, y)
         return y
