@@ -184,7 +184,8 @@ class Progress:
 # --- the loop -----------------------------------------------------------------------------
 def _check_same(kind, saved: dict, now: dict, out):
     for k, v in now.items():
-        if k in saved and saved[k] != v:
+        # a tuple field (Llama 3's rope_freq_factors) comes back from the JSON record as a list
+        if k in saved and saved[k] != (list(v) if isinstance(v, tuple) else v):
             raise UsageError(f"--resume: {kind} {k} is {v!r} but the checkpoint in {out} has {saved[k]!r}; "
                              f"resume with the same settings or choose another --out")
 
