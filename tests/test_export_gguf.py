@@ -15,6 +15,7 @@ import pytest
 import ffnlab
 from export_helpers import GPT2, LLAMA, PROMPT, config, make_checkpoint
 from ffnlab.cli.main import main
+from ffnlab.model.arith import F32
 from ffnlab.model.transformer import forward
 from ffnlab.ops import activations as A
 from ffnlab.quant import floats
@@ -64,10 +65,17 @@ def table_step_sensitivity(params, cfg, ids, ours, monkeypatch, seeds=4):
 
         def shifted(x):
             return ggml_gelu_table((x * (1 + rel * rng.choice([-1.0, 1.0], size=x.shape))).astype(np.float32))
-        monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=shifted))
+        use_gelu(monkeypatch, shifted)
         worst = max(worst, float(np.abs(forward(params, cfg, ids[None])[0][0] - ours).max()))
-    monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=ggml_gelu_table))
+    use_gelu(monkeypatch, ggml_gelu_table)
     return worst
+
+
+def use_gelu(monkeypatch, fn):
+    """Make the forward's GELU-tanh fn: the activation table and the f32 arithmetic's copy of it
+    (model/arith.py), whichever the block reads."""
+    monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=fn))
+    monkeypatch.setitem(F32.act, "gelu_tanh", fn)
 
 
 def export(ckpt, out, qtype="f32"):
@@ -85,7 +93,7 @@ def test_gguf_f32_gives_the_same_logits_in_llama_cpp(case, tmp_path, monkeypatch
     assert llm.metadata["general.architecture"] == cfg.arch
     exact = forward(params, cfg, ids[None])[0][0]
     if cfg.ffn == "gelu_tanh":
-        monkeypatch.setitem(A.ACTIVATIONS, "gelu_tanh", A.ACTIVATIONS["gelu_tanh"]._replace(forward=ggml_gelu_table))
+        use_gelu(monkeypatch, ggml_gelu_table)
     ours = forward(params, cfg, ids[None])[0][0]
     assert np.abs(ours).max() > 3
     err = np.abs(theirs - ours).max()
