@@ -17,6 +17,7 @@ from ffnlab.analysis.memory import kv_cache_bytes, layer_peak_bytes, mlp_activat
 from ffnlab.analysis.params import param_counts
 from ffnlab.analysis.presets import preset_config
 from ffnlab.config import ModelConfig
+from ffnlab.model.arith import F32
 from ffnlab.model.block import block_forward
 from ffnlab.model.params import count_params, init_params
 from ffnlab.ops.attention import causal_mask
@@ -94,7 +95,7 @@ class MatmulCounter:
     def __init__(self, monkeypatch):
         self.flops = {"linear": 0, "ffn": 0, "attention": 0}
         real_linear = attention_mod.linear_forward
-        real_scores, real_mix = attention_mod.attention_scores, attention_mod.attention_mix
+        real_scores, real_mix = F32.kq, F32.kqv
 
         def counted(bucket):
             def linear(x, w, b=None, **named):              # named: the hook and node a product feeds
@@ -115,8 +116,7 @@ class MatmulCounter:
         monkeypatch.setattr(attention_mod, "linear_forward", counted("linear"))
         monkeypatch.setattr(transformer_mod, "linear_forward", counted("linear"))
         monkeypatch.setattr(ffn_mod, "linear_forward", counted("ffn"))
-        monkeypatch.setattr(attention_mod, "attention_scores", scores)
-        monkeypatch.setattr(attention_mod, "attention_mix", mix)
+        self.arith = F32._replace(kq=scores, kqv=mix)       # the f32 arithmetic, its two products counted
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -125,7 +125,7 @@ def test_flops_equal_the_matmuls_the_forward_performs(name, monkeypatch):
     params = init_params(cfg, seed=0)
     B, T = 2, 24
     counter = MatmulCounter(monkeypatch)
-    transformer_mod.forward(params, cfg, np.zeros((B, T), dtype=np.int64))
+    transformer_mod.forward(params, cfg, np.zeros((B, T), dtype=np.int64), arith=counter.arith)
     f = flops_per_token(cfg, seq_len=T)
     assert f["mlp"] * B * T == counter.flops["ffn"]
     assert f["attention_scores"] * B * T == counter.flops["attention"]
