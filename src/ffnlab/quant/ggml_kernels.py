@@ -343,16 +343,21 @@ def gemm32_batch(qtype, data, table, qxt, dxt, sxt, y):
 @njit(parallel=True, **BATCH)
 def gemv32(qtype, data, table, qx, dx, sx, y):
     """32-block types x one token, in _dot_32's order with the hardware FMA: qx [n] int32, dx / sx
-    [nb] -> y [rows] (decoding: the weight row is unpacked to integers, then eight lane sums per block)"""
+    [nb] -> y [rows] (decoding: the weight row is unpacked to integers and multiplied by qx in one
+    vectorized pass; then, block by block, each of ggml's eight lanes adds the sum of its four
+    products with one FMA. Integer sums are exact in any order, so only the FMA chain keeps ggml's)"""
     rows, n = data.shape[0], qx.shape[0]
     nb = n // 32
     has_min = qtype == Q4_1 or qtype == Q5_1
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         w = np.empty(n, np.int32)
+        p = np.empty(n, np.int32)
         dw = np.empty(nb, np.float32)
         mw = np.zeros(nb, np.float32)
         for r in range(task * ROWS_PER_TASK, min(rows, (task + 1) * ROWS_PER_TASK)):
             _unpack_32(qtype, data[r], table, w, dw, mw)
+            for e in range(n):
+                p[e] = w[e] * qx[e]
             a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
             summs = np.float32(0.0)
             for b in range(nb):
@@ -360,22 +365,14 @@ def gemv32(qtype, data, table, qx, dx, sx, y):
                 dd = dw[b] * dx[b]
                 if has_min:
                     summs += mw[b] * sx[b]
-                s0 = w[o] * qx[o] + w[o + 1] * qx[o + 1] + w[o + 2] * qx[o + 2] + w[o + 3] * qx[o + 3]
-                s1 = w[o + 4] * qx[o + 4] + w[o + 5] * qx[o + 5] + w[o + 6] * qx[o + 6] + w[o + 7] * qx[o + 7]
-                s2 = w[o + 8] * qx[o + 8] + w[o + 9] * qx[o + 9] + w[o + 10] * qx[o + 10] + w[o + 11] * qx[o + 11]
-                s3 = w[o + 12] * qx[o + 12] + w[o + 13] * qx[o + 13] + w[o + 14] * qx[o + 14] + w[o + 15] * qx[o + 15]
-                s4 = w[o + 16] * qx[o + 16] + w[o + 17] * qx[o + 17] + w[o + 18] * qx[o + 18] + w[o + 19] * qx[o + 19]
-                s5 = w[o + 20] * qx[o + 20] + w[o + 21] * qx[o + 21] + w[o + 22] * qx[o + 22] + w[o + 23] * qx[o + 23]
-                s6 = w[o + 24] * qx[o + 24] + w[o + 25] * qx[o + 25] + w[o + 26] * qx[o + 26] + w[o + 27] * qx[o + 27]
-                s7 = w[o + 28] * qx[o + 28] + w[o + 29] * qx[o + 29] + w[o + 30] * qx[o + 30] + w[o + 31] * qx[o + 31]
-                a0 = dd * np.float32(s0) + a0                          # one FMA per lane, as ggml's
-                a1 = dd * np.float32(s1) + a1
-                a2 = dd * np.float32(s2) + a2
-                a3 = dd * np.float32(s3) + a3
-                a4 = dd * np.float32(s4) + a4
-                a5 = dd * np.float32(s5) + a5
-                a6 = dd * np.float32(s6) + a6
-                a7 = dd * np.float32(s7) + a7
+                a0 = dd * np.float32(p[o] + p[o + 1] + p[o + 2] + p[o + 3]) + a0     # one FMA per lane, as ggml's
+                a1 = dd * np.float32(p[o + 4] + p[o + 5] + p[o + 6] + p[o + 7]) + a1
+                a2 = dd * np.float32(p[o + 8] + p[o + 9] + p[o + 10] + p[o + 11]) + a2
+                a3 = dd * np.float32(p[o + 12] + p[o + 13] + p[o + 14] + p[o + 15]) + a3
+                a4 = dd * np.float32(p[o + 16] + p[o + 17] + p[o + 18] + p[o + 19]) + a4
+                a5 = dd * np.float32(p[o + 20] + p[o + 21] + p[o + 22] + p[o + 23]) + a5
+                a6 = dd * np.float32(p[o + 24] + p[o + 25] + p[o + 26] + p[o + 27]) + a6
+                a7 = dd * np.float32(p[o + 28] + p[o + 29] + p[o + 30] + p[o + 31]) + a7
             y[r] = (((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))) + summs
 
 
