@@ -30,7 +30,7 @@ from . import checkpoint as ckpt
 from .data import eval_batches, sample_batch
 from .lora import adapter_grads, attach, init_adapters, set_training, target_tensors
 from .optim import AdamW, clip_grad_norm
-from .trainer import DivergedError, Progress, TrainSettings, mean_loss
+from .trainer import DivergedError, Progress, TrainSettings, extend_run, mean_loss
 
 FINETUNE_FILE = "finetune.json"     # settings, base model and data, written once at the start
 
@@ -115,13 +115,7 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
                 raise UsageError(f"--resume: the {kind} differs from the run in {out}; resume with the same "
                                  f"model and data or choose another --out")
         if s.steps != saved.get("steps"):            # --steps M: extend the run, keeping its schedule
-            old = saved.get("steps")
-            if not isinstance(old, int) or s.steps < old:
-                raise UsageError(f"--resume: --steps {s.steps} is below the {old} steps of the run in {out}; "
-                                 f"a run can be extended, not shortened")
-            s.schedule_steps = saved.get("schedule_steps") or old
-            saved.update(steps=s.steps, schedule_steps=s.schedule_steps)
-            ckpt.atomic_write_json(os.path.join(out, FINETUNE_FILE), saved_meta)
+            extend_run(s, saved, saved_meta, out, record["step"], FINETUNE_FILE)
         for k, v in asdict(s).items():
             if k in saved and saved[k] != v:
                 raise UsageError(f"--resume: setting {k} is {v!r} but the run in {out} has {saved[k]!r}; "

@@ -190,16 +190,17 @@ def _check_same(kind, saved: dict, now: dict, out):
                              f"resume with the same settings or choose another --out")
 
 
-def _extend(settings, saved, meta, out, step):
+def extend_run(settings, saved, meta, out, step, meta_file=ckpt.META_FILE):
     """--resume --steps M beyond the checkpoint's steps: keep the schedule it was trained with
-    (the added steps run at its final rate) and record the new total in ffnlab.json."""
+    (the added steps run at its final rate) and record the new total in meta_file (saved is the
+    settings dict inside meta)."""
     old = saved.get("steps")
     if not isinstance(old, int) or settings.steps < old:
         raise UsageError(f"--resume: --steps {settings.steps} is below the {old} steps of the run in {out} "
                          f"(at step {step}); a run can be extended, not shortened")
     settings.schedule_steps = saved.get("schedule_steps") or old
     saved.update(steps=settings.steps, schedule_steps=settings.schedule_steps)
-    ckpt.atomic_write_json(os.path.join(out, ckpt.META_FILE), meta)
+    ckpt.atomic_write_json(os.path.join(out, meta_file), meta)
 
 
 def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, resume=False,
@@ -229,7 +230,7 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
         _check_same("model", meta["config"], cfg.to_dict(), out)
         saved = meta["train"]["settings"]
         if settings.steps != saved.get("steps"):
-            _extend(settings, saved, meta, out, record["step"])
+            extend_run(settings, saved, meta, out, record["step"])
         _check_same("setting", saved, asdict(settings), out)
         _check_same("data", meta["train"].get("data", {}), {"sha256": (data_info or {}).get("sha256")}, out)
         ckpt.load_state(out, record, params, opt, rng)
