@@ -1,7 +1,9 @@
 """Every compiled kernel against gguf-py: gguf.quants.dequantize, then a float64 product.
 
-Shapes include a single row, a row count that is not a multiple of the kernels' row block
-(ROWS_PER_TASK = 16) and one that spans several tiles. Error bound of a float32 product of
+Each test runs twice: on the blocks as they lie in the file (kernels.py's row kernels) and packed
+row-interleaved (quant/packed.py, what a loaded model multiplies by). Shapes include a single row,
+row counts that are not a multiple of the kernels' row blocks (ROWS_PER_TASK = 16, packed.R = 64)
+and matrices that span several tiles. Error bound of a float32 product of
 length n (each partial sum rounds once per add, in any order): |y - y64| <= n * eps32 * sum|w x|,
 with the block minima added where a kernel factors them out (see quant_blocks.offset_bound).
 """
@@ -17,14 +19,22 @@ from ffnlab.quant import tensor as quant_tensor
 
 EPS32 = np.finfo(np.float32).eps
 TYPES = [t.name for t in KERNEL_TYPES]
-SHAPES = [(1, 512), (37, 512), (64, 768)]        # [out, in]: one row; rows past the 4-row and 16-row blocks; in = whole 256-blocks
+SHAPES = [(1, 512), (37, 512), (64, 768), (130, 256)]   # [out, in]: one row; rows past the 4-, 16- and 64-row blocks
 
 
-def make(qtype, rows, n, seed=0):
+@pytest.fixture(params=["blocks", "packed"])
+def layout(request):
+    return request.param
+
+
+def make(qtype, rows, n, seed=0, layout="blocks"):
     rng = np.random.default_rng(seed)
     data = random_blocks(T[qtype], rows, n, rng)
     ref = gguf.quants.dequantize(data, T[qtype]).reshape(rows, n).astype(np.float64)   # [rows, n]
-    return QuantTensor(data, T[qtype], (rows, n)), ref, data
+    w = QuantTensor(data, T[qtype], (rows, n))
+    if layout == "packed":
+        w.pack()
+    return w, ref, data
 
 
 def bound(qtype, data, ref, x):
@@ -34,15 +44,15 @@ def bound(qtype, data, ref, x):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-def test_dequantize_is_gguf_bit_for_bit(qtype):
-    w, ref, _ = make(qtype, 37, 512)
+def test_dequantize_is_gguf_bit_for_bit(qtype, layout):
+    w, ref, _ = make(qtype, 130, 512, layout=layout)
     np.testing.assert_array_equal(w.dequantize(), ref.astype(np.float32))
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_matvec_matches_float64_product(qtype, shape):
-    w, ref, data = make(qtype, *shape)
+def test_matvec_matches_float64_product(qtype, shape, layout):
+    w, ref, data = make(qtype, *shape, layout=layout)
     x = np.random.default_rng(1).normal(0, 1, shape[1]).astype(np.float32)
     y = linear_forward(x, w)                                          # [out]
     assert y.shape == (shape[0],) and y.dtype == np.float32
@@ -51,24 +61,58 @@ def test_matvec_matches_float64_product(qtype, shape):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-def test_tiled_matmul_matches_float64_product(qtype, monkeypatch):
-    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles: 64 rows take four
-    w, ref, data = make(qtype, 64, 768)
+def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
+    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles (packed: one 64-row group each)
+    w, ref, data = make(qtype, 130, 768, layout=layout)
     x = np.random.default_rng(2).normal(0, 1, (2, 5, 768)).astype(np.float32)
-    y = linear_forward(x, w, np.ones(64, np.float32))                 # [2, 5, 768] -> [2, 5, 64]
-    assert y.shape == (2, 5, 64)
+    y = linear_forward(x, w, np.ones(130, np.float32))                # [2, 5, 768] -> [2, 5, 130]
+    assert y.shape == (2, 5, 130)
     x2 = x.reshape(10, 768)
-    err = np.abs(y.reshape(10, 64) - (x2.astype(np.float64) @ ref.T + 1))
+    err = np.abs(y.reshape(10, 130) - (x2.astype(np.float64) @ ref.T + 1))
     assert (err <= bound(qtype, data, ref, x2).T + 2 * EPS32).all(), f"max err {err.max():.3g}"
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F16"])
-def test_row_lookup_reads_the_rows_asked_for(qtype):
-    w, ref, _ = make(qtype, 37, 512)
-    ids = np.array([[3, 0, 36], [3, 5, 1]])
+def test_row_lookup_reads_the_rows_asked_for(qtype, layout):
+    w, ref, _ = make(qtype, 130, 512, layout=layout)
+    ids = np.array([[3, 0, 129], [3, 5, 1]])
     np.testing.assert_array_equal(w[ids], ref[ids].astype(np.float32))             # [2, 3, 512]
     np.testing.assert_array_equal(w[7], ref[7].astype(np.float32))
     np.testing.assert_array_equal(w[5:9].dequantize(), ref[5:9].astype(np.float32))
+    np.testing.assert_array_equal(w[64:130].dequantize(), ref[64:130].astype(np.float32))   # whole groups: packed views
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q5_K", "Q6_K"])
+def test_stacked_parts_give_the_parts_products(qtype):
+    """q/k/v stacked into one packed matrix (model/packing.py): one product gives each part's
+    rows, and each part still multiplies alone through its view of the stacked layout."""
+    parts = [make(qtype, rows, 512, seed=s) for s, rows in enumerate((128, 64, 37))]
+    stacked = QuantTensor.stacked([w for w, _, _ in parts])
+    assert stacked is not None and stacked.shape == (229, 512)
+    ref = np.concatenate([r for _, r, _ in parts])
+    x = np.random.default_rng(3).normal(0, 1, 512).astype(np.float32)
+    data = np.concatenate([d.reshape(d.shape[0], -1) for _, _, d in parts])
+    err = np.abs(stacked.matvec(x) - ref @ x.astype(np.float64))
+    assert (err <= bound(qtype, data, ref, x[None])[:, 0]).all()
+    np.testing.assert_array_equal(stacked.dequantize(), ref.astype(np.float32))
+    for w, r, _ in parts:
+        np.testing.assert_array_equal(w.dequantize(), r.astype(np.float32))
+    assert QuantTensor.stacked([make(qtype, 37, 512)[0], make(qtype, 64, 512)[0]]) is None   # 37 rows: not whole groups
+
+
+def test_packing_gives_back_only_a_read_only_file_mapping(tmp_path):
+    """release_pages drops a read-only file mapping's pages (they read back the same bytes) and
+    refuses anything else: MADV_DONTNEED on the process's own memory would zero it."""
+    from ffnlab.quant.pages import release_pages
+    _, _, data = make("Q4_0", 64, 4096)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    assert release_pages(raw) == 0                                      # our own memory: untouched
+    path = tmp_path / "blocks.bin"
+    raw.tofile(path)
+    mapped = np.memmap(path, mode="r")
+    assert int(mapped.sum(dtype=np.int64)) == int(raw.sum(dtype=np.int64))   # pages read in
+    assert release_pages(mapped) > 0
+    np.testing.assert_array_equal(mapped, raw)                           # read again from the file
 
 
 def test_a_quant_tensor_never_becomes_a_float_array_silently():

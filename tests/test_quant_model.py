@@ -75,20 +75,30 @@ def test_training_refuses_quantized_weights_with_one_line(tmp_path):
 
 
 def test_a_product_never_makes_a_float32_copy_of_a_weight_matrix(tmp_path, monkeypatch):
-    """tracemalloc sees every NumPy allocation: loading, an 8-token prefill and 4 decoding steps
-    allocate less than half a float32 copy of any block matrix (attention 1024 x 1024 x 4 bytes =
-    4.2 MB, FFN 16.8 MB; the prefill's activations and 128 KB tiles come to ~1.6 MB). The
-    embedding (258 rows, 1.06 MB as float32) is read row by row: test_quant_kernels checks w[ids]."""
+    """tracemalloc sees every NumPy allocation. Loading allocates the packed blocks
+    (quant/packed.py: Q4_0 as 16 code bytes and a float32 scale per 32 weights, 0.625 bytes a
+    weight against float32's 4) and nothing else of a matrix's size; an 8-token prefill and 4
+    decoding steps then allocate less than a float32 copy of the smallest block matrix
+    (attention 1024 x 1024 x 4 bytes = 4.2 MB; FFN 16.8 MB): the activations come to ~1.6 MB and
+    a prefill tile is one 64-row group, 64 x 4096 x 4 bytes = 1 MB for ffn_down. The embedding
+    (258 rows, 1.06 MB as float32) is read row by row: test_quant_kernels checks w[ids]."""
     monkeypatch.setattr(quant_tensor, "TILE_BYTES", 1 << 17)        # 128 KB prefill tiles
     path = quant_model(tmp_path, "Q4_0", d_model=1024, d_ff=4096, n_head=8, n_kv_head=8)
-    smallest = min(int(np.prod(s)) for n, s in param_shapes(ffnlab.load(path).config).items()
-                   if n.startswith("blk.") and len(s) == 2) * 4
+    shapes = {n: s for n, s in param_shapes(ffnlab.load(path).config).items() if n.startswith("blk.") and len(s) == 2}
+    smallest = min(int(np.prod(s)) for s in shapes.values()) * 4
+    weights = sum(int(np.prod(s)) for s in shapes.values())
     tracemalloc.start()
     m = ffnlab.load(path)
+    _, load_peak = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    base, _ = tracemalloc.get_traced_memory()
     m.generate(list(range(2, 10)), n_predict=4, temp=0)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert peak < 0.5 * smallest, f"peak {peak / 1e6:.2f} MB traced, a float32 matrix is {smallest / 1e6:.2f} MB"
+    packed = sum(w.packed.nbytes for n, w in m.params.items() if n in shapes)
+    assert packed <= 0.625 * weights * 1.01, f"{packed / weights:.3f} packed bytes per weight"   # + the row padding
+    assert load_peak < packed + 0.5 * smallest, f"load peak {load_peak / 1e6:.2f} MB, packed {packed / 1e6:.2f} MB"
+    assert peak - base < smallest, f"peak {(peak - base) / 1e6:.2f} MB traced, a float32 matrix is {smallest / 1e6:.2f} MB"
 
 
 RSS_SCRIPT = """

@@ -26,9 +26,9 @@ reads out for streaming, without changing a single value or tensor name:
   sweep over the weights would otherwise walk ~130,000 page-table entries, and the hardware
   prefetcher stops at every 4 KB boundary. Where the platform has no such advice, it is
   ordinary memory.
-Only float arrays are packed. Quantized matrices (quant.QuantTensor) stay where they are, in the
-memory-mapped file: a copy of their blocks would add to the resident memory what the kernels
-save, and the products run through their own kernels anyway.
+Quantized matrices (quant.QuantTensor) are laid out row-interleaved for their own kernels
+(quant/packed.py: QuantTensor.pack), and the file's pages of their blocks are given back, so
+their resident memory is the packed copy alone.
 With model/decode.py, SmolLM2 decoding went from 26.5 to 28-44 tokens/s on the shared machine
 (bench/RESULTS.md, run 3 against runs 8-15).
 """
@@ -46,6 +46,19 @@ GATE_UP = ("ffn_gate.weight", "ffn_up.weight")
 def pack(params, cfg) -> dict:
     """-> {(layer, "qkv"|"gate_up"|"attn_output"): (buffer, views)}; moves the matrices a decode step
     reads into one huge-page block and rewrites their params entries as views into it (same values)."""
+    from ..quant import QuantTensor
+    packs = {}
+    for il in range(cfg.n_layer):               # quantized q/k/v and gate/up: one stacked matrix each
+        for key, parts in (("qkv", QKV), ("gate_up", GATE_UP)):
+            names = [f"blk.{il}.{n}" for n in parts]
+            if all(isinstance(params.get(n), QuantTensor) for n in names):
+                views = tuple(params[n] for n in names)
+                fused = QuantTensor.stacked(views)
+                if fused is not None:
+                    packs[(il, key)] = (fused, views)
+    for w in params.values():                   # the other quantized matrices, each alone
+        if isinstance(w, QuantTensor):
+            w.pack()
     groups = []                                 # (pack key or None, tensor names stacked by rows)
 
     def add(key, parts):
@@ -63,11 +76,10 @@ def pack(params, cfg) -> dict:
     if isinstance(params[lm_head_name(cfg)], np.ndarray):
         groups.append((None, [lm_head_name(cfg)]))
     if not groups:
-        return {}
+        return packs
     shapes = [_padded_shape(sum(params[n].shape[0] for n in names), params[names[0]].shape[1]) for _, names in groups]
     starts = np.cumsum([0] + [-(-r * c // 16) * 16 for r, c in shapes])   # each matrix 64-byte aligned (float32)
     arena = _huge_page_array(int(starts[-1]), params[groups[0][1][0]].dtype)
-    packs = {}
     for (key, names), (rows, cols), start in zip(groups, shapes, starts):
         flat = arena[start:start + rows * cols]
         buf = flat.reshape(cols, rows).T if rows > cols else flat.reshape(rows, cols)   # [rows, cols]: tall ones column-major

@@ -10,9 +10,10 @@ np.asarray(w) raises, so a float32 copy of a matrix is always a visible dequanti
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import ggml_kernels, kernels
+from . import ggml_kernels, kernels, packed
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
+from .pages import release_pages
 
 TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights: fits in L2 with room for x and y
 HALF_BLOCK = 16                      # the fused kernels' lane count, passed at run time (kernels.py says why)
@@ -49,6 +50,45 @@ class QuantTensor:
         # (read-only, C-contiguous) keeps it to one compilation per type
         self.data.flags.writeable = False
         self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
+        self.packed = None                            # packed.Packed once pack() ran: what the products read
+
+    def pack(self, release=True):
+        """Lay the blocks out row-interleaved for the products (quant/packed.py; arith "f32", the
+        types in packed.PACKED_TYPES; others keep kernels.py's row kernels). release: hand the
+        file's pages of these blocks back to the OS, so that they do not stay resident besides
+        the packed copy (lookups w[ids] and the ggml kernels read them again on demand). -> bytes packed"""
+        if self.packed is None and self.arith == "f32" and int(self.qtype) in packed.PACKED_TYPES:
+            self.packed = packed.pack(int(self.qtype), self.data, self.table, self.shape[1])
+            if release:
+                release_pages(self.data)
+        return 0 if self.packed is None else self.packed.nbytes
+
+    @classmethod
+    def stacked(cls, parts, release=True):
+        """One matrix of the parts' rows, stacked (q/k/v, gate/up: one product where a decode step
+        would make three or two), packed straight into one layout whose row groups are the parts'
+        packed views (nothing is stored twice, no copy is made on the way). Needs unpacked parts of
+        one packed type and width (arith "f32"), all but the last a whole number of row groups.
+        -> QuantTensor, or None where the parts do not fit (each can still pack() alone)."""
+        first = parts[0]
+        if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != "f32" or w.qtype != first.qtype
+               or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in packed.PACKED_TYPES \
+                or any(w.shape[0] % packed.R for w in parts[:-1]):
+            return None
+        rows, n = sum(w.shape[0] for w in parts), first.shape[1]
+        fused = packed.empty(int(first.qtype), rows, n)
+        g = 0
+        for w in parts:
+            G = -(-w.shape[0] // packed.R)
+            w.packed = fused.groups(g, g + G)
+            packed.fill(w.packed, first.qtype, w.data, w.table)
+            if release:
+                release_pages(w.data)
+            g += G
+        self = cls.__new__(cls)
+        self.qtype, self.arith, self.shape, self.table = first.qtype, first.arith, (rows, n), first.table
+        self.data, self.packed = None, fused          # no blocks of its own: the parts keep theirs
+        return self
 
     @property
     def size(self):
@@ -56,7 +96,7 @@ class QuantTensor:
 
     @property
     def nbytes(self):
-        return self.data.nbytes
+        return self.data.nbytes if self.data is not None else self.packed.nbytes
 
     def __len__(self):
         return self.shape[0]
@@ -70,15 +110,39 @@ class QuantTensor:
     def dequantize(self) -> np.ndarray:
         """-> float32 [out, in], the exact values gguf.quants.dequantize gives."""
         out = np.empty(self.shape, np.float32)
+        if self.packed is not None:
+            for r0, tile in self._tiles():
+                out[r0:r0 + tile.shape[1]] = tile.T
+            return out
         kernels.dequant_rows(int(self.qtype), self.data, self.table, out, HALF_BLOCK)
         return out
+
+    def _tiles(self):
+        """Packed weights as transposed float32 tiles: yields (first row, [in, rows] tile), the
+        tile buffer reused (cache-sized, whole row groups)."""
+        P, n = self.packed, self.shape[1]
+        groups = max(1, TILE_BYTES // (4 * n * packed.R))
+        G = P.qs.shape[0]
+        buf = np.empty((n, min(groups, G) * packed.R), np.float32)
+        for g0 in range(0, G, groups):
+            g1 = min(G, g0 + groups)
+            P.dequant_t(g0, g1, buf)
+            r0 = g0 * packed.R
+            yield r0, buf[:, :min(self.shape[0], g1 * packed.R) - r0]
 
     def __getitem__(self, key):
         """w[i] / w[ids]: dequantized rows ([in] / [*ids.shape, in]), reading only those blocks;
         w[a:b]: the rows a..b as a QuantTensor (blocks are per row, so no copy)."""
+        if self.data is None:
+            raise TypeError(f"{self!r} is a stacked product matrix: index its parts (the params entries)")
         if isinstance(key, slice):
             rows = self.data[key]
-            return QuantTensor(rows, self.qtype, (rows.shape[0], self.shape[1]), self.arith)
+            w = QuantTensor(rows, self.qtype, (rows.shape[0], self.shape[1]), self.arith)
+            start, stop, step = key.indices(self.shape[0])
+            if self.packed is not None and step == 1 and start % packed.R == 0 and stop > start \
+                    and (stop % packed.R == 0 or stop == self.shape[0]):
+                w.packed = self.packed.groups(start // packed.R, -(-stop // packed.R))   # whole groups: views
+            return w
         ids = np.asarray(key)
         if ids.dtype.kind not in "iu":
             raise TypeError(f"{self!r} takes integer row indices or a slice, not {key!r}")
@@ -95,6 +159,10 @@ class QuantTensor:
         """x: [in] float32 -> W x: [out] float32"""
         if self.arith == "ggml":
             return self.matmul(x[None])[0]
+        if self.packed is not None:
+            y = np.empty(self.packed.qs.shape[0] * packed.R, np.float32)
+            self.packed.matvec(np.ascontiguousarray(x, np.float32), y)
+            return y[:self.shape[0]]
         y = np.empty(self.shape[0], np.float32)
         kernels.matvec(int(self.qtype), self.data, self.table, np.ascontiguousarray(x, np.float32), y, HALF_BLOCK)
         return y
@@ -105,6 +173,11 @@ class QuantTensor:
         x = np.ascontiguousarray(x, np.float32)
         if self.arith == "ggml":
             return self._ggml_matmul(x)
+        if self.packed is not None:
+            y = np.empty((x.shape[0], self.shape[0]), np.float32)
+            for r0, tile in self._tiles():
+                y[:, r0:r0 + tile.shape[1]] = x @ tile                # [N, in] @ [in, rows]
+            return y
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
         tile = np.empty((min(rows, out), n), np.float32)
@@ -120,6 +193,11 @@ class QuantTensor:
         (LoRA fine-tuning). The same row tiles as matmul: each adds its rows' share, so the
         float32 matrix never exists whole and no gradient buffer for W is made."""
         dy = np.ascontiguousarray(dy, np.float32)
+        if self.packed is not None:
+            dx = np.zeros((dy.shape[0], self.shape[1]), np.float32)
+            for r0, tile in self._tiles():
+                dx += dy[:, r0:r0 + tile.shape[1]] @ tile.T           # [N, rows] @ [rows, in]
+            return dx
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
         tile = np.empty((min(rows, out), n), np.float32)

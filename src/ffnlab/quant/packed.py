@@ -1,0 +1,303 @@
+"""Row-interleaved blocks: the layout the decode kernels stream, made once at load.
+
+A GGUF row keeps its blocks together, so a kernel that walks one row at a time must sum each
+32-weight block across SIMD lanes before it can apply the block's scale: a horizontal sum per
+block, and loops of 16 or 32 iterations that LLVM vectorizes poorly. Here R = 64 rows are
+interleaved instead: for each block and each weight position k, the 64 rows' codes lie side
+by side, so
+
+    for k in block:  inner[0:64] += code[k, 0:64] * x[k]          (one long vectorized loop)
+    acc[0:64] += d[0:64] * (inner - zero * sum(x_block)) + m[0:64] * sum(x_block)
+
+has no horizontal sums at all and one broadcast of x per position for 64 rows. Measured on one
+[11008, 4096] Q4_1 matrix (AMD EPYC, one thread): 8.1 G weights/s against 3.8 G for the
+row-at-a-time kernels of kernels.py (bench/bench_quant_kernels.py).
+
+Two families cover the types (blocks.py has their GGUF layouts):
+
+  NIB  4-bit codes, two per byte as in Q4_0 (byte k: weight k low, weight k + 16 high), an
+       optional fifth bit per weight (a 32-bit mask per block, bit j for weight j), a float32
+       scale d and optional float32 offset m per 32 weights:   w = d * (q - zero) + m
+       Q4_0 (zero 8), Q4_1 (m), Q5_0 (fifth bit, zero 16), Q5_1 (fifth bit, m),
+       Q4_K and Q5_K (each 32-weight sub-block: d = d * scale, m = -(dmin * min)).
+  I8   signed 8-bit codes with a float32 scale per B weights:  w = d * q
+       Q8_0 (B = 32), Q6_K (B = 16: d = d * scale, q = code - 32).
+
+Every d and m is the float32 product gguf-py's dequantize forms (a half times a small integer,
+exact in float32), and dequantization here does the same multiply and add, so the weights are
+the same values bit for bit; only the order of the products' float32 sums changes. Q2_K and
+Q3_K (8-bit codes would be 3-4x their blocks), F16, BF16 and F32 keep kernels.py's row kernels.
+
+Memory: NIB is 20-28 bytes per 32 weights against the file's 18-24, I8 36 per 32 (Q8_0 34) and
+20 per 16 (Q6_K 13.1). The file's pages are given back after packing (QuantTensor.pack), so a
+model's resident weights are this copy, not the copy plus the file.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
+
+R = 64                                  # rows interleaved per group
+NIB_TYPES = {Q4_0: (8, False, False), Q4_1: (0, False, True), Q5_0: (16, True, False),
+             Q5_1: (0, True, True), Q4_K: (0, False, True), Q5_K: (0, True, True)}   # zero, fifth bit, m
+I8_TYPES = {Q8_0: 32, Q6_K: 16}        # codes per scale
+PACKED_TYPES = tuple(NIB_TYPES) + tuple(I8_TYPES)
+FAST = dict(cache=True, nogil=True, fastmath=True)
+EXACT = dict(cache=True, nogil=True)    # no fastmath: dequantized values exactly as gguf-py's
+_NONE_U = np.zeros((0, 0, 0), np.int32)
+_NONE_F = np.zeros((0, 0, 0), np.float32)
+
+
+class Packed:
+    """A [rows, n] matrix in R-row groups. NIB: qs [G, n/32, 16, R] uint8, qh [G, n/32, R] int32
+    (fifth bits) or empty, d / m [G, n/32, R] float32 (m empty when absent). I8: qs [G, n/B, B, R]
+    int8, d [G, n/B, R]. Rows past `rows` in the last group are zeros."""
+
+    def __init__(self, kind, rows, n, qs, qh, d, m, zero):
+        self.kind, self.rows, self.n = kind, rows, n
+        self.qs, self.qh, self.d, self.m, self.zero = qs, qh, d, m, zero
+
+    @property
+    def nbytes(self):
+        return self.qs.nbytes + self.qh.nbytes + self.d.nbytes + self.m.nbytes
+
+    def groups(self, g0, g1):
+        """Groups g0..g1 as a Packed (views, no copy)."""
+        rows = min(self.rows, g1 * R) - g0 * R
+        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
+        return Packed(self.kind, rows, self.n, sl(self.qs), sl(self.qh), sl(self.d), sl(self.m), self.zero)
+
+    def matvec(self, x, y):
+        """x: [n] float32 -> y: [G * R] float32 (rows past self.rows are zeros)"""
+        if self.kind == "nib":
+            matvec_nib(self.qs, self.qh, self.d, self.m, self.zero, x, y)
+        else:
+            matvec_i8(self.qs, self.d, x, y)
+
+    def dequant_t(self, g0, g1, out):
+        """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) * R] float32 (a tile for BLAS)."""
+        if self.kind == "nib":
+            dequant_nib_t(self.qs, self.qh, self.d, self.m, self.zero, g0, g1, out)
+        else:
+            dequant_i8_t(self.qs, self.d, g0, g1, out)
+
+
+def pack(qtype, data, table, n) -> Packed:
+    """data: [rows, row_bytes] uint8 blocks of ggml type qtype (one of PACKED_TYPES) -> Packed."""
+    P = empty(qtype, data.shape[0], n)
+    fill(P, qtype, data, table)
+    return P
+
+
+def empty(qtype, rows, n) -> Packed:
+    """A zero Packed of rows x n weights of ggml type qtype, to fill()."""
+    G = -(-rows // R)
+    if qtype in NIB_TYPES:
+        zero, fifth, has_m = NIB_TYPES[qtype]
+        return Packed("nib", rows, n, np.zeros((G, n // 32, 16, R), np.uint8),
+                      np.zeros((G, n // 32, R), np.int32) if fifth else _NONE_U, np.zeros((G, n // 32, R), np.float32),
+                      np.zeros((G, n // 32, R), np.float32) if has_m else _NONE_F, zero)
+    B = I8_TYPES[qtype]
+    return Packed("i8", rows, n, np.zeros((G, n // B, B, R), np.int8), _NONE_U, np.zeros((G, n // B, R), np.float32),
+                  _NONE_F, 0)
+
+
+def fill(P, qtype, data, table):
+    """Write the blocks data [rows, row_bytes] of type qtype into P (rows = P.rows)."""
+    if P.kind == "nib":
+        _pack_nib(int(qtype), data, table, P.qs, P.qh, P.d, P.m)
+    else:
+        _pack_i8(int(qtype), data, table, P.qs, P.d)
+
+
+# ---- packing (once, at load) ------------------------------------------------------------------
+
+@njit(**EXACT)
+def _pack_nib(qtype, data, table, qs, qh, d, m):
+    nb = qs.shape[1]
+    code = np.empty(32, np.int32)                         # one 32-weight block's codes (5-bit ones whole)
+    for row in range(data.shape[0]):
+        g, l, src = row // R, row % R, data[row]
+        for b in range(nb):
+            if qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q5_1:
+                size = 18 if qtype == Q4_0 else 20 if qtype == Q4_1 else 22 if qtype == Q5_0 else 24
+                o = b * size
+                d[g, b, l] = half_float(src, o, table)
+                if qtype == Q4_1 or qtype == Q5_1:
+                    m[g, b, l] = half_float(src, o + 2, table)
+                q0 = o + size - 16
+                for k in range(16):
+                    qs[g, b, k, l] = src[q0 + k]
+                if qtype == Q5_0:
+                    qh[g, b, l] = np.int32(u32(src, o + 2))       # bit 31 becomes the sign; kernels mask
+                elif qtype == Q5_1:
+                    qh[g, b, l] = np.int32(u32(src, o + 4))
+            else:                                         # Q4_K / Q5_K: sub-block s of super-block sb
+                sb, s = b // 8, b % 8
+                size = 144 if qtype == Q4_K else 176
+                o = sb * size
+                sc, mn = _k_scale_min(src, o + 4, s)
+                d[g, b, l] = half_float(src, o, table) * np.float32(sc)
+                m[g, b, l] = -(half_float(src, o + 2, table) * np.float32(mn))
+                q0, shift = o + size - 128 + (s // 2) * 32, 4 * (s % 2)
+                bits = np.int64(0)
+                for j in range(32):
+                    code[j] = (np.int32(src[q0 + j]) >> shift) & 15
+                    if qtype == Q5_K:
+                        bits |= np.int64((np.int32(src[o + 16 + j]) >> s) & 1) << j
+                for k in range(16):
+                    qs[g, b, k, l] = np.uint8(code[k] | (code[k + 16] << 4))
+                if qtype == Q5_K:
+                    qh[g, b, l] = np.int32(bits)
+
+
+@njit(**EXACT)
+def _pack_i8(qtype, data, table, qs, d):
+    nb, B = qs.shape[1], qs.shape[2]
+    for row in range(data.shape[0]):
+        g, l, src = row // R, row % R, data[row]
+        if qtype == Q8_0:
+            for b in range(nb):
+                o = b * 34
+                d[g, b, l] = half_float(src, o, table)
+                for k in range(32):
+                    qs[g, b, k, l] = np.int8((np.int32(src[o + 2 + k]) ^ 128) - 128)
+        else:                                             # Q6_K: 16 groups of 16 per 256-weight block
+            for sb in range(nb // 16):
+                o = sb * 210
+                dd = half_float(src, o + 208, table)
+                for i in range(16):                       # group i: scale byte i (see dequant._q6_k)
+                    d[g, sb * 16 + i, l] = dd * np.float32((np.int32(src[o + 192 + i]) ^ 128) - 128)
+                for h in range(2):
+                    ql, qhb = o + 64 * h, o + 128 + 32 * h
+                    for l32 in range(32):
+                        a, c, hh = np.int32(src[ql + l32]), np.int32(src[ql + l32 + 32]), np.int32(src[qhb + l32])
+                        gi, k = sb * 16 + 8 * h + l32 // 16, l32 % 16      # weight 128h + l32 (+32, +64, +96)
+                        qs[g, gi, k, l] = np.int8(((a & 15) | ((hh & 3) << 4)) - 32)
+                        qs[g, gi + 2, k, l] = np.int8(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
+                        qs[g, gi + 4, k, l] = np.int8(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
+                        qs[g, gi + 6, k, l] = np.int8(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+
+
+# ---- products (decode) ------------------------------------------------------------------------
+
+@njit(**FAST)
+def _nib_group(qs, qh, d, m, zero, g, x, xsum, y):
+    nb, width = qs.shape[1], qs.shape[3]
+    acc = np.zeros(width, np.float32)
+    inner = np.empty(width, np.float32)
+    sixteenth = np.float32(0.0625)                        # a high nibble as (byte & 0xF0) / 16: 32-bit lanes
+    for b in range(nb):
+        inner[:] = 0.0
+        xo = b * 32
+        if qh.shape[0]:
+            h = qh[g, b]
+            for k in range(16):
+                xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
+                q = qs[g, b, k]
+                for r in range(width):
+                    v, hb = np.int32(q[r]), h[r]
+                    lo = (v & 15) | (((hb >> k) & 1) << 4)
+                    hi = (v & 240) | (((hb >> (k + 16)) & 1) << 8)
+                    inner[r] += np.float32(lo) * xl + np.float32(hi) * xh
+        else:
+            for k in range(16):
+                xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
+                q = qs[g, b, k]
+                for r in range(width):
+                    v = np.int32(q[r])
+                    inner[r] += np.float32(v & 15) * xl + np.float32(v & 240) * xh
+        xs = xsum[b]
+        db = d[g, b]
+        if m.shape[0]:
+            mb = m[g, b]
+            for r in range(width):
+                acc[r] += db[r] * inner[r] + mb[r] * xs
+        else:
+            zx = zero * xs
+            for r in range(width):
+                acc[r] += db[r] * (inner[r] - zx)
+    y[g * width:(g + 1) * width] = acc
+
+
+@njit(**FAST)
+def _block_sums(x, nb):
+    """per-block sums of x, once for all rows (outside the parallel function: there numba would
+    turn each slice's .sum() into a parallel loop of its own, ~2 us of thread launch per block)"""
+    xsum = np.empty(nb, np.float32)
+    for b in range(nb):
+        xsum[b] = x[b * 32:(b + 1) * 32].sum()
+    return xsum
+
+
+@njit(parallel=True, **FAST)
+def matvec_nib(qs, qh, d, m, zero, x, y):
+    xsum = _block_sums(x, qs.shape[1])
+    for g in prange(qs.shape[0]):
+        _nib_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
+
+
+@njit(**FAST)
+def _i8_group(qs, d, g, x, y):
+    nb, B, width = qs.shape[1], qs.shape[2], qs.shape[3]
+    acc = np.zeros(width, np.float32)
+    inner = np.empty(width, np.float32)
+    for b in range(nb):
+        inner[:] = 0.0
+        xo = b * B
+        for k in range(B):
+            xk = x[xo + k]
+            q = qs[g, b, k]
+            for r in range(width):
+                inner[r] += np.float32(q[r]) * xk
+        db = d[g, b]
+        for r in range(width):
+            acc[r] += db[r] * inner[r]
+    y[g * width:(g + 1) * width] = acc
+
+
+@njit(parallel=True, **FAST)
+def matvec_i8(qs, d, x, y):
+    for g in prange(qs.shape[0]):
+        _i8_group(qs, d, g, x, y)
+
+
+# ---- dequantization (prefill tiles, dequantize()) ---------------------------------------------
+
+@njit(**EXACT)
+def dequant_nib_t(qs, qh, d, m, zero, g0, g1, out):
+    """out[j, (g - g0) * R + r] = weight j of row g * R + r, for groups g0..g1 (out: [n, >= ...])"""
+    nb, width = qs.shape[1], qs.shape[3]
+    for g in range(g0, g1):
+        c = (g - g0) * width
+        for b in range(nb):
+            db = d[g, b]
+            for k in range(16):
+                q = qs[g, b, k]
+                lo, hi = out[b * 32 + k, c:c + width], out[b * 32 + 16 + k, c:c + width]
+                for r in range(width):
+                    v = np.int32(q[r])
+                    a, e = v & 15, v >> 4
+                    if qh.shape[0]:
+                        a |= ((qh[g, b, r] >> k) & 1) << 4
+                        e |= ((qh[g, b, r] >> (k + 16)) & 1) << 4
+                    if m.shape[0]:
+                        lo[r] = db[r] * np.float32(a) + m[g, b, r]
+                        hi[r] = db[r] * np.float32(e) + m[g, b, r]
+                    else:
+                        lo[r] = db[r] * np.float32(a - zero)
+                        hi[r] = db[r] * np.float32(e - zero)
+
+
+@njit(**EXACT)
+def dequant_i8_t(qs, d, g0, g1, out):
+    nb, B, width = qs.shape[1], qs.shape[2], qs.shape[3]
+    for g in range(g0, g1):
+        c = (g - g0) * width
+        for b in range(nb):
+            db = d[g, b]
+            for k in range(B):
+                q = qs[g, b, k]
+                o = out[b * B + k, c:c + width]
+                for r in range(width):
+                    o[r] = db[r] * np.float32(q[r])
