@@ -10,9 +10,9 @@ matrix-vector products plus the cost of every Python and NumPy call in between, 
 costs several microseconds when the weights have just swept the CPU caches. forward() pays for
 generality (batches, masks, GQA reshapes, tensor names, hooks, backward caches). Here the
 weights of each layer are looked up once into a Layer (cached on the Model), there is no batch
-axis and no mask (a sliding window is a slice of the cache), RMSNorm's scale is a Python float,
-RoPE rotates q and k together as complex numbers, and attention is one [Hkv, G, S] product:
-~30 calls per layer where forward() makes ~70.
+axis and no mask (a sliding window is a slice of the cache), and RMSNorm of a vector, RoPE, the
+cache writes and the whole attention of a layer are one compiled call each (decode_kernels.py):
+~15 calls per layer where forward() makes ~70.
 
 Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/test_generation.py
 checks it against the full forward for every architecture.
@@ -24,12 +24,14 @@ import numpy as np
 
 from ..ops.linear import linear_forward
 from ..ops.norms import layernorm_forward, rmsnorm_forward
-from ..ops.rope import rope_angles, rope_forward
-from ..ops.softmax import softmax_forward
-from .attention import scales_q
+from ..ops.rope import rope_angles
+from .decode_kernels import attend1, rms_norm1
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
+
+
+_NO_ROPE = np.zeros(0, np.float32)
 
 
 class Layer(NamedTuple):
@@ -134,12 +136,9 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
 
 
 def _rotation(n, cfg, key, dtype):
-    """RoPE at position n: cos + i sin [hd/2] for adjacent pairs (one complex multiply rotates
-    a head), or (cos, sin) [1, hd/2] for the op's neox pairing."""
+    """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for decode_kernels.attend1"""
     cos, sin = rope_angles([n], cfg.n_rot, *key)                     # [1, n_rot/2] float64
-    if cfg.rope_pairing == "normal" and cfg.n_rot == cfg.head_dim:
-        return (cos[0] + 1j * sin[0]).astype(np.result_type(dtype, np.complex64))
-    return cos.astype(dtype), sin.astype(dtype)
+    return cos[0].astype(dtype), sin[0].astype(dtype), cfg.rope_pairing != "normal"
 
 
 def _norm(x, wb, cfg):
@@ -149,8 +148,8 @@ def _norm(x, wb, cfg):
     w, b = wb
     if cfg.norm == "layernorm":
         return layernorm_forward(x, w, b, cfg.norm_eps)[0]
-    if x.ndim == 1:                                                   # x / rms(x), the rms as a Python float
-        return (x * x.dtype.type(1.0 / math.sqrt(float(x @ x) / x.shape[0] + cfg.norm_eps))) * w
+    if x.ndim == 1:                                                   # one compiled call
+        return rms_norm1(x, w, cfg.norm_eps)
     return rmsnorm_forward(x, w, cfg.norm_eps)[0]                     # per head (Gemma 3's q/k norms)
 
 
@@ -171,25 +170,12 @@ def _attention(x, L, cfg, n, K, V, rot):
                              _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg), _norm(qk[H:], (L.k_norm, None), cfg)])
-    if rot is not None:
-        if not isinstance(rot, tuple):                                # (x0, x1) pairs as x0 + i x1, rotated
-            qk = (qk.view(rot.dtype) * rot).view(qk.dtype)
-        else:
-            qk = rope_forward(qk[None], *rot, cfg.rope_pairing)[0]
-    q, k = qk[:H], qk[H:]
-    scale = cfg.scale
-    if scales_q(cfg):                                                 # as forward(): q scaled after RoPE
-        q = q * np.asarray(scale, dtype=q.dtype)
-        scale = 1.0
-    K[:, n], V[:, n] = k, v
-    lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window is a slice
-    kq = q.reshape(Hkv, H // Hkv, hd) @ K[:, lo:n + 1].swapaxes(-1, -2)   # [Hkv, G, hd] @ [Hkv, hd, S] -> [Hkv, G, S]
-    if scale != 1.0:
-        kq *= np.asarray(scale, dtype=kq.dtype)
-    if cfg.attn_softcap:                                              # Gemma 2: c * tanh(scores / c)
-        c = np.asarray(cfg.attn_softcap, dtype=kq.dtype)
-        kq = np.tanh(kq / c) * c
-    out = softmax_forward(kq) @ V[:, lo:n + 1]                        # [Hkv, G, S] @ [Hkv, S, hd] -> [Hkv, G, hd]
+    # forward() scales Gemma's q after RoPE (scales_q); scaling the scores is the same product
+    cos, sin, neox = rot if rot is not None else (_NO_ROPE, _NO_ROPE, False)
+    lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window: positions lo..n
+    out = np.empty((H, hd), qk.dtype)
+    attend1(np.ascontiguousarray(qk), v, cos.astype(qk.dtype, copy=False), sin.astype(qk.dtype, copy=False), neox,
+            K, V, n, lo, qk.dtype.type(cfg.scale), qk.dtype.type(cfg.attn_softcap or 0.0), out)
     y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b

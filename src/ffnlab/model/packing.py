@@ -46,19 +46,7 @@ GATE_UP = ("ffn_gate.weight", "ffn_up.weight")
 def pack(params, cfg) -> dict:
     """-> {(layer, "qkv"|"gate_up"|"attn_output"): (buffer, views)}; moves the matrices a decode step
     reads into one huge-page block and rewrites their params entries as views into it (same values)."""
-    from ..quant import QuantTensor
-    packs = {}
-    for il in range(cfg.n_layer):               # quantized q/k/v and gate/up: one stacked matrix each
-        for key, parts in (("qkv", QKV), ("gate_up", GATE_UP)):
-            names = [f"blk.{il}.{n}" for n in parts]
-            if all(isinstance(params.get(n), QuantTensor) for n in names):
-                views = tuple(params[n] for n in names)
-                fused = QuantTensor.stacked(views)
-                if fused is not None:
-                    packs[(il, key)] = (fused, views)
-    for w in params.values():                   # the other quantized matrices, each alone
-        if isinstance(w, QuantTensor):
-            w.pack()
+    packs = pack_quantized(params, cfg)
     groups = []                                 # (pack key or None, tensor names stacked by rows)
 
     def add(key, parts):
@@ -93,6 +81,28 @@ def pack(params, cfg) -> dict:
             views.append(params[n])
         if key is not None:
             packs[key] = (buf, tuple(views))
+    return packs
+
+
+def pack_quantized(params, cfg) -> dict:
+    """Lay out every quantized matrix for its kernels (QuantTensor.pack), q/k/v and gate/up of a
+    layer stacked into one matrix each. -> {(layer, "qkv"|"gate_up"): (stacked, part views)}.
+    Called again on packed params (load_gguf packs while the tokenizer is built), it finds the
+    stacks it made: each part remembers its stack."""
+    from ..quant import QuantTensor
+    packs = {}
+    for il in range(cfg.n_layer):
+        for key, parts in (("qkv", QKV), ("gate_up", GATE_UP)):
+            names = [f"blk.{il}.{n}" for n in parts]
+            if all(isinstance(params.get(n), QuantTensor) for n in names):
+                views = tuple(params[n] for n in names)
+                stack = views[0].stack if all(w.stack is views[0].stack for w in views) else None
+                stack = stack or QuantTensor.stacked(views)
+                if stack is not None:
+                    packs[(il, key)] = (stack, views)
+    for w in params.values():                   # the other quantized matrices, each alone
+        if isinstance(w, QuantTensor):
+            w.pack()
     return packs
 
 

@@ -16,7 +16,7 @@ row-at-a-time kernels of kernels.py (bench/bench_quant_kernels.py).
 Two families cover the types (blocks.py has their GGUF layouts):
 
   NIB  4-bit codes, two per byte as in Q4_0 (byte k: weight k low, weight k + 16 high), an
-       optional fifth bit per weight (a 32-bit mask per block, bit j for weight j), a float32
+       optional fifth bit per weight (4 bytes per block: bit i of byte j for weight 8j + i), a float32
        scale d and optional float32 offset m per 32 weights:   w = d * (q - zero) + m
        Q4_0 (zero 8), Q4_1 (m), Q5_0 (fifth bit, zero 16), Q5_1 (fifth bit, m),
        Q4_K and Q5_K (each 32-weight sub-block: d = d * scale, m = -(dmin * min)).
@@ -44,12 +44,12 @@ I8_TYPES = {Q8_0: 32, Q6_K: 16}        # codes per scale
 PACKED_TYPES = tuple(NIB_TYPES) + tuple(I8_TYPES)
 FAST = dict(cache=True, nogil=True, fastmath=True)
 EXACT = dict(cache=True, nogil=True)    # no fastmath: dequantized values exactly as gguf-py's
-_NONE_U = np.zeros((0, 0, 0), np.int32)
+_NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 
 
 class Packed:
-    """A [rows, n] matrix in R-row groups. NIB: qs [G, n/32, 16, R] uint8, qh [G, n/32, R] int32
+    """A [rows, n] matrix in R-row groups. NIB: qs [G, n/32, 16, R] uint8, qh [G, n/32, 4, R] uint8
     (fifth bits) or empty, d / m [G, n/32, R] float32 (m empty when absent). I8: qs [G, n/B, B, R]
     int8, d [G, n/B, R]. Rows past `rows` in the last group are zeros."""
 
@@ -95,7 +95,7 @@ def empty(qtype, rows, n) -> Packed:
     if qtype in NIB_TYPES:
         zero, fifth, has_m = NIB_TYPES[qtype]
         return Packed("nib", rows, n, np.zeros((G, n // 32, 16, R), np.uint8),
-                      np.zeros((G, n // 32, R), np.int32) if fifth else _NONE_U, np.zeros((G, n // 32, R), np.float32),
+                      np.zeros((G, n // 32, 4, R), np.uint8) if fifth else _NONE_U, np.zeros((G, n // 32, R), np.float32),
                       np.zeros((G, n // 32, R), np.float32) if has_m else _NONE_F, zero)
     B = I8_TYPES[qtype]
     return Packed("i8", rows, n, np.zeros((G, n // B, B, R), np.int8), _NONE_U, np.zeros((G, n // B, R), np.float32),
@@ -128,10 +128,10 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
                 q0 = o + size - 16
                 for k in range(16):
                     qs[g, b, k, l] = src[q0 + k]
-                if qtype == Q5_0:
-                    qh[g, b, l] = np.int32(u32(src, o + 2))       # bit 31 becomes the sign; kernels mask
-                elif qtype == Q5_1:
-                    qh[g, b, l] = np.int32(u32(src, o + 4))
+                if qtype == Q5_0 or qtype == Q5_1:
+                    h = u32(src, o + 2 if qtype == Q5_0 else o + 4)
+                    for j in range(4):
+                        qh[g, b, j, l] = np.uint8((h >> (8 * j)) & 255)
             else:                                         # Q4_K / Q5_K: sub-block s of super-block sb
                 sb, s = b // 8, b % 8
                 size = 144 if qtype == Q4_K else 176
@@ -148,7 +148,8 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
                 for k in range(16):
                     qs[g, b, k, l] = np.uint8(code[k] | (code[k + 16] << 4))
                 if qtype == Q5_K:
-                    qh[g, b, l] = np.int32(bits)
+                    for j in range(4):
+                        qh[g, b, j, l] = np.uint8((bits >> (8 * j)) & 255)
 
 
 @njit(**EXACT)
@@ -191,15 +192,18 @@ def _nib_group(qs, qh, d, m, zero, g, x, xsum, y):
         inner[:] = 0.0
         xo = b * 32
         if qh.shape[0]:
-            h = qh[g, b]
+            # the fifth bit of weight k is bit k % 8 of byte k // 8; (byte & bit) is 0 or 2^(k % 8),
+            # so it is scaled by 16 / 2^(k % 8) (exact powers of two) rather than shifted: a
+            # shift by k would widen the lanes to 64 bits
             for k in range(16):
+                unit = np.float32(16.0) / np.float32(1 << (k & 7))
                 xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
-                q = qs[g, b, k]
+                xl5, xh5 = xl * unit, x[xo + 16 + k] * unit
+                q, hl, hh, bit = qs[g, b, k], qh[g, b, k >> 3], qh[g, b, 2 + (k >> 3)], np.uint8(1 << (k & 7))
                 for r in range(width):
-                    v, hb = np.int32(q[r]), h[r]
-                    lo = (v & 15) | (((hb >> k) & 1) << 4)
-                    hi = (v & 240) | (((hb >> (k + 16)) & 1) << 8)
-                    inner[r] += np.float32(lo) * xl + np.float32(hi) * xh
+                    v = np.int32(q[r])
+                    inner[r] += (np.float32(v & 15) * xl + np.float32(np.int32(hl[r] & bit)) * xl5) \
+                        + (np.float32(v & 240) * xh + np.float32(np.int32(hh[r] & bit)) * xh5)
         else:
             for k in range(16):
                 xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
@@ -279,8 +283,8 @@ def dequant_nib_t(qs, qh, d, m, zero, g0, g1, out):
                     v = np.int32(q[r])
                     a, e = v & 15, v >> 4
                     if qh.shape[0]:
-                        a |= ((qh[g, b, r] >> k) & 1) << 4
-                        e |= ((qh[g, b, r] >> (k + 16)) & 1) << 4
+                        a |= ((np.int32(qh[g, b, k >> 3, r]) >> (k & 7)) & 1) << 4
+                        e |= ((np.int32(qh[g, b, 2 + (k >> 3), r]) >> (k & 7)) & 1) << 4
                     if m.shape[0]:
                         lo[r] = db[r] * np.float32(a) + m[g, b, r]
                         hi[r] = db[r] * np.float32(e) + m[g, b, r]

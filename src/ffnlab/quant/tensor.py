@@ -51,6 +51,7 @@ class QuantTensor:
         self.data.flags.writeable = False
         self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
         self.packed = None                            # packed.Packed once pack() ran: what the products read
+        self.stack = None                             # the stacked matrix this one is a part of (stacked())
 
     def pack(self, release=True):
         """Lay the blocks out row-interleaved for the products (quant/packed.py; arith "f32", the
@@ -87,7 +88,9 @@ class QuantTensor:
             g += G
         self = cls.__new__(cls)
         self.qtype, self.arith, self.shape, self.table = first.qtype, first.arith, (rows, n), first.table
-        self.data, self.packed = None, fused          # no blocks of its own: the parts keep theirs
+        self.data, self.packed, self.stack = None, fused, None    # no blocks of its own: the parts keep theirs
+        for w in parts:
+            w.stack = self
         return self
 
     @property

@@ -9,18 +9,20 @@ import time
 
 import numpy as np
 
+from .packed import R
 from .tensor import QuantTensor
 
 
 def compile_kernels(params) -> float:
-    """Run every kernel once on one row of each QuantTensor type in params; -> seconds taken."""
+    """Run every kernel once on one row (packed: one row group) of each QuantTensor type in
+    params, packed and not; -> seconds taken."""
     t0 = time.perf_counter()
     seen = set()
     for w in params.values():
-        if isinstance(w, QuantTensor) and w.qtype not in seen:
-            seen.add(w.qtype)
-            row = w[:1]                                        # same array kind (a read-only map) as the model's
-            row.matvec(np.zeros(w.shape[1], np.float32))
-            row.matmul(np.zeros((2, w.shape[1]), np.float32))
-            row[np.zeros(1, np.int64)]
+        if isinstance(w, QuantTensor) and (w.qtype, w.packed is None) not in seen:
+            seen.add((w.qtype, w.packed is None))
+            part = w[:min(w.shape[0], R)]                      # same array kinds as the model's: packed views, mapped rows
+            part.matvec(np.zeros(w.shape[1], np.float32))
+            part.matmul(np.zeros((2, w.shape[1]), np.float32))
+            part[np.zeros(1, np.int64)]
     return time.perf_counter() - t0

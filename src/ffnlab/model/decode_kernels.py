@@ -1,0 +1,83 @@
+"""Compiled pieces of the one-token decoding step (model/decode.py).
+
+Once the weights stream through the quantized kernels at ~10 G weights/s, SmolLM2's products
+take ~15 ms of a token and the NumPy calls between them ~7 ms: RoPE, the cache writes, the
+attention scores, softmax and the weighted sum are a dozen calls per layer on vectors of 64
+numbers, each costing more to dispatch than to compute. Here each of those runs of small calls
+is one compiled function. Same math, same order of operations, float32 throughout (fastmath lets
+LLVM reorder the sums, which moves results by float32 rounding only: tests/test_generation.py
+compares against the full forward with float32 bounds).
+"""
+import numpy as np
+from numba import njit
+
+FAST = dict(cache=True, nogil=True, fastmath=True)
+
+
+@njit(**FAST)
+def rms_norm1(x, w, eps):
+    """x [D] / sqrt(mean(x^2) + eps) * w  (RMSNorm of one vector)"""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * x[i]
+    inv = x.dtype.type(1.0 / np.sqrt(ss / x.shape[0] + eps))
+    out = np.empty_like(x)
+    for i in range(x.shape[0]):
+        out[i] = x[i] * inv * w[i]
+    return out
+
+
+@njit(**FAST)
+def _rope(a, cos, sin, neox):
+    """rotate the first 2 * len(cos) dims of each row of a [h, hd] in place: adjacent pairs
+    (x[2j], x[2j+1]) or, neox, the halves (x[j], x[j + n_rot/2])"""
+    half = cos.shape[0]
+    for i in range(a.shape[0]):
+        for j in range(half):
+            i0, i1 = (j, j + half) if neox else (2 * j, 2 * j + 1)
+            x0, x1 = a[i, i0], a[i, i1]
+            a[i, i0] = x0 * cos[j] - x1 * sin[j]
+            a[i, i1] = x0 * sin[j] + x1 * cos[j]
+
+
+@njit(**FAST)
+def attend1(qk, v, cos, sin, neox, K, V, n, lo, scale, softcap, out):
+    """One token's attention with a KV cache.
+    qk [H + Hkv, hd]: q heads then k heads (RoPE'd here, in place, when cos is not empty),
+    v [Hkv, hd]; K, V [Hkv, n_ctx, hd]: this position's k and v are written at n; the query
+    attends to positions lo..n. out [H, hd]. scores = (q . k) * scale, soft-capped
+    (c tanh(s / c)) when softcap > 0, softmax over the positions, then the weighted sum of v."""
+    Hkv, hd = v.shape
+    H = qk.shape[0] - Hkv
+    group = H // Hkv
+    if cos.shape[0]:
+        _rope(qk, cos, sin, neox)
+    K[:, n, :] = qk[H:]
+    V[:, n, :] = v
+    S = n + 1 - lo
+    s = np.empty(S, qk.dtype)
+    for h in range(H):
+        kv = h // group
+        q = qk[h]
+        top = -np.inf
+        for t in range(S):
+            k = K[kv, lo + t]
+            acc = qk.dtype.type(0.0)
+            for j in range(hd):
+                acc += q[j] * k[j]
+            acc *= scale
+            if softcap > 0:
+                acc = np.tanh(acc / softcap) * softcap
+            s[t] = acc
+            top = max(top, acc)
+        total = qk.dtype.type(0.0)
+        for t in range(S):
+            s[t] = np.exp(s[t] - top)
+            total += s[t]
+        o = out[h]
+        o[:] = 0.0
+        for t in range(S):
+            p = s[t] / total
+            vt = V[kv, lo + t]
+            for j in range(hd):
+                o[j] += p * vt[j]
