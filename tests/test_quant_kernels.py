@@ -62,7 +62,8 @@ def test_matvec_matches_float64_product(qtype, shape, layout):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
-    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles (packed: one 64-row group each)
+    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles: 130 rows take nine
+    monkeypatch.setattr(quant_tensor, "PACKED_TILE_BYTES", 16 * 4 * 768)   # packed: one 64-row group each
     w, ref, data = make(qtype, 130, 768, layout=layout)
     x = np.random.default_rng(2).normal(0, 1, (2, 5, 768)).astype(np.float32)
     y = linear_forward(x, w, np.ones(130, np.float32))                # [2, 5, 768] -> [2, 5, 130]

@@ -7,6 +7,8 @@ floats asks for them: dequantize() for the whole matrix, w[ids] for some rows (t
 lookup reads only the tokens it needs). It never turns into a float array by accident:
 np.asarray(w) raises, so a float32 copy of a matrix is always a visible dequantize() call.
 """
+import threading
+
 import numpy as np
 from gguf import GGMLQuantizationType
 
@@ -15,7 +17,8 @@ from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
 
-TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights: fits in L2 with room for x and y
+TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights (blocks as in the file): fits in L2
+PACKED_TILE_BYTES = 1 << 20          # packed weights: whole 64-row groups, in L2 (4 MB tiles ran prefill 30% slower)
 HALF_BLOCK = 16                      # the fused kernels' lane count, passed at run time (kernels.py says why)
 T = GGMLQuantizationType
 # arith="ggml": the 8-bit blocks ggml quantizes the activation into for each weight type (the
@@ -121,12 +124,16 @@ class QuantTensor:
         return out
 
     def _tiles(self):
-        """Packed weights as transposed float32 tiles: yields (first row, [in, rows] tile), the
-        tile buffer reused (cache-sized, whole row groups)."""
+        """Packed weights as transposed float32 tiles: yields (first row, [in, rows] tile) in one
+        scratch buffer per thread, reused (a fresh 4 MB buffer per product costs ~1,000 page
+        faults). Tiles are whole row groups, ~PACKED_TILE_BYTES. Dequantizing runs on one thread
+        and the GEMM on BLAS's: with numba's threads and OpenBLAS's alternating, each would wait
+        for the other's spinning threads at every tile (bench/RESULTS.md, issue 12)."""
         P, n = self.packed, self.shape[1]
-        groups = max(1, TILE_BYTES // (4 * n * packed.R))
+        groups = max(1, PACKED_TILE_BYTES // (4 * n * packed.R))
         G = P.qs.shape[0]
-        buf = np.empty((n, min(groups, G) * packed.R), np.float32)
+        cols = min(groups, G) * packed.R
+        buf = _scratch(n * cols).reshape(n, cols)
         for g0 in range(0, G, groups):
             g1 = min(G, g0 + groups)
             P.dequant_t(g0, g1, buf)
@@ -179,7 +186,7 @@ class QuantTensor:
         if self.packed is not None:
             y = np.empty((x.shape[0], self.shape[0]), np.float32)
             for r0, tile in self._tiles():
-                y[:, r0:r0 + tile.shape[1]] = x @ tile                # [N, in] @ [in, rows]
+                np.matmul(x, tile, out=y[:, r0:r0 + tile.shape[1]])    # [N, in] @ [in, rows]
             return y
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
@@ -234,6 +241,17 @@ class QuantTensor:
         else:
             ggml_kernels.gemm(int(self.qtype), self.data, self.table, a.qs, a.d, a.e, y)
         return y
+
+
+_local = threading.local()
+
+
+def _scratch(size) -> np.ndarray:
+    """A float32 buffer of at least size elements, this thread's own, kept between products."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < size:
+        buf = _local.buf = np.empty(size, np.float32)
+    return buf[:size]
 
 
 def _round_to(x, qtype):
