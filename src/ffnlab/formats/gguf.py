@@ -73,7 +73,9 @@ def _tensor(path, t, shape, dtype, dequantize, fallback, arith="f32"):
     if a.size != int(np.prod(shape)):
         raise ModelFileError(f"{path}: tensor {t.name} ({t.tensor_type.name}) holds {a.size} values, "
                              f"its shape {_ggml_shape(shape)} needs {int(np.prod(shape))}")
-    return np.ascontiguousarray(a.reshape(shape), dtype=dtype)
+    # a copy, never a view of the mapped file: reading a norm's few bytes there can map a whole
+    # 2 MB huge page of the file (read-only file THP), ~20 MB of SmolLM2's resident memory
+    return np.array(a.reshape(shape), dtype=dtype, order="C", copy=True)
 
 
 def _with_rope_freqs(cfg, factors, path):

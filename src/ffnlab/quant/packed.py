@@ -74,6 +74,14 @@ class Packed:
         else:
             matvec_i8(self.qs, self.d, x, y)
 
+    def lookup(self, ids, out):
+        """Rows ids [k] dequantized into out [k, n] (an embedding lookup: the exact weights, read
+        from this layout, so the file's pages stay released)."""
+        if self.kind == "nib":
+            _rows_nib(self.qs, self.qh, self.d, self.m, self.zero, ids, out)
+        else:
+            _rows_i8(self.qs, self.d, ids, out)
+
     def dequant_t(self, g0, g1, out):
         """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) * R] float32 (a tile for BLAS)."""
         if self.kind == "nib":
@@ -338,6 +346,33 @@ def _dequant_nib5_t(qs, qh, d, m, no_m, zero, g0, g1, out):
                     for r in range(width):
                         hi[r] = db[r] * (np.float32(np.int32(q[r]) & 240) * sixteenth
                                          + np.float32(np.int32(hh[r] & bit)) * unit) + mb[r]
+
+
+@njit(**EXACT)
+def _rows_nib(qs, qh, d, m, zero, ids, out):
+    nb, width = qs.shape[1], qs.shape[3]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // width, ids[i] % width
+        for b in range(nb):
+            for k in range(32):
+                v = np.int32(qs[g, b, k % 16, r])
+                code = (v & 15) if k < 16 else (v >> 4)
+                if qh.shape[0]:
+                    code |= ((np.int32(qh[g, b, k >> 3, r]) >> (k & 7)) & 1) << 4
+                if m.shape[0]:
+                    out[i, b * 32 + k] = d[g, b, r] * np.float32(code) + m[g, b, r]
+                else:
+                    out[i, b * 32 + k] = d[g, b, r] * np.float32(code - zero)
+
+
+@njit(**EXACT)
+def _rows_i8(qs, d, ids, out):
+    nb, B, width = qs.shape[1], qs.shape[2], qs.shape[3]
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // width, ids[i] % width
+        for b in range(nb):
+            for k in range(B):
+                out[i, b * B + k] = d[g, b, r] * np.float32(qs[g, b, k, r])
 
 
 @njit(**EXACT)

@@ -160,6 +160,9 @@ class QuantTensor:
         if flat.size and (flat.min() < -self.shape[0] or flat.max() >= self.shape[0]):
             raise IndexError(f"row index out of range for {self!r}")
         out = np.empty((flat.size, self.shape[1]), np.float32)
+        if self.packed is not None:
+            self.packed.lookup(flat.astype(np.int64) % self.shape[0], out)
+            return out.reshape(*ids.shape, self.shape[1])
         rows = self.data[flat]                                       # [k, row_bytes]: only these rows' blocks
         rows.flags.writeable = False
         kernels.dequant_rows(int(self.qtype), rows, self.table, out, HALF_BLOCK)
