@@ -12,14 +12,12 @@ implies (e.g. an edited feed_forward_length) is an error naming both.
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from ..config import ConfigError
 from ..errors import ModelFileError
 from ..model import Model
-from ..model.packing import pack_quantized
 from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
@@ -129,18 +127,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
-    # the packing kernels release the GIL: the blocks are laid out on another core while Python
-    # builds the tokenizer (about half of SmolLM2's load time each). The packing thread takes the
-    # GIL back between its ~200 kernel calls: a short switch interval keeps it from waiting 5 ms each time.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            packing = pool.submit(pack_quantized, params, cfg)
-            tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
-            packing.result()
-    finally:
-        sys.setswitchinterval(interval)
+    tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
     m.compile_seconds = compile_kernels(params)       # numba: compiled once, then loaded from its disk cache
     m.load_seconds = time.perf_counter() - t0

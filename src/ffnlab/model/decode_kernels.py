@@ -81,3 +81,19 @@ def attend1(qk, v, cos, sin, neox, K, V, n, lo, scale, softcap, out):
             vt = V[kv, lo + t]
             for j in range(hd):
                 o[j] += p * vt[j]
+
+
+@njit(**FAST)
+def glu1(gate, up, gelu):
+    """act(gate) * up for one token: SiLU, gate / (1 + e^-gate), or (gelu) GELU's tanh form,
+    0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))), as ops/activations.py computes them"""
+    out = np.empty_like(gate)
+    one, half = gate.dtype.type(1.0), gate.dtype.type(0.5)
+    c, k = gate.dtype.type(0.7978845608028654), gate.dtype.type(0.044715)
+    for i in range(gate.shape[0]):
+        g = gate[i]
+        if gelu:
+            out[i] = half * g * (one + np.tanh(c * g * (one + k * g * g))) * up[i]
+        else:
+            out[i] = g / (one + np.exp(-g)) * up[i]
+    return out

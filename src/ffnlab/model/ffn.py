@@ -28,6 +28,7 @@ import numpy as np
 from ..ops.activations import ACTIVATIONS, sigmoid
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
+from .decode_kernels import glu1
 from .hooks import identity
 
 
@@ -159,8 +160,11 @@ def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
             gate = gate + w.gate_b
         if w.up_b is not None:
             up = up + w.up_b
-        h = _act(k.act, arith)(gate)
-        h *= up                                                           # [d_ff] act(gate) * up
+        if arith is None and k.act in ("silu", "gelu_tanh"):
+            h = glu1(gate, up, k.act == "gelu_tanh")                      # one compiled call
+        else:
+            h = _act(k.act, arith)(gate)
+            h *= up                                                       # [d_ff] act(gate) * up
     else:
         up = linear_forward(x, w.up)                                      # [d_ff]
         if w.up_b is not None:

@@ -120,11 +120,11 @@ def fill(P, qtype, data, table):
 
 # ---- packing (once, at load) ------------------------------------------------------------------
 
-@njit(**EXACT)
+@njit(parallel=True, **EXACT)
 def _pack_nib(qtype, data, table, qs, qh, d, m):
     nb = qs.shape[1]
-    code = np.empty(32, np.int32)                         # one 32-weight block's codes (5-bit ones whole)
-    for row in range(data.shape[0]):
+    for row in prange(data.shape[0]):                     # rows are independent: both cores
+        code = np.empty(32, np.int32)                     # one 32-weight block's codes
         g, l, src = row // R, row % R, data[row]
         for b in range(nb):
             if qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q5_1:
@@ -160,10 +160,10 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
                         qh[g, b, j, l] = np.uint8((bits >> (8 * j)) & 255)
 
 
-@njit(**EXACT)
+@njit(parallel=True, **EXACT)
 def _pack_i8(qtype, data, table, qs, d):
     nb, B = qs.shape[1], qs.shape[2]
-    for row in range(data.shape[0]):
+    for row in prange(data.shape[0]):
         g, l, src = row // R, row % R, data[row]
         if qtype == Q8_0:
             for b in range(nb):
