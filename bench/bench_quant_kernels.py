@@ -4,7 +4,9 @@
 
 For each ggml type: random blocks of a [rows, cols] matrix (tests/quant_blocks.py), then
   dequant   QuantTensor.dequantize() into float32 (the prefill path's tile work)
-  matvec    the decode kernel, W x
+  matvec    the row kernels on the blocks as they lie in the file (quant/kernels.py), W x
+  packed    the decode kernel a loaded model runs: the blocks packed row-interleaved
+            (quant/packed.py; "-" for the types that keep the row kernels)
   f32 gemv  NumPy/OpenBLAS on the dequantized float32 matrix (the reference the blocks replace)
 Times are process CPU time (time.process_time), minimum over the repeats, so that other jobs on a
 shared machine slow the figures less than wall-clock time would; NUMBA_NUM_THREADS and
@@ -48,15 +50,18 @@ def main():
     n = args.rows * args.cols
     print(f"[{args.rows}, {args.cols}] matrix, 1 thread, min CPU time of {args.repeats}; "
           f"load average {os.getloadavg()[0]:.1f}\n")
-    print("| type | bytes/weight | dequant Gw/s | matvec Gw/s | f32 gemv Gw/s | matvec / gemv |")
-    print("|---|---|---|---|---|---|")
+    print("| type | bytes/weight | dequant Gw/s | matvec Gw/s | packed Gw/s | f32 gemv Gw/s | packed / gemv |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.types:
         w = QuantTensor(random_blocks(T[name], args.rows, args.cols, rng), T[name], (args.rows, args.cols))
         x = rng.normal(size=args.cols).astype(np.float32)
         f32 = w.dequantize()
         deq, mv, gemv = (cpu_min(f, args.repeats) for f in (w.dequantize, lambda: w.matvec(x), lambda: f32 @ x))
-        print(f"| {name} | {w.nbytes / n:.3f} | {n / deq / 1e9:.2f} | {n / mv / 1e9:.2f} | {n / gemv / 1e9:.2f} | "
-              f"{gemv / mv:.2f} |")
+        p = QuantTensor(w.data, w.qtype, w.shape)
+        pk = cpu_min(lambda: p.matvec(x), args.repeats) if p.pack(release=False) else None
+        best = pk if pk is not None else mv
+        print(f"| {name} | {w.nbytes / n:.3f} | {n / deq / 1e9:.2f} | {n / mv / 1e9:.2f} | "
+              f"{'-' if pk is None else f'{n / pk / 1e9:.2f}'} | {n / gemv / 1e9:.2f} | {gemv / best:.2f} |")
 
 
 if __name__ == "__main__":
