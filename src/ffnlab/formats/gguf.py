@@ -23,6 +23,7 @@ from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.warmup import compile_kernels
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
+from . import tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
 
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
@@ -127,7 +128,10 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
-    tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
+    tok = tokenizer_cache.load(reader)                     # built on an earlier load of the same header
+    if tok is None:
+        tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
+        tokenizer_cache.store(reader, tok)
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
     m.compile_seconds = compile_kernels(params)       # numba: compiled once, then loaded from its disk cache
     m.load_seconds = time.perf_counter() - t0
