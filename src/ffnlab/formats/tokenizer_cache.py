@@ -7,6 +7,9 @@ metadata key and the tensor directory, the bytes before the tensor data), of thi
 tokenizer code and of the `tokenizers` version. A file edited in place, or a new ffnlab, misses
 and builds again; so does any unreadable or damaged entry. Entries are JSON (never pickle),
 written to a temporary name and renamed, so a reader never sees half a file.
+Only byte-level BPE vocabularies (tokenizer.ggml.model "gpt2": SmolLM2, Llama 3, Qwen) are kept:
+reading Gemma 3's SentencePiece-style one back from JSON took 2.1 s against 3.3 s to build it,
+but peaked ~200 MB higher.
 
   FFNLAB_CACHE_DIR   where entries go (default ~/.cache/ffnlab, or $XDG_CACHE_HOME/ffnlab);
                      set it to an empty string to build every time.
@@ -44,7 +47,10 @@ def _key(reader) -> str:
 
 def _entry(reader):
     d = cache_dir()
-    return None if d is None else os.path.join(d, "tokenizers", _key(reader) + ".json")
+    field = reader.fields.get("tokenizer.ggml.model")
+    if d is None or field is None or field.contents() != "gpt2":
+        return None
+    return os.path.join(d, "tokenizers", _key(reader) + ".json")
 
 
 def load(reader) -> Tokenizer | None:
