@@ -1,0 +1,218 @@
+"""ggml's integer products over row-interleaved weights: quant/ggml_kernels.py's arithmetic, in
+the layout of quant/packed.py (R = 64 rows side by side per group), made once at load.
+
+Every float32 operation ggml makes is kept, in ggml's order, for each (row, token): the eight
+lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 against Q8_0 / Q8_1
+activations), the lane FMA acc_l = fma(d_w d_x, lane_l, acc_l), the Q8_1 sum of m_w s_x, the
+hsum_float_8 pairing; for Q4_K / Q6_K the AVX2 vec_dot lanes (one or a few tokens) or the tiled
+order (8+ tokens). What changes is only how the exact integer parts are computed: 64 rows at a
+time, in float32. A lane's products of a weight code (|q| <= 63, or 128 for Q8_0) and an
+activation code (|x| <= 127) are integers, and so is every partial sum; while they stay below
+2^24 in magnitude float32 holds them exactly, whatever the order or fusion of the adds. Where
+a sum can pass 2^24 (Q4_K's 256-weight tiled sum, Q6_K's lanes) it is split into parts that
+cannot, converted to int32 and added there. So the bits are the row-at-a-time kernels' bits
+(tests/test_ggml_packed.py holds them to quant/ggml_kernels.gemm), and the loops over the 64
+rows vectorize like the f32 mode's (no horizontal sum per block, one broadcast per activation).
+
+Layouts: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 are packed.Packed as the f32 mode makes it (its d and m
+are the blocks' halves as float32, its codes the blocks' bytes: nothing to change). Q4_K and Q6_K
+keep their integer sub-block scales apart from the superblock's halves (KPacked below), since
+ggml multiplies the integer scales into the integer sums before any float appears.
+
+`contract` lets LLVM fuse a multiply and the add that consumes it into one FMA: the lane updates
+are ggml's FMAs, and every other multiply-add here is of exact integers (fused or not, the same).
+"""
+import numpy as np
+from numba import njit, prange
+
+from . import packed
+from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, _k_scale_min, half_float
+from .packed import R
+
+GG = dict(cache=True, nogil=True, fastmath={"contract"})
+EXACT = dict(cache=True, nogil=True)
+BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # packed.Packed ("nib" for Q4_0 / Q4_1, "i8" else)
+K_TYPES = (Q4_K, Q6_K)                               # KPacked
+TYPES = BLOCK32_TYPES + K_TYPES
+TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled
+SIXTEENTH = np.float32(0.0625)                       # a high nibble kept as (byte & 0xF0): x / 16 is exact
+
+
+# ---- 32-weight blocks, one token --------------------------------------------------------------
+
+@njit(**GG)
+def _hsum_store(acc, summs, y, o):
+    """hsum_float_8 per row: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), plus the Q8_1 sums"""
+    for r in range(acc.shape[1]):
+        a0, a1, a2, a3 = acc[0, r] + acc[4, r], acc[1, r] + acc[5, r], acc[2, r] + acc[6, r], acc[3, r] + acc[7, r]
+        y[o + r] = ((a0 + a2) + (a1 + a3)) + summs[r]
+
+
+@njit(**GG)
+def _nib_gemv_group(qs, d, m, zero, g, xq, dx, sx, y):
+    """Group g of a Packed "nib" matrix (Q4_0, Q4_1) x one token: xq [n] float32 activation codes,
+    dx, sx [n/32] -> y[g*R : (g+1)*R]. Lanes 0-3 of a block are its low nibbles (weights 0-15),
+    lanes 4-7 the high ones."""
+    nb, width = qs.shape[1], qs.shape[3]
+    acc = np.zeros((8, width), np.float32)
+    summs = np.zeros(width, np.float32)
+    dd = np.empty(width, np.float32)
+    zf = np.float32(zero)
+    for b in range(nb):
+        xo = b * 32
+        db = d[g, b]
+        for r in range(width):
+            dd[r] = db[r] * dx[b]
+        if m.shape[0]:
+            mb, s = m[g, b], sx[b]
+            for r in range(width):
+                summs[r] += mb[r] * s                                  # halves' product: exact, fused or not
+        for j in range(4):
+            k = 4 * j
+            q0, q1, q2, q3 = qs[g, b, k], qs[g, b, k + 1], qs[g, b, k + 2], qs[g, b, k + 3]
+            x0, x1, x2, x3 = xq[xo + k], xq[xo + k + 1], xq[xo + k + 2], xq[xo + k + 3]
+            h0, h1 = xq[xo + 16 + k] * SIXTEENTH, xq[xo + 17 + k] * SIXTEENTH
+            h2, h3 = xq[xo + 18 + k] * SIXTEENTH, xq[xo + 19 + k] * SIXTEENTH
+            zlo = -zf * (x0 + x1 + x2 + x3)                            # sum (q - zero) x = sum q x - zero sum x
+            zhi = -zf * (xq[xo + 16 + k] + xq[xo + 17 + k] + xq[xo + 18 + k] + xq[xo + 19 + k])
+            # np.int32 keeps the integers 32-bit (numba widens them to 64 bits, AVX2 has no vector
+            # int64 -> float conversion, and the loop would run scalar)
+            alo, ahi = acc[j], acc[4 + j]
+            for r in range(width):
+                v0, v1, v2, v3 = np.int32(q0[r]), np.int32(q1[r]), np.int32(q2[r]), np.int32(q3[r])
+                lo = (np.float32(np.int32(v0 & 15)) * x0 + np.float32(np.int32(v1 & 15)) * x1
+                      + np.float32(np.int32(v2 & 15)) * x2 + np.float32(np.int32(v3 & 15)) * x3) + zlo
+                hi = (np.float32(np.int32(v0 & 240)) * h0 + np.float32(np.int32(v1 & 240)) * h1
+                      + np.float32(np.int32(v2 & 240)) * h2 + np.float32(np.int32(v3 & 240)) * h3) + zhi
+                alo[r] = dd[r] * lo + alo[r]                           # ggml's lane FMA
+                ahi[r] = dd[r] * hi + ahi[r]
+    _hsum_store(acc, summs, y, g * width)
+
+
+@njit(**GG)
+def _i8_gemv_group(qs, d, g, xq, dx, y):
+    """Group g of a Packed "i8" (Q8_0) matrix x one token -> y[g*R : (g+1)*R]"""
+    nb, width = qs.shape[1], qs.shape[3]
+    acc = np.zeros((8, width), np.float32)
+    dd = np.empty(width, np.float32)
+    for b in range(nb):
+        xo = b * 32
+        db = d[g, b]
+        for r in range(width):
+            dd[r] = db[r] * dx[b]
+        for j in range(8):
+            k = 4 * j
+            q0, q1, q2, q3 = qs[g, b, k], qs[g, b, k + 1], qs[g, b, k + 2], qs[g, b, k + 3]
+            x0, x1, x2, x3 = xq[xo + k], xq[xo + k + 1], xq[xo + k + 2], xq[xo + k + 3]
+            a = acc[j]
+            for r in range(width):
+                lane = (np.float32(q0[r]) * x0 + np.float32(q1[r]) * x1
+                        + np.float32(q2[r]) * x2 + np.float32(q3[r]) * x3)
+                a[r] = dd[r] * lane + a[r]
+    _hsum_store(acc, np.zeros(width, np.float32), y, g * width)
+
+
+@njit(parallel=True, **GG)
+def gemv_nib(qs, d, m, zero, xq, dx, sx, y):
+    for g in prange(qs.shape[0]):
+        _nib_gemv_group(qs, d, m, zero, g, xq, dx, sx, y)
+
+
+@njit(parallel=True, **GG)
+def gemv_i8(qs, d, xq, dx, y):
+    for g in prange(qs.shape[0]):
+        _i8_gemv_group(qs, d, g, xq, dx, y)
+
+
+# ---- 32-weight blocks, several tokens ---------------------------------------------------------
+
+@njit(**EXACT)
+def _block_codes(qs, zero, g, b, c):
+    """Block b of group g -> c [32, R] float32: each row's 32 integer weights (offset applied)"""
+    width = qs.shape[3]
+    if qs.shape[2] == 32:                                              # i8
+        for k in range(32):
+            q = qs[g, b, k]
+            for r in range(width):
+                c[k, r] = np.float32(q[r])
+        return
+    z = np.int32(zero)
+    for k in range(16):
+        q = qs[g, b, k]
+        for r in range(width):
+            c[k, r] = np.float32(np.int32((q[r] & 15) - z))
+            c[16 + k, r] = np.float32(np.int32((q[r] >> 4) - z))
+
+
+@njit(**GG)
+def _block32_gemm_group(qs, d, m, zero, g, xq, dx, sx, y):
+    """Group g x N tokens: xq [N, n], dx / sx [N, n/32] -> y[:, g*R : (g+1)*R]. Each block's
+    codes are turned into floats once and used for every token."""
+    nb, width, N = d.shape[1], qs.shape[3], xq.shape[0]
+    acc = np.zeros((N, 8, width), np.float32)
+    summs = np.zeros((N, width), np.float32)
+    c = np.empty((32, width), np.float32)
+    dd = np.empty(width, np.float32)
+    for b in range(nb):
+        _block_codes(qs, zero, g, b, c)
+        db = d[g, b]
+        xo = b * 32
+        for t in range(N):
+            for r in range(width):
+                dd[r] = db[r] * dx[t, b]
+            if m.shape[0]:
+                mb, s, st = m[g, b], sx[t, b], summs[t]
+                for r in range(width):
+                    st[r] += mb[r] * s
+            for j in range(8):
+                k = 4 * j
+                c0, c1, c2, c3 = c[k], c[k + 1], c[k + 2], c[k + 3]
+                x0, x1, x2, x3 = xq[t, xo + k], xq[t, xo + k + 1], xq[t, xo + k + 2], xq[t, xo + k + 3]
+                a = acc[t, j]
+                for r in range(width):
+                    a[r] = dd[r] * (c0[r] * x0 + c1[r] * x1 + c2[r] * x2 + c3[r] * x3) + a[r]
+    for t in range(N):
+        _hsum_store(acc[t], summs[t], y[t], g * width)
+
+
+@njit(parallel=True, **GG)
+def gemm_block32(qs, d, m, zero, xq, dx, sx, y):
+    for g in prange(qs.shape[0]):
+        _block32_gemm_group(qs, d, m, zero, g, xq, dx, sx, y)
+
+
+# ---- packing (once, at load) ------------------------------------------------------------------
+
+def pack(qtype, data, table, n):
+    """data: [rows, row_bytes] uint8 blocks of a type in TYPES -> the layout its products read.
+    Q4_0, Q4_1, Q8_0: packed.pack's (the f32 mode's) layout. Q5_0: "i8", its 5-bit weights
+    minus 16 as int8 codes (36 bytes per 32 weights against the file's 22): the fifth bits
+    cost the kernel more than the bytes cost the memory stream, and a Q5_0 x Q8_0 product is
+    then Q8_0's. Q4_K, Q6_K: KPacked."""
+    if qtype in (Q4_0, Q4_1, Q8_0):
+        return packed.pack(qtype, data, table, n)
+    if qtype == Q5_0:
+        G = -(-data.shape[0] // R)
+        qs, d = np.zeros((G, n // 32, 32, R), np.int8), np.zeros((G, n // 32, R), np.float32)
+        _pack_q5_0(data, table, qs, d)
+        return packed.Packed("i8", data.shape[0], n, qs, _NONE_U, d, _NONE_F, 0)
+    return pack_k(qtype, data, table, n)
+
+
+_NONE_U = np.zeros((0, 0, 0), np.int32)
+_NONE_F = np.zeros((0, 0, 0), np.float32)
+
+
+@njit(**EXACT)
+def _pack_q5_0(data, table, qs, d):
+    for row in range(data.shape[0]):
+        g, l, src = row // R, row % R, data[row]
+        for b in range(qs.shape[1]):
+            o = b * 22
+            d[g, b, l] = half_float(src, o, table)
+            hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
+                | (np.int64(src[o + 5]) << 24)
+            for j in range(16):
+                v = np.int64(src[o + 6 + j])
+                qs[g, b, j, l] = np.int8(((v & 15) | (((hb >> j) & 1) << 4)) - 16)
+                qs[g, b, 16 + j, l] = np.int8(((v >> 4) | (((hb >> (j + 16)) & 1) << 4)) - 16)
