@@ -51,10 +51,10 @@ class Model:
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
-        if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1 and self.arith.name == "f32":
+        if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1:
             # the fast one-token path; with hooks attached the general one runs them, so a hooked
             # sequence gives the same tokens with the KV cache as recomputed in full
-            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv)
+            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv, self.arith)
         logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
                             last_only=True, packs=self.packs, arith=self.arith)
         return logits[0, -1]

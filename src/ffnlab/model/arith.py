@@ -31,6 +31,7 @@ class Arith(NamedTuple):
     kqv: Callable               # (probs, v [B, S, Hkv, hd]) -> [B, H, T, hd]
     act: dict                   # activation name (ops/activations.py) -> forward function
     kv_dtype: type              # what the KV cache stores
+    attend1: Callable | None    # one token's attention for model/decode.py (None: decode_kernels.attend1)
 
 
 def _ggml_kq(q, k):
@@ -53,11 +54,35 @@ def _ggml_kqv(probs, v):
     return out.reshape(B, H, T, hd)
 
 
+def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
+    """One token's attention as forward() computes it in ggml mode for T = 1 (model/decode.py's
+    fast path): qk [H + Hkv, hd] (normed, not rotated), v [Hkv, hd], rot: (cos, sin, neox) of
+    position n or None, K / V: this layer's f16 cache [Hkv, n_ctx, hd] (position n written here),
+    positions lo..n attended, q_scaled: Gemma's q scaled after RoPE -> [H, hd]. The rows keep
+    positions 0..n with -inf before lo, as forward()'s mask does: ggml's softmax sums in groups
+    of 8 from position 0, and the f16 dots in groups of 32, so slicing the window would move them."""
+    H, Hkv, hd = qk.shape[0] - v.shape[0], v.shape[0], v.shape[1]
+    if rot is not None:
+        qk = ggml_math.rope(qk[None], rot[0][None], rot[1][None], "neox" if rot[2] else "normal")[0]
+    q, scale = qk[:H], cfg.scale
+    if q_scaled:
+        q, scale = q * np.asarray(scale, dtype=q.dtype), 1.0
+    K[:, n], V[:, n] = qk[H:], v                                     # rounded to f16 by the cache
+    kq = ggml_math.f16_matmul(K[:, :n + 1], q.reshape(Hkv, H // Hkv, hd), 1)   # [Hkv, G, S]: ggml_vec_dot_f16
+    if cfg.attn_softcap:                                            # as attention._softcap
+        c = cfg.attn_softcap
+        kq = np.tanh(kq * np.asarray(scale / c, dtype=kq.dtype)) * np.asarray(c, dtype=kq.dtype)
+        scale = 1.0
+    allowed = (np.arange(n + 1) >= lo)[None] if lo else None          # [1, S]
+    probs = ggml_math.soft_max(kq, scale, allowed)                   # [Hkv, G, S]
+    return ggml_math.f16_matmul(V[:, :n + 1].transpose(0, 2, 1), probs, 1).reshape(H, hd)   # [Hkv, G, hd]
+
+
 F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
-            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32)
+            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, None)
 
 GGML = Arith("ggml", ggml_math.rms_norm, ggml_math.layer_norm, ggml_math.rope_angles, ggml_math.rope, _ggml_kq, ggml_math.soft_max,
-             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16)
+             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16, _ggml_attend1)
 
 ARITH = {"f32": F32, "ggml": GGML}
 

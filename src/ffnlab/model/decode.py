@@ -24,7 +24,8 @@ import numpy as np
 
 from ..ops.linear import linear_forward
 from ..ops.norms import layernorm_forward, rmsnorm_forward
-from ..ops.rope import rope_angles
+from .arith import F32
+from .attention import scales_q
 from .decode_kernels import attend1, rms_norm1
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
@@ -103,8 +104,9 @@ def _first(*arrays):
     return next(a for a in arrays if a is not None)
 
 
-def decode_step(p, cfg, plan: Plan, tok, kv):
-    """tok: int, kv: KVCache (batch 1) -> logits [vocab] of the token at position kv.n"""
+def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
+    """tok: int, kv: KVCache (batch 1) -> logits [vocab] of the token at position kv.n
+    arith: model/arith.py's F32 or GGML (its norms, RoPE angles, attention and activations)"""
     n = kv.n
     if n + 1 > kv.n_ctx:
         raise ValueError(f"{n + 1} positions exceed the context length {kv.n_ctx}")
@@ -116,36 +118,39 @@ def decode_step(p, cfg, plan: Plan, tok, kv):
     rotations = {}                                                    # (theta, scale) -> this position's rotation
     for il, L in enumerate(plan.layers):
         if L.rope is not None and L.rope not in rotations:
-            rotations[L.rope] = _rotation(n, cfg, L.rope, x.dtype)
-        a = _attention(_norm(x, L.attn_norm, cfg), L, cfg, n, kv.k[il][0], kv.v[il][0], rotations.get(L.rope))
+            rotations[L.rope] = _rotation(n, cfg, L.rope, x.dtype, arith)
+        a = _attention(_norm(x, L.attn_norm, cfg, arith), L, cfg, n, kv.k[il][0], kv.v[il][0], rotations.get(L.rope),
+                       arith)
         if L.post_attn_norm:
-            a = _norm(a, L.post_attn_norm, cfg)
+            a = _norm(a, L.post_attn_norm, cfg, arith)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg), L.ffn, cfg.ffn)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, arith)
         if cfg.parallel_residual:
             f = f + a                                                 # GPT-NeoX: x + attn + ffn
         if L.post_ffn_norm:
-            f = _norm(f, L.post_ffn_norm, cfg)
+            f = _norm(f, L.post_ffn_norm, cfg, arith)
         x = h + f                                                     # [d_model] residual
     kv.n = n + 1
-    logits = linear_forward(_norm(x, plan.output_norm, cfg), plan.head)   # [d_model] -> [vocab]
+    logits = linear_forward(_norm(x, plan.output_norm, cfg, arith), plan.head)   # [d_model] -> [vocab]
     if cfg.final_logit_softcap:
         c = cfg.final_logit_softcap
         logits = np.tanh(logits / c) * c
     return logits
 
 
-def _rotation(n, cfg, key, dtype):
+def _rotation(n, cfg, key, dtype, arith=F32):
     """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for decode_kernels.attend1"""
-    cos, sin = rope_angles([n], cfg.n_rot, *key)                     # [1, n_rot/2] float64
+    cos, sin = arith.rope_angles([n], cfg.n_rot, *key)               # [1, n_rot/2] float64 (ggml: float32)
     return cos[0].astype(dtype), sin[0].astype(dtype), cfg.rope_pairing != "normal"
 
 
-def _norm(x, wb, cfg):
+def _norm(x, wb, cfg, arith=F32):
     """x: [D] or [h, D] -> the block's norm with (weight, bias)"""
     if wb is None:                                                    # no such norm (OLMo 2's pre norms)
         return x
     w, b = wb
+    if arith is not F32:                                              # ggml's sums and roundings
+        return (arith.layer_norm(x, w, b, cfg.norm_eps) if cfg.norm == "layernorm" else arith.rms_norm(x, w, cfg.norm_eps))[0]
     if cfg.norm == "layernorm":
         return layernorm_forward(x, w, b, cfg.norm_eps)[0]
     if x.ndim == 1:                                                   # one compiled call
@@ -153,7 +158,7 @@ def _norm(x, wb, cfg):
     return rmsnorm_forward(x, w, cfg.norm_eps)[0]                     # per head (Gemma 3's q/k norms)
 
 
-def _attention(x, L, cfg, n, K, V, rot):
+def _attention(x, L, cfg, n, K, V, rot, arith=F32):
     """x: [d_model] (attn_norm output), K/V: this layer's cache [Hkv, n_ctx, hd] -> [d_model];
     writes position n's key and value into K and V."""
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -166,13 +171,17 @@ def _attention(x, L, cfg, n, K, V, rot):
     qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads
     v = qkv[(H + Hkv) * hd:].reshape(Hkv, hd)
     if L.q_norm is not None and cfg.qk_norm_full:                    # OLMoE: one norm over all q (k) heads
-        qk = np.concatenate([_norm(qk[:H].reshape(-1), (L.q_norm, None), cfg).reshape(H, hd),
-                             _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg).reshape(Hkv, hd)])
+        qk = np.concatenate([_norm(qk[:H].reshape(-1), (L.q_norm, None), cfg, arith).reshape(H, hd),
+                             _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg, arith).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
-        qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg), _norm(qk[H:], (L.k_norm, None), cfg)])
+        qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg, arith), _norm(qk[H:], (L.k_norm, None), cfg, arith)])
     # forward() scales Gemma's q after RoPE (scales_q); scaling the scores is the same product
     cos, sin, neox = rot if rot is not None else (_NO_ROPE, _NO_ROPE, False)
     lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window: positions lo..n
+    if arith.attend1 is not None:                                     # ggml: f16 cache, ggml's softmax
+        out = arith.attend1(qk, v, rot, K, V, n, lo, cfg, scales_q(cfg))
+        y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]
+        return y + L.wo_b if L.wo_b is not None else y
     out = np.empty((H, hd), qk.dtype)
     attend1(np.ascontiguousarray(qk), v, cos.astype(qk.dtype, copy=False), sin.astype(qk.dtype, copy=False), neox,
             K, V, n, lo, qk.dtype.type(cfg.scale), qk.dtype.type(cfg.attn_softcap or 0.0), out)

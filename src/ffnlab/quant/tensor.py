@@ -12,7 +12,7 @@ import threading
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import ggml_kernels, kernels, packed
+from . import ggml_kernels, ggml_packed, kernels, packed
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
@@ -26,6 +26,12 @@ T = GGMLQuantizationType
 K_BYTES = {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
 VEC_DOT_TYPE = {T.Q4_0: "q8_0", T.Q5_0: "q8_0", T.Q8_0: "q8_0", T.Q4_1: "q8_1", T.Q5_1: "q8_1",
                 T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.Q4_K: "q8_k", T.Q5_K: "q8_k", T.Q6_K: "q8_k"}
+
+
+# arith -> (the types pack() lays out, the packing function); the types stacked() can stack: those
+# whose layout is packed.empty / fill's (ggml's Q5_0 and K-quants have layouts of their own)
+_PACKS = {"f32": (packed.PACKED_TYPES, packed.pack), "ggml": (ggml_packed.TYPES, ggml_packed.pack)}
+_STACKS = {"f32": packed.PACKED_TYPES, "ggml": ggml_packed.STACKABLE}
 
 
 class QuantTensor:
@@ -61,8 +67,8 @@ class QuantTensor:
         types in packed.PACKED_TYPES; others keep kernels.py's row kernels). release: hand the
         file's pages of these blocks back to the OS, so that they do not stay resident besides
         the packed copy (lookups w[ids] and the ggml kernels read them again on demand). -> bytes packed"""
-        if self.packed is None and self.arith == "f32" and int(self.qtype) in packed.PACKED_TYPES:
-            self.packed = packed.pack(int(self.qtype), self.data, self.table, self.shape[1])
+        if self.packed is None and int(self.qtype) in _PACKS[self.arith][0]:
+            self.packed = _PACKS[self.arith][1](int(self.qtype), self.data, self.table, self.shape[1])
             if release:
                 release_pages(self.data)
         return 0 if self.packed is None else self.packed.nbytes
@@ -75,8 +81,8 @@ class QuantTensor:
         one packed type and width (arith "f32"), all but the last a whole number of row groups.
         -> QuantTensor, or None where the parts do not fit (each can still pack() alone)."""
         first = parts[0]
-        if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != "f32" or w.qtype != first.qtype
-               or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in packed.PACKED_TYPES \
+        if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != first.arith or w.qtype != first.qtype
+               or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in _STACKS[first.arith] \
                 or any(w.shape[0] % packed.R for w in parts[:-1]):
             return None
         rows, n = sum(w.shape[0] for w in parts), first.shape[1]
@@ -229,6 +235,8 @@ class QuantTensor:
             x = _round_to(x, self.qtype)
             return QuantTensor(self.data, self.qtype, self.shape).matmul(x)
         a = Q8Rows(kind, x)
+        if self.packed is not None:                                 # the row-interleaved layout (ggml_packed.py)
+            return ggml_packed.product(self.packed, a, self.shape[0])
         y = np.empty((x.shape[0], self.shape[0]), np.float32)
         batch = x.shape[0] > 1 if kind != "q8_k" else x.shape[0] >= ggml_kernels.TILED_MIN_BATCH
         if batch:                                                   # vectorized over the tokens, same order

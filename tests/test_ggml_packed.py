@@ -1,0 +1,84 @@
+"""ggml arithmetic over the row-interleaved layout (quant/ggml_packed.py): the same bits as the
+row-at-a-time kernels of quant/ggml_kernels.py (which tests/test_ggml_quants.py holds to ggml's
+own code), for every packed type, one token and several (K-quants: ggml's per-token vec_dot
+below 8 tokens, its tiled order from 8), rows that do not fill the last 64-row group, and
+activations whose integer sums reach the float32-exactness limits the kernels rely on."""
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from ffnlab.quant import QuantTensor, ggml_kernels, ggml_packed
+from ffnlab.quant.blocks import F16_TABLE
+from ffnlab.quant.ggml_quants import Q8Rows
+from test_ggml_quants import PAIRS, activations, random_blocks
+
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
+
+
+def reference(qtype, data, a):
+    y = np.empty((a.qs.shape[0], data.shape[0]), np.float32)
+    ggml_kernels.gemm(int(qtype), data, F16_TABLE, a.qs, a.d, a.e, y)
+    return y
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("tokens", [1, 3, 8, 13])
+def test_packed_products_equal_the_reference_order(qtype, tokens):
+    rng = np.random.default_rng(11)
+    n, rows = 512, 100                                                 # 2 groups, the second part empty
+    data = random_blocks(qtype, rows, n, rng)
+    x = activations(rng, tokens, n)
+    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
+    w.pack(release=False)
+    assert w.packed is not None
+    np.testing.assert_array_equal(w.matmul(x), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x)))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_extreme_codes_stay_exact(qtype):
+    """Every weight at its largest magnitude and every activation code at +-127: the integer
+    lanes reach their bounds (Q6_K's half-superblock lanes 16,386,048 < 2^24), where a float32
+    sum that was not exact would round."""
+    rng = np.random.default_rng(12)
+    n, rows = 512, 64
+    elems, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.full((rows, n // elems, nbytes), 255, np.uint8)          # all code bits set: q = max
+    raw[rows // 2:] = rng.integers(0, 256, raw[rows // 2:].shape, dtype=np.uint8)
+    for o in PAIRS[qtype][2]:
+        raw[:, :, o:o + 2] = np.full((rows, n // elems), 3e-3, np.float16)[..., None].view(np.uint8)
+    if qtype == T.Q6_K:                                                # scales of -128 with q = 63
+        raw[:rows // 2, :, 192:208] = 128
+    data = raw.reshape(rows, -1)
+    x = np.where(rng.random((9, n)) < 0.9, 1.0, -1.0).astype(np.float32) * 3.0   # |q_x| = 127 everywhere
+    x[0] = 3.0
+    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
+    w.pack(release=False)
+    for t in (1, 9):
+        np.testing.assert_array_equal(w.matmul(x[:t]), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x[:t])))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_layout_dequantizes_to_gguf_values(qtype):
+    rng = np.random.default_rng(13)
+    data = random_blocks(qtype, 70, 256, rng)
+    w = QuantTensor(data, qtype, (70, 256), arith="ggml")
+    w.pack(release=False)
+    np.testing.assert_array_equal(w.dequantize(), gguf.quants.dequantize(data, qtype).reshape(70, 256))
+
+
+def test_stacked_ggml_matrix_equals_its_parts():
+    """q/k/v stacked into one product (one quantization of x, as each of ggml's three mul_mats
+    makes the same one): each part's rows give the part's own product."""
+    rng = np.random.default_rng(14)
+    parts = [QuantTensor(random_blocks(T.Q4_1, r, 256, rng), T.Q4_1, (r, 256), arith="ggml") for r in (128, 64, 64)]
+    x = activations(rng, 2, 256)
+    alone = [reference(T.Q4_1, w.data, Q8Rows("q8_1", x)) for w in parts]
+    stack = QuantTensor.stacked(parts, release=False)
+    assert stack is not None and stack.arith == "ggml"
+    np.testing.assert_array_equal(stack.matmul(x), np.concatenate(alone, axis=1))
+    np.testing.assert_array_equal(stack.matvec(x[0]), np.concatenate(alone, axis=1)[0])
+
+
+def test_packed_types_are_the_ones_with_a_layout():
+    assert set(ggml_packed.TYPES) == {int(t) for t in TYPES}
