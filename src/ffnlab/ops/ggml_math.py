@@ -66,6 +66,30 @@ def _expf1(x):
     return _fma(s2, j, s2) * s1
 
 
+@njit(**JIT)
+def _expf_vec(x, y, nb, kb):
+    """y[i] = _expf1(x[i]) for a row, in loops LLVM vectorizes: no calls, no branches (2^n built
+    from its bits, the |n| > 192 results selected), then the rare 126 < |n| <= 192 redone one by
+    one. nb [len], kb [len] int32: scratch."""
+    for i in range(x.shape[0]):
+        xi = x[i]
+        n = _fma(xi, LOG2E, EXP_R) - EXP_R
+        b = _fma(-n, LN2_LO, _fma(-n, LN2_HI, xi))
+        u = b * b
+        y[i] = _fma(_fma(_fma(C5, b, C4), u, _fma(C3, b, C2)), u, C1 * b)
+        nb[i] = n
+        kb[i] = (np.int32(min(max(n, np.float32(-126.0)), np.float32(126.0))) + 127) << 23   # the bits of 2^n
+    k = kb.view(np.float32)
+    zero, inf = np.float32(0.0), np.float32(np.inf)
+    for i in range(x.shape[0]):
+        v = _fma(y[i], k[i], k[i])
+        y[i] = zero if nb[i] < -192 else (inf if nb[i] > 192 else v)   # _expf1's s1 * s1: 2^-250 -> 0, 2^254 -> inf
+    for i in range(x.shape[0]):
+        a = abs(nb[i])
+        if a > 126 and a <= 192:
+            y[i] = _expf1(x[i])
+
+
 @njit(parallel=True, **JIT)
 def _expf_rows(x, y):
     for i in prange(x.shape[0]):
@@ -83,10 +107,17 @@ def v_expf(x):
 
 @njit(parallel=True, **JIT)
 def _silu_rows(x, y):
-    one = np.float32(1.0)
     for i in prange(x.shape[0]):
-        for j in range(x.shape[1]):
-            y[i, j] = x[i, j] / (one + _expf1(-x[i, j]))
+        _silu_row(x[i], y[i])
+
+
+@njit(**JIT)
+def _silu_row(x, y):
+    one = np.float32(1.0)
+    neg = -x
+    _expf_vec(neg, y, np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.int32))
+    for j in range(x.shape[0]):
+        y[j] = x[j] / (one + y[j])
 
 
 def silu(x):
@@ -143,18 +174,24 @@ def _hsum8(v, o):
 def _soft_max_rows(w, y):
     """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale)"""
     for i in prange(w.shape[0]):
-        row = w[i]
-        mx = np.float32(-np.inf)
-        for j in range(row.shape[0]):
-            mx = max(mx, row[j])
-        total = 0.0
-        for j0 in range(0, row.shape[0], 8):                       # one 8-lane vector at a time
-            for j in range(j0, min(j0 + 8, row.shape[0])):
-                y[i, j] = _expf1(row[j] - mx)
-            total += np.float64(_hsum8(y[i], j0))
-        inv = np.float32(1.0 / total)
-        for j in range(row.shape[0]):
-            y[i, j] *= inv
+        _soft_max_row(w[i], y[i])
+
+
+@njit(**JIT)
+def _soft_max_row(row, y):
+    mx = np.float32(-np.inf)
+    for j in range(row.shape[0]):
+        mx = max(mx, row[j])
+    shifted = np.empty(row.shape[0], np.float32)
+    for j in range(row.shape[0]):
+        shifted[j] = row[j] - mx
+    _expf_vec(shifted, y, np.empty(row.shape[0], np.float32), np.empty(row.shape[0], np.int32))
+    total = 0.0
+    for j0 in range(0, row.shape[0], 8):                           # one 8-lane vector at a time
+        total += np.float64(_hsum8(y, j0))
+    inv = np.float32(1.0 / total)
+    for j in range(row.shape[0]):
+        y[j] *= inv
 
 
 def soft_max(kq, scale, allowed):
@@ -290,6 +327,30 @@ def _f16_vec_dot(a, b, c):
             c[g, n, m] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
 
 
+@njit(parallel=True, **F16_DOT)
+def _f16_gemm_t(at, b, c):
+    """_f16_gemm's order, vectorized over M: at [G, K, M] (a transposed), b [G, N, K] -> c [G, N, M].
+    For each (g, n) the eight lane accumulators of all M outputs are updated together, k by k:
+    acc[k mod 8, m] = a[m, k] b[n, k] + acc[k mod 8, m], then hsum_float_8 per m."""
+    G, K, M = at.shape
+    N = b.shape[1]
+    for task in prange(G * N):
+        g, n = task // N, task % N
+        _f16_gemm_t_row(at[g], b[g, n], c[g, n])
+
+
+@njit(**F16_DOT)
+def _f16_gemm_t_row(at, bn, cn):
+    K, M = at.shape
+    acc = np.zeros((8, M), np.float32)
+    for k in range(K):
+        a, bk, l = at[k], bn[k], acc[k % 8]
+        for m in range(M):
+            l[m] = a[m] * bk + l[m]
+    for m in range(M):
+        cn[m] = ((acc[0, m] + acc[4, m]) + (acc[2, m] + acc[6, m])) + ((acc[1, m] + acc[5, m]) + (acc[3, m] + acc[7, m]))
+
+
 def f16_matmul(a, b, tokens=2):
     """a: [..., M, K] (the f16 operand: K or V^T), b: [..., N, K] (rounded to f16 here, as mul_mat
     converts src1 to the vec_dot_type F16) -> [..., N, M] float32. tokens: the product's src1 rows
@@ -303,7 +364,10 @@ def f16_matmul(a, b, tokens=2):
     a2[:, :, :K] = to_f16(a).reshape(-1, M, K)
     b2[:, :, :K] = to_f16(b).reshape(-1, N, K)
     c = np.empty((a2.shape[0], N, M), np.float32)
-    (_f16_gemm if tokens >= 2 else _f16_vec_dot)(a2, b2, c)
+    if tokens >= 2:
+        _f16_gemm_t(np.ascontiguousarray(a2.transpose(0, 2, 1)), b2, c)
+    else:
+        _f16_vec_dot(a2, b2, c)
     return c.reshape(*lead, N, M)
 
 

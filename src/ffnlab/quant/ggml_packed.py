@@ -148,30 +148,47 @@ def _block_codes(qs, zero, g, b, c):
 @njit(**GG)
 def _block32_gemm_group(qs, d, m, zero, g, xq, dx, sx, y):
     """Group g x N tokens: xq [N, n], dx / sx [N, n/32] -> y[:, g*R : (g+1)*R]. Each block's
-    codes are turned into floats once and used for every token."""
+    codes are turned into floats once and used for every token, four tokens per pass over them
+    (one load of a code serves four FMAs). d_w d_x is formed where it is used, as ggml does."""
     nb, width, N = d.shape[1], qs.shape[3], xq.shape[0]
     acc = np.zeros((N, 8, width), np.float32)
     summs = np.zeros((N, width), np.float32)
     c = np.empty((32, width), np.float32)
-    dd = np.empty(width, np.float32)
     for b in range(nb):
         _block_codes(qs, zero, g, b, c)
         db = d[g, b]
         xo = b * 32
-        for t in range(N):
-            for r in range(width):
-                dd[r] = db[r] * dx[t, b]
-            if m.shape[0]:
-                mb, s, st = m[g, b], sx[t, b], summs[t]
+        if m.shape[0]:
+            mb = m[g, b]
+            for t in range(N):
+                s, st = sx[t, b], summs[t]
                 for r in range(width):
-                    st[r] += mb[r] * s
+                    st[r] += mb[r] * s                                 # halves' product: exact, fused or not
+        t = 0
+        while t + 4 <= N:
+            e0, e1, e2, e3 = dx[t, b], dx[t + 1, b], dx[t + 2, b], dx[t + 3, b]
             for j in range(8):
-                k = 4 * j
-                c0, c1, c2, c3 = c[k], c[k + 1], c[k + 2], c[k + 3]
-                x0, x1, x2, x3 = xq[t, xo + k], xq[t, xo + k + 1], xq[t, xo + k + 2], xq[t, xo + k + 3]
-                a = acc[t, j]
+                k = xo + 4 * j
+                x00, x01, x02, x03 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
+                x10, x11, x12, x13 = xq[t + 1, k], xq[t + 1, k + 1], xq[t + 1, k + 2], xq[t + 1, k + 3]
+                x20, x21, x22, x23 = xq[t + 2, k], xq[t + 2, k + 1], xq[t + 2, k + 2], xq[t + 2, k + 3]
+                x30, x31, x32, x33 = xq[t + 3, k], xq[t + 3, k + 1], xq[t + 3, k + 2], xq[t + 3, k + 3]
                 for r in range(width):
-                    a[r] = dd[r] * (c0[r] * x0 + c1[r] * x1 + c2[r] * x2 + c3[r] * x3) + a[r]
+                    c0, c1, c2, c3, dw = c[4 * j, r], c[4 * j + 1, r], c[4 * j + 2, r], c[4 * j + 3, r], db[r]
+                    acc[t, j, r] = (dw * e0) * (c0 * x00 + c1 * x01 + c2 * x02 + c3 * x03) + acc[t, j, r]
+                    acc[t + 1, j, r] = (dw * e1) * (c0 * x10 + c1 * x11 + c2 * x12 + c3 * x13) + acc[t + 1, j, r]
+                    acc[t + 2, j, r] = (dw * e2) * (c0 * x20 + c1 * x21 + c2 * x22 + c3 * x23) + acc[t + 2, j, r]
+                    acc[t + 3, j, r] = (dw * e3) * (c0 * x30 + c1 * x31 + c2 * x32 + c3 * x33) + acc[t + 3, j, r]
+            t += 4
+        while t < N:
+            e0 = dx[t, b]
+            for j in range(8):
+                k = xo + 4 * j
+                x0, x1, x2, x3 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
+                for r in range(width):
+                    acc[t, j, r] = (db[r] * e0) * (c[4 * j, r] * x0 + c[4 * j + 1, r] * x1 + c[4 * j + 2, r] * x2
+                                                   + c[4 * j + 3, r] * x3) + acc[t, j, r]
+            t += 1
     for t in range(N):
         _hsum_store(acc[t], summs[t], y[t], g * width)
 
