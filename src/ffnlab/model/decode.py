@@ -124,7 +124,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
         if L.post_attn_norm:
             a = _norm(a, L.post_attn_norm, cfg, arith)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, arith)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith)
         if cfg.parallel_residual:
             f = f + a                                                 # GPT-NeoX: x + attn + ffn
         if L.post_ffn_norm:
