@@ -64,7 +64,10 @@ def test_packed_layout_dequantizes_to_gguf_values(qtype):
     data = random_blocks(qtype, 70, 256, rng)
     w = QuantTensor(data, qtype, (70, 256), arith="ggml")
     w.pack(release=False)
-    np.testing.assert_array_equal(w.dequantize(), gguf.quants.dequantize(data, qtype).reshape(70, 256))
+    ref = gguf.quants.dequantize(data, qtype).reshape(70, 256)
+    np.testing.assert_array_equal(w.dequantize(), ref)
+    ids = np.array([0, 69, 3, 64])
+    np.testing.assert_array_equal(w[ids], ref[ids])                    # row lookups read the layout
 
 
 def test_stacked_ggml_matrix_equals_its_parts():

@@ -263,6 +263,10 @@ class KPacked:
         """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R] float32."""
         _k_dequant_t(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, g0, g1, out)
 
+    def lookup(self, ids, out):
+        """Rows ids [k] dequantized into out [k, n] (gguf-py's values; an embedding lookup)."""
+        _k_rows(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, ids, out)
+
 
 def pack_k(qtype, data, table, n) -> KPacked:
     G = -(-data.shape[0] // R)
@@ -329,6 +333,25 @@ def _k_dequant_t(qtype, qs, sc, mn, d, dmin, g0, g1, out):
                     for k in range(32):
                         ds = d[g, B, r] * np.float32(sc[g, 2 * b + k // 16, r])
                         out[b * 32 + k, c + r] = ds * np.float32(np.int32(qs[g, b, k, r]) - 32)
+
+
+@njit(**EXACT)
+def _k_rows(qtype, qs, sc, mn, d, dmin, ids, out):
+    for i in range(ids.shape[0]):
+        g, r = ids[i] // R, ids[i] % R
+        for b in range(qs.shape[1]):
+            B = b // 8
+            if qtype == Q4_K:
+                ds = d[g, B, r] * np.float32(sc[g, b, r])
+                dm = dmin[g, B, r] * np.float32(mn[g, b, r])
+                for k in range(16):
+                    v = np.int32(qs[g, b, k, r])
+                    out[i, b * 32 + k] = ds * np.float32(v & 15) - dm
+                    out[i, b * 32 + 16 + k] = ds * np.float32(v >> 4) - dm
+            else:
+                for k in range(32):
+                    ds = d[g, B, r] * np.float32(sc[g, 2 * b + k // 16, r])
+                    out[i, b * 32 + k] = ds * np.float32(np.int32(qs[g, b, k, r]) - 32)
 
 
 @njit(**GG)
