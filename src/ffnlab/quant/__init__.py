@@ -2,7 +2,9 @@
 
   blocks.py   the block layouts and which ggml types have kernels
   dequant.py  one compiled dequantizer per type (a row of blocks -> float32)
-  kernels.py  the products: matrix-vector (decode) and row tiles for BLAS (prefill)
+  kernels.py  the products on the blocks as they lie in the file: matrix-vector, row tiles for BLAS
+  packed.py   the layout a loaded model multiplies by: 64 rows interleaved, and its kernels
+  pages.py    handing the file's pages back once the blocks are packed
   tensor.py   QuantTensor, the weight object ops/linear.py multiplies by
 """
 from .blocks import KERNEL_TYPES

@@ -1,7 +1,9 @@
 """QuantTensor: a weight matrix kept in its GGUF blocks.
 
 It holds the blocks as they lie in the file (a memory-mapped [rows, row_bytes] uint8 array, so
-nothing is read until a product touches it), the ggml type and the logical shape [out, in]. It is
+nothing is read until a product touches it), the ggml type and the logical shape [out, in]; a
+loaded model then pack()s them (quant/packed.py: the same codes, 64 rows interleaved, what its
+products read) and the file's pages are released. It is
 what ops/linear.py's linear_forward accepts besides a float array; everything else that needs
 floats asks for them: dequantize() for the whole matrix, w[ids] for some rows (the embedding
 lookup reads only the tokens it needs). It never turns into a float array by accident:
