@@ -85,3 +85,46 @@ def test_stacked_ggml_matrix_equals_its_parts():
 
 def test_packed_types_are_the_ones_with_a_layout():
     assert set(ggml_packed.TYPES) == {int(t) for t in TYPES}
+
+
+def test_one_vector_ops_equal_the_general_ones():
+    """ops/ggml_decode.py (decode_step's compiled RMSNorm, RoPE and attention) against
+    ops/ggml_math.py's array versions, which the llama.cpp tests hold: the same bits."""
+    from ffnlab.ops import ggml_decode, ggml_math
+    rng = np.random.default_rng(15)
+    for n in (5, 64, 576, 640, 1000, 2049):                           # NumPy's pairwise order at every size
+        a = rng.standard_normal(n) * 10.0 ** rng.integers(-5, 5, n)
+        assert ggml_decode._pairwise_sum(a) == a.sum()
+    x, w = (rng.standard_normal(576) * 3).astype(np.float32), rng.standard_normal(576).astype(np.float32)
+    np.testing.assert_array_equal(ggml_decode.rms_norm1(x, w, 1e-5), ggml_math.rms_norm(x, w, 1e-5)[0])
+    cos, sin = ggml_math.rope_angles([37], 64, 10000.0)
+    for neox in (False, True):
+        qk = (rng.standard_normal((12, 64)) * 5).astype(np.float32)
+        ref = ggml_math.rope(qk[None], cos, sin, "neox" if neox else "normal")[0]
+        ggml_decode.rope1(qk, cos[0], sin[0], neox)
+        np.testing.assert_array_equal(qk, ref)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_ggml_decode_step_equals_forward(name):
+    """The one-token path (model/decode.py with GGML) gives forward()'s bits, logits and cache."""
+    from ffnlab.formats.installed import resolve_model
+    from ffnlab.formats.load import load
+    from ffnlab.model.transformer import forward
+    try:
+        path = resolve_model(name)
+    except Exception as e:                                             # not installed on this machine
+        pytest.skip(f"{name}: {e}")
+    m = load(path, arith="ggml", progress=False)
+    ids = [1, 450, 1175, 310]
+    fast, full = m.new_cache(n_ctx=16), m.new_cache(n_ctx=16)
+    tok = int(np.argmax(m.forward_last(ids, fast)))
+    m.forward_last(ids, full)
+    for _ in range(4):
+        a = m.forward_last([tok], fast)
+        b = forward(m.params, m.config, np.asarray([[tok]]), kv=full, last_only=True, packs=m.packs, arith=m.arith)[0][0, -1]
+        np.testing.assert_array_equal(a, b)
+        tok = int(np.argmax(a))
+    for il in range(m.config.n_layer):
+        np.testing.assert_array_equal(fast.k[il], full.k[il])
+        np.testing.assert_array_equal(fast.v[il], full.v[il])

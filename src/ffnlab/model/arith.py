@@ -13,11 +13,13 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..ops import ggml_math
+from ..ops import ggml_decode, ggml_math
 from ..ops.activations import ACTIVATIONS
 from ..ops.attention import attention_mix, attention_probs, attention_scores
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
+from ..quant.blocks import F16_TABLE
+from .decode_kernels import rms_norm1
 
 
 class Arith(NamedTuple):
@@ -31,6 +33,7 @@ class Arith(NamedTuple):
     kqv: Callable               # (probs, v [B, S, Hkv, hd]) -> [B, H, T, hd]
     act: dict                   # activation name (ops/activations.py) -> forward function
     kv_dtype: type              # what the KV cache stores
+    rms_norm1: Callable         # (x [D], w [D], eps) -> y: one vector's RMSNorm, one compiled call (model/decode.py)
     attend1: Callable | None    # one token's attention for model/decode.py (None: decode_kernels.attend1)
 
 
@@ -63,26 +66,30 @@ def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
     of 8 from position 0, and the f16 dots in groups of 32, so slicing the window would move them."""
     H, Hkv, hd = qk.shape[0] - v.shape[0], v.shape[0], v.shape[1]
     if rot is not None:
-        qk = ggml_math.rope(qk[None], rot[0][None], rot[1][None], "neox" if rot[2] else "normal")[0]
+        qk = np.array(qk, np.float32)
+        ggml_decode.rope1(qk[:, :2 * rot[0].shape[0]], rot[0], rot[1], rot[2])
     q, scale = qk[:H], cfg.scale
     if q_scaled:
         q, scale = q * np.asarray(scale, dtype=q.dtype), 1.0
     K[:, n], V[:, n] = qk[H:], v                                     # rounded to f16 by the cache
-    kq = ggml_math.f16_matmul(K[:, :n + 1], q.reshape(Hkv, H // Hkv, hd), 1)   # [Hkv, G, S]: ggml_vec_dot_f16
-    if cfg.attn_softcap:                                            # as attention._softcap
+    if cfg.attn_softcap:                                            # Gemma 2: the general ops
+        kq = ggml_math.f16_matmul(K[:, :n + 1], q.reshape(Hkv, H // Hkv, hd), 1)   # [Hkv, G, S]: ggml_vec_dot_f16
         c = cfg.attn_softcap
         kq = np.tanh(kq * np.asarray(scale / c, dtype=kq.dtype)) * np.asarray(c, dtype=kq.dtype)
-        scale = 1.0
-    allowed = (np.arange(n + 1) >= lo)[None] if lo else None          # [1, S]
-    probs = ggml_math.soft_max(kq, scale, allowed)                   # [Hkv, G, S]
-    return ggml_math.f16_matmul(V[:, :n + 1].transpose(0, 2, 1), probs, 1).reshape(H, hd)   # [Hkv, G, hd]
+        allowed = (np.arange(n + 1) >= lo)[None] if lo else None      # [1, S]
+        probs = ggml_math.soft_max(kq, 1.0, allowed)                 # [Hkv, G, S]
+        return ggml_math.f16_matmul(V[:, :n + 1].transpose(0, 2, 1), probs, 1).reshape(H, hd)   # [Hkv, G, hd]
+    out = np.empty((H, hd), np.float32)
+    ggml_decode.attend1(np.ascontiguousarray(q, np.float32), K.view(np.uint16), V.view(np.uint16), F16_TABLE, n, lo,
+                        scale, out)
+    return out
 
 
 F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
-            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, None)
+            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, rms_norm1, None)
 
 GGML = Arith("ggml", ggml_math.rms_norm, ggml_math.layer_norm, ggml_math.rope_angles, ggml_math.rope, _ggml_kq, ggml_math.soft_max,
-             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16, _ggml_attend1)
+             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16, ggml_decode.rms_norm1, _ggml_attend1)
 
 ARITH = {"f32": F32, "ggml": GGML}
 

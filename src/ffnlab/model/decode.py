@@ -23,10 +23,9 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.linear import linear_forward
-from ..ops.norms import layernorm_forward, rmsnorm_forward
 from .arith import F32
 from .attention import scales_q
-from .decode_kernels import attend1, rms_norm1
+from .decode_kernels import attend1
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
@@ -149,13 +148,11 @@ def _norm(x, wb, cfg, arith=F32):
     if wb is None:                                                    # no such norm (OLMo 2's pre norms)
         return x
     w, b = wb
-    if arith is not F32:                                              # ggml's sums and roundings
-        return (arith.layer_norm(x, w, b, cfg.norm_eps) if cfg.norm == "layernorm" else arith.rms_norm(x, w, cfg.norm_eps))[0]
     if cfg.norm == "layernorm":
-        return layernorm_forward(x, w, b, cfg.norm_eps)[0]
+        return arith.layer_norm(x, w, b, cfg.norm_eps)[0]
     if x.ndim == 1:                                                   # one compiled call
-        return rms_norm1(x, w, cfg.norm_eps)
-    return rmsnorm_forward(x, w, cfg.norm_eps)[0]                     # per head (Gemma 3's q/k norms)
+        return arith.rms_norm1(x, w, cfg.norm_eps)
+    return arith.rms_norm(x, w, cfg.norm_eps)[0]                      # per head (Gemma 3's q/k norms)
 
 
 def _attention(x, L, cfg, n, K, V, rot, arith=F32):
