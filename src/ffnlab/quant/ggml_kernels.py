@@ -20,6 +20,9 @@ that is written out as ggml writes it:
                               fma(D, S, acc) and fma(Dm, M, accm); result acc - accm. ggml's AVX2
                               code spreads these sums over lanes (and the repacked Q4_K kernel over
                               rows): the integers are the same, the float32 order may differ.
+A loaded model's products run quant/ggml_packed.py (the same arithmetic over 64 rows at a time,
+in the layout made at load) for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; these row kernels compute
+the other types, and are the reference order the packed kernels are tested against.
 A fused multiply-add is computed in float64 (the product of two float32 values is exact there)
 and rounded to float32: it differs from a hardware FMA only by a double rounding, rarely.
 """

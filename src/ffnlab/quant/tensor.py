@@ -65,8 +65,9 @@ class QuantTensor:
         self.stack = None                             # the stacked matrix this one is a part of (stacked())
 
     def pack(self, release=True):
-        """Lay the blocks out row-interleaved for the products (quant/packed.py; arith "f32", the
-        types in packed.PACKED_TYPES; others keep kernels.py's row kernels). release: hand the
+        """Lay the blocks out row-interleaved for the products (arith "f32": quant/packed.py, the
+        types in packed.PACKED_TYPES; arith "ggml": quant/ggml_packed.py, its TYPES; others keep
+        the row kernels of kernels.py / ggml_kernels.py). release: hand the
         file's pages of these blocks back to the OS, so that they do not stay resident besides
         the packed copy (lookups w[ids] and the ggml kernels read them again on demand). -> bytes packed"""
         if self.packed is None and int(self.qtype) in _PACKS[self.arith][0]:
@@ -80,7 +81,7 @@ class QuantTensor:
         """One matrix of the parts' rows, stacked (q/k/v, gate/up: one product where a decode step
         would make three or two), packed straight into one layout whose row groups are the parts'
         packed views (nothing is stored twice, no copy is made on the way). Needs unpacked parts of
-        one packed type and width (arith "f32"), all but the last a whole number of row groups.
+        one packed type and width (one arith: _STACKS), all but the last a whole number of row groups.
         -> QuantTensor, or None where the parts do not fit (each can still pack() alone)."""
         first = parts[0]
         if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != first.arith or w.qtype != first.qtype
