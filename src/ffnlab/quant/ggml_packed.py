@@ -2,7 +2,7 @@
 the layout of quant/packed.py (R = 64 rows side by side per group), made once at load.
 
 Every float32 operation ggml makes is kept, in ggml's order, for each (row, token): the eight
-lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 against Q8_0 / Q8_1
+lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q8_0 against Q8_0 / Q8_1
 activations), the lane FMA acc_l = fma(d_w d_x, lane_l, acc_l), the Q8_1 sum of m_w s_x, the
 hsum_float_8 pairing; for Q4_K / Q6_K the AVX2 vec_dot lanes (one or a few tokens) or the tiled
 order (8+ tokens). What changes is only how the exact integer parts are computed: 64 rows at a
@@ -14,9 +14,11 @@ cannot, converted to int32 and added there. So the bits are the row-at-a-time ke
 (tests/test_ggml_packed.py holds them to quant/ggml_kernels.gemm), and the loops over the 64
 rows vectorize like the f32 mode's (no horizontal sum per block, one broadcast per activation).
 
-Layouts: Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 are packed.Packed as the f32 mode makes it (its d and m
-are the blocks' halves as float32, its codes the blocks' bytes: nothing to change). Q4_K and Q6_K
-keep their integer sub-block scales apart from the superblock's halves (KPacked below), since
+Layouts: Q4_0 / Q4_1 / Q8_0 are packed.Packed as the f32 mode makes it (its d and m are the
+blocks' halves as float32, its codes the blocks' bytes: nothing to change); Q5_0 is an "i8"
+Packed of its 5-bit weights (pack() says why); Q5_1 and Q2_K / Q3_K / Q5_K keep ggml_kernels'
+row kernels. Q4_K and Q6_K
+keep their integer sub-block scales apart from the superblock's halves (ggml_packed_k.py), since
 ggml multiplies the integer scales into the integer sums before any float appears.
 
 `contract` lets LLVM fuse a multiply and the add that consumes it into one FMA: the lane updates
@@ -26,13 +28,14 @@ import numpy as np
 from numba import njit, prange
 
 from . import packed
-from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, _k_scale_min, half_float
+from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, half_float
+from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
 from .packed import R
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
 EXACT = dict(cache=True, nogil=True)
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # packed.Packed ("nib" for Q4_0 / Q4_1, "i8" else)
-K_TYPES = (Q4_K, Q6_K)                               # KPacked
+K_TYPES = (Q4_K, Q6_K)                               # ggml_packed_k.KPacked
 TYPES = BLOCK32_TYPES + K_TYPES
 STACKABLE = (Q4_0, Q4_1, Q8_0)                       # packed.empty / fill make their layout
 TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled
@@ -234,324 +237,6 @@ def _pack_q5_0(data, table, qs, d):
                 v = np.int64(src[o + 6 + j])
                 qs[g, b, j, l] = np.int8(((v & 15) | (((hb >> j) & 1) << 4)) - 16)
                 qs[g, b, 16 + j, l] = np.int8(((v >> 4) | (((hb >> (j + 16)) & 1) << 4)) - 16)
-
-
-# ---- K-quants ---------------------------------------------------------------------------------
-
-class KPacked:
-    """Q4_K / Q6_K in R-row groups, the integer sub-block scales kept apart from the halves.
-    Q4_K: qs [G, n/32, 16, R] uint8 (byte k: weight k of a 32-weight sub-block low, k + 16 high),
-          sc, mn [G, n/32, R] uint8 (6-bit scale and min), d, dmin [G, n/256, R] float32.
-    Q6_K: qs [G, n/32, 32, R] uint8 (the 6-bit weights, unsigned), sc [G, n/16, R] int8,
-          d [G, n/256, R] float32, dmin empty. Rows past `rows` in the last group are zeros."""
-
-    def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
-        self.kind, self.qtype, self.rows, self.n = "k", qtype, rows, n
-        self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a KPacked (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return KPacked(self.qtype, rows, self.n, sl(self.qs), sl(self.sc), sl(self.mn), sl(self.d), sl(self.dmin))
-
-    def dequant_t(self, g0, g1, out):
-        """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R] float32."""
-        _k_dequant_t(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, g0, g1, out)
-
-    def lookup(self, ids, out):
-        """Rows ids [k] dequantized into out [k, n] (gguf-py's values; an embedding lookup)."""
-        _k_rows(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, ids, out)
-
-
-def pack_k(qtype, data, table, n) -> KPacked:
-    G = -(-data.shape[0] // R)
-    if qtype == Q4_K:
-        P = KPacked(qtype, data.shape[0], n, np.zeros((G, n // 32, 16, R), np.uint8), np.zeros((G, n // 32, R), np.uint8),
-                    np.zeros((G, n // 32, R), np.uint8), np.zeros((G, n // 256, R), np.float32),
-                    np.zeros((G, n // 256, R), np.float32))
-    else:
-        P = KPacked(qtype, data.shape[0], n, np.zeros((G, n // 32, 32, R), np.uint8), np.zeros((G, n // 16, R), np.int8),
-                    np.zeros((0, 0, 0), np.uint8), np.zeros((G, n // 256, R), np.float32), _NONE_F)
-    _pack_k(qtype, data, table, P.qs, P.sc, P.mn, P.d, P.dmin)
-    return P
-
-
-@njit(**EXACT)
-def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
-    for row in range(data.shape[0]):
-        g, l, src = row // R, row % R, data[row]
-        for B in range(d.shape[1]):
-            if qtype == Q4_K:
-                o = B * 144
-                d[g, B, l], dmin[g, B, l] = half_float(src, o, table), half_float(src, o + 2, table)
-                for s in range(8):
-                    a, m = _k_scale_min(src, o + 4, s)
-                    sc[g, 8 * B + s, l], mn[g, 8 * B + s, l] = a, m
-                    q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
-                    for k in range(16):
-                        lo = (np.int32(src[q0 + k]) >> shift) & 15
-                        hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
-                        qs[g, 8 * B + s, k, l] = np.uint8(lo | (hi << 4))
-            else:                                                      # Q6_K: weight 128h + 32g4 + i
-                o = B * 210
-                d[g, B, l] = half_float(src, o + 208, table)
-                for i in range(16):
-                    sc[g, 16 * B + i, l] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)
-                for h in range(2):
-                    ql, qh = o + 64 * h, o + 128 + 32 * h
-                    for i in range(32):
-                        a, c, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
-                        b = 8 * B + 4 * h
-                        qs[g, b, i, l] = np.uint8((a & 15) | ((hh & 3) << 4))
-                        qs[g, b + 1, i, l] = np.uint8((c & 15) | (((hh >> 2) & 3) << 4))
-                        qs[g, b + 2, i, l] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
-                        qs[g, b + 3, i, l] = np.uint8((c >> 4) | (((hh >> 6) & 3) << 4))
-
-
-@njit(**EXACT)
-def _k_dequant_t(qtype, qs, sc, mn, d, dmin, g0, g1, out):
-    """As gguf-py: Q4_K w = (d sc) q - (dmin mn); Q6_K w = (d sc) (q - 32), float32 products"""
-    width = qs.shape[3]
-    for g in range(g0, g1):
-        c = (g - g0) * width
-        for b in range(qs.shape[1]):
-            B = b // 8
-            for r in range(width):
-                if qtype == Q4_K:
-                    ds = d[g, B, r] * np.float32(sc[g, b, r])
-                    dm = dmin[g, B, r] * np.float32(mn[g, b, r])
-                    for k in range(16):
-                        v = np.int32(qs[g, b, k, r])
-                        out[b * 32 + k, c + r] = ds * np.float32(v & 15) - dm
-                        out[b * 32 + 16 + k, c + r] = ds * np.float32(v >> 4) - dm
-                else:
-                    for k in range(32):
-                        ds = d[g, B, r] * np.float32(sc[g, 2 * b + k // 16, r])
-                        out[b * 32 + k, c + r] = ds * np.float32(np.int32(qs[g, b, k, r]) - 32)
-
-
-@njit(**EXACT)
-def _k_rows(qtype, qs, sc, mn, d, dmin, ids, out):
-    for i in range(ids.shape[0]):
-        g, r = ids[i] // R, ids[i] % R
-        for b in range(qs.shape[1]):
-            B = b // 8
-            if qtype == Q4_K:
-                ds = d[g, B, r] * np.float32(sc[g, b, r])
-                dm = dmin[g, B, r] * np.float32(mn[g, b, r])
-                for k in range(16):
-                    v = np.int32(qs[g, b, k, r])
-                    out[i, b * 32 + k] = ds * np.float32(v & 15) - dm
-                    out[i, b * 32 + 16 + k] = ds * np.float32(v >> 4) - dm
-            else:
-                for k in range(32):
-                    ds = d[g, B, r] * np.float32(sc[g, 2 * b + k // 16, r])
-                    out[i, b * 32 + k] = ds * np.float32(np.int32(qs[g, b, k, r]) - 32)
-
-
-@njit(**GG)
-def _q4k_vec_group(qs, sc, mn, d, dmin, g, xq, dx, bsums, y, o):
-    """Group g of a Q4_K KPacked x one token, as ggml_vec_dot_q4_K_q8_K's AVX2 code (ggml_kernels'
-    _dot_q4_k): lane i (of 8) sums scale_s q.x over weights 4i..4i+3 of every sub-block s; the
-    mins go to 4 lanes; per superblock acc = fma(d_x d_w, lane, acc). The integer lanes stay
-    below 8 * 63 * 4 * 15 * 127 < 2^24: exact in float32."""
-    width = qs.shape[3]
-    acc = np.zeros((8, width), np.float32)
-    macc = np.zeros((4, width), np.float32)
-    lanes = np.empty((8, width), np.float32)
-    mins = np.empty((4, width), np.float32)
-    dd = np.empty(width, np.float32)
-    for B in range(d.shape[1]):
-        lanes[:] = 0
-        mins[:] = 0
-        for s in range(8):
-            b, xo = 8 * B + s, 256 * B + 32 * s
-            scb, mnb = sc[g, b], mn[g, b]
-            bs = np.float32(bsums[16 * B + 2 * s] + bsums[16 * B + 2 * s + 1])
-            mrow = mins[s // 2]
-            for r in range(width):
-                mrow[r] += np.float32(mnb[r]) * bs
-            for j in range(4):
-                k = 4 * j
-                q0, q1, q2, q3 = qs[g, b, k], qs[g, b, k + 1], qs[g, b, k + 2], qs[g, b, k + 3]
-                x0, x1, x2, x3 = xq[xo + k], xq[xo + k + 1], xq[xo + k + 2], xq[xo + k + 3]
-                h0, h1 = xq[xo + 16 + k] * SIXTEENTH, xq[xo + 17 + k] * SIXTEENTH
-                h2, h3 = xq[xo + 18 + k] * SIXTEENTH, xq[xo + 19 + k] * SIXTEENTH
-                llo, lhi = lanes[j], lanes[4 + j]
-                for r in range(width):
-                    v0, v1, v2, v3 = np.int32(q0[r]), np.int32(q1[r]), np.int32(q2[r]), np.int32(q3[r])
-                    f = np.float32(np.int32(scb[r]))
-                    llo[r] += f * (np.float32(np.int32(v0 & 15)) * x0 + np.float32(np.int32(v1 & 15)) * x1
-                                   + np.float32(np.int32(v2 & 15)) * x2 + np.float32(np.int32(v3 & 15)) * x3)
-                    lhi[r] += f * (np.float32(np.int32(v0 & 240)) * h0 + np.float32(np.int32(v1 & 240)) * h1
-                                   + np.float32(np.int32(v2 & 240)) * h2 + np.float32(np.int32(v3 & 240)) * h3)
-        db, dm = d[g, B], dmin[g, B]
-        for r in range(width):
-            dd[r] = dx[B] * db[r]
-        for i in range(8):
-            a, ln = acc[i], lanes[i]
-            for r in range(width):
-                a[r] = dd[r] * ln[r] + a[r]                           # ggml's FMA
-        for r in range(width):
-            dd[r] = -dx[B] * dm[r]
-        for i in range(4):
-            a, mi = macc[i], mins[i]
-            for r in range(width):
-                a[r] = dd[r] * mi[r] + a[r]
-    for r in range(width):
-        m = (macc[0, r] + macc[2, r]) + (macc[1, r] + macc[3, r])
-        a0, a1, a2, a3 = acc[0, r] + acc[4, r], acc[1, r] + acc[5, r], acc[2, r] + acc[6, r], acc[3, r] + acc[7, r]
-        y[o + r] = ((a0 + a2) + (a1 + a3)) + m
-
-
-@njit(**GG)
-def _q6k_vec_group(qs, sc, d, g, xq, dx, bsums, y, o):
-    """Group g of a Q6_K KPacked x one token, as ggml_vec_dot_q6_K_q8_K's AVX2 code (ggml_kernels'
-    _dot_q6_k): lane i sums scale q.x (unsigned q) over weights 4i..4i+3 of each 32-weight group,
-    minus 32 (scale_2i bsum_2i + scale_2i+1 bsum_2i+1). Each half superblock's part of a lane is
-    below 4 * 128 * 4 * 63 * 127 < 2^24 (exact in float32); the halves and the offset are added
-    in int32."""
-    width = qs.shape[3]
-    acc = np.zeros((8, width), np.float32)
-    half = np.empty((2, 8, width), np.float32)
-    dd = np.empty(width, np.float32)
-    for B in range(d.shape[1]):
-        half[:] = 0
-        for h in range(2):
-            for g4 in range(4):
-                b, xo = 8 * B + 4 * h + g4, 256 * B + 128 * h + 32 * g4
-                for i in range(8):
-                    k = 4 * i
-                    scv = sc[g, 16 * B + 8 * h + 2 * g4 + i // 4]
-                    q0, q1, q2, q3 = qs[g, b, k], qs[g, b, k + 1], qs[g, b, k + 2], qs[g, b, k + 3]
-                    x0, x1, x2, x3 = xq[xo + k], xq[xo + k + 1], xq[xo + k + 2], xq[xo + k + 3]
-                    ln = half[h, i]
-                    for r in range(width):
-                        ln[r] += np.float32(np.int32(scv[r])) * (
-                            np.float32(np.int32(q0[r])) * x0 + np.float32(np.int32(q1[r])) * x1
-                            + np.float32(np.int32(q2[r])) * x2 + np.float32(np.int32(q3[r])) * x3)
-        db = d[g, B]
-        for r in range(width):
-            dd[r] = dx[B] * db[r]
-        for i in range(8):
-            s0, s1 = sc[g, 16 * B + 2 * i], sc[g, 16 * B + 2 * i + 1]
-            b0, b1 = np.int32(bsums[16 * B + 2 * i]), np.int32(bsums[16 * B + 2 * i + 1])
-            a, l0, l1 = acc[i], half[0, i], half[1, i]
-            for r in range(width):
-                lane = np.int32(np.int32(l0[r]) + np.int32(l1[r])
-                                - np.int32(32) * (np.int32(s0[r]) * b0 + np.int32(s1[r]) * b1))
-                a[r] = dd[r] * np.float32(lane) + a[r]
-    for r in range(width):
-        a0, a1, a2, a3 = acc[0, r] + acc[4, r], acc[1, r] + acc[5, r], acc[2, r] + acc[6, r], acc[3, r] + acc[7, r]
-        y[o + r] = ((a0 + a2) + (a1 + a3))
-
-
-@njit(parallel=True, **GG)
-def gemv_k(qtype, qs, sc, mn, d, dmin, xq, dx, bsums, y):
-    """K-quant x N tokens (N < TILED_MIN_BATCH), one vec_dot per (row, token): xq [N, n] float32,
-    dx [N, n/256], bsums [N, n/16] int32 -> y [N, G*R]"""
-    for g in prange(qs.shape[0]):
-        for t in range(xq.shape[0]):
-            if qtype == Q4_K:
-                _q4k_vec_group(qs, sc, mn, d, dmin, g, xq[t], dx[t], bsums[t], y[t], g * qs.shape[3])
-            else:
-                _q6k_vec_group(qs, sc, d, g, xq[t], dx[t], bsums[t], y[t], g * qs.shape[3])
-
-
-@njit(**EXACT)
-def _k_codes(qtype, qs, g, B, c):
-    """Superblock B of group g -> c [256, R] float32: Q4_K's q (0..15), Q6_K's q - 32"""
-    width = qs.shape[3]
-    for s in range(8):
-        b = 8 * B + s
-        if qtype == Q4_K:
-            for k in range(16):
-                q = qs[g, b, k]
-                for r in range(width):
-                    c[32 * s + k, r] = np.float32(np.int32(q[r] & 15))
-                    c[32 * s + 16 + k, r] = np.float32(np.int32(q[r] >> 4))
-        else:
-            for k in range(32):
-                q = qs[g, b, k]
-                for r in range(width):
-                    c[32 * s + k, r] = np.float32(np.int32(q[r]) - 32)
-
-
-@njit(**GG)
-def _k_tiled_group(qtype, qs, sc, mn, d, dmin, g, xq, dx, bsums, y):
-    """Group g of a K-quant x N tokens in ggml's tiled order (ggml_kernels' _dot_k_tiled): per
-    superblock s1 = sum_j scale_j (q.x)_j, s2 = sum_j min_j bsum_j (exact integers),
-    res = fma(-dmin_w, s2, d_w s1), acc = fma(res, d_x, acc). A 32-weight sub-block's scale_j
-    (q.x)_j is below 2^24 in magnitude (Q4_K: 63 * 32 * 15 * 127, Q6_K: 2 * 128 * 16 * 32 * 127)
-    and so are four of Q4_K's; the parts are added in int32."""
-    width, N = qs.shape[3], xq.shape[0]
-    c = np.empty((256, width), np.float32)
-    p = np.empty(width, np.float32)
-    part = np.empty(width, np.float32)
-    s1 = np.empty(width, np.int32)
-    s2 = np.empty(width, np.float32)
-    res = np.empty(width, np.float32)
-    acc = np.zeros((N, width), np.float32)
-    for B in range(d.shape[1]):
-        _k_codes(qtype, qs, g, B, c)
-        db = d[g, B]
-        for t in range(N):
-            x = xq[t]
-            s1[:] = 0
-            s2[:] = 0
-            part[:] = 0
-            for s in range(8):
-                xo = 256 * B + 32 * s
-                p[:] = 0
-                if qtype == Q4_K:
-                    for e in range(0, 32, 4):
-                        c0, c1, c2, c3 = c[32 * s + e], c[32 * s + e + 1], c[32 * s + e + 2], c[32 * s + e + 3]
-                        x0, x1, x2, x3 = x[xo + e], x[xo + e + 1], x[xo + e + 2], x[xo + e + 3]
-                        for r in range(width):
-                            p[r] += c0[r] * x0 + c1[r] * x1 + c2[r] * x2 + c3[r] * x3
-                    scb, mnb = sc[g, 8 * B + s], mn[g, 8 * B + s]
-                    bs = np.float32(bsums[t, 16 * B + 2 * s] + bsums[t, 16 * B + 2 * s + 1])
-                    for r in range(width):
-                        part[r] += np.float32(np.int32(scb[r])) * p[r]
-                        s2[r] += np.float32(np.int32(mnb[r])) * bs
-                    if s % 4 == 3:                                     # four sub-blocks: still exact
-                        for r in range(width):
-                            s1[r] += np.int32(part[r])
-                            part[r] = 0
-                else:                                                  # two 16-weight groups per sub-block
-                    sa, sb = sc[g, 16 * B + 2 * s], sc[g, 16 * B + 2 * s + 1]
-                    for half in range(2):
-                        scv = sa if half == 0 else sb
-                        for e in range(16 * half, 16 * half + 16, 4):
-                            c0, c1, c2, c3 = c[32 * s + e], c[32 * s + e + 1], c[32 * s + e + 2], c[32 * s + e + 3]
-                            x0, x1, x2, x3 = x[xo + e], x[xo + e + 1], x[xo + e + 2], x[xo + e + 3]
-                            for r in range(width):
-                                part[r] = c0[r] * x0 + c1[r] * x1 + c2[r] * x2 + c3[r] * x3
-                                p[r] += np.float32(np.int32(scv[r])) * part[r]
-                    for r in range(width):
-                        s1[r] += np.int32(p[r])
-            for r in range(width):
-                res[r] = db[r] * np.float32(s1[r])
-            if qtype == Q4_K:                                          # a loop of its own: the only product
-                dm = dmin[g, B]                                        # in reach of the add is -dmin s2
-                for r in range(width):
-                    res[r] = (-dm[r]) * s2[r] + res[r]                 # fma(-dmin, s2, d s1)
-            a, xd = acc[t], dx[t, B]
-            for r in range(width):
-                a[r] = res[r] * xd + a[r]                              # fma(res, d_x, acc)
-    for t in range(N):
-        y[t, g * width:(g + 1) * width] = acc[t]
-
-
-@njit(parallel=True, **GG)
-def gemm_k_tiled(qtype, qs, sc, mn, d, dmin, xq, dx, bsums, y):
-    for g in prange(qs.shape[0]):
-        _k_tiled_group(qtype, qs, sc, mn, d, dmin, g, xq, dx, bsums, y)
 
 
 # ---- the product ------------------------------------------------------------------------------
