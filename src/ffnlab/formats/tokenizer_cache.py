@@ -87,4 +87,4 @@ def store(reader, tok: Tokenizer) -> None:
             os.unlink(tmp)
             raise
     except OSError:
-        pass
+        return                            # an unwritable cache directory: the next load builds the tokenizer again
