@@ -73,6 +73,20 @@ def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
     assert (err <= bound(qtype, data, ref, x2).T + 2 * EPS32).all(), f"max err {err.max():.3g}"
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
+def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, monkeypatch):
+    """The packed prefill path with threads.parallel_for handing tiles to two threads: every
+    tile is computed once, into its own columns (130 rows: three row groups, the last partial)"""
+    from ffnlab import threads
+    monkeypatch.setattr(threads, "threads", lambda: 2)
+    w, ref, data = make(qtype, 130, 768, layout="packed")
+    assert w._tile_groups(2) == 1                                      # one group a tile: three tiles
+    x = np.random.default_rng(3).normal(0, 1, (7, 768)).astype(np.float32)
+    y = w.matmul(x)                                                   # [7, 130]
+    err = np.abs(y - x.astype(np.float64) @ ref.T)
+    assert (err <= bound(qtype, data, ref, x).T).all(), f"max err {err.max():.3g}"
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "F16"])
 def test_row_lookup_reads_the_rows_asked_for(qtype, layout):
     w, ref, _ = make(qtype, 130, 512, layout=layout)

@@ -79,3 +79,30 @@ def test_run_prints_the_threads_in_json_and_perf_lines(capsys):
     assert doc["threads"]["threads"] == 1 and set(doc["threads"]["libraries"].values()) == {1}
     line = next(x for x in err.splitlines() if "threads =" in x)
     assert line.startswith("ffnlab_perf:          threads = 1 (") and "openblas 1" in line
+
+
+def test_parallel_for_runs_every_item_once_and_restores_blas():
+    import threading
+    T.set_threads(2)
+    seen, names = [], set()
+
+    def item(i):
+        seen.append(i)
+        names.add(threading.current_thread().name)
+        assert set(blas_threads().values()) == {1}       # one BLAS thread per caller while it runs
+    T.parallel_for(item, 37)
+    assert sorted(seen) == list(range(37))
+    assert set(blas_threads().values()) == {2}           # the setting comes back afterwards
+    T.parallel_for(item, 0)                              # nothing to do: no call
+    assert len(seen) == 37
+
+
+def test_parallel_for_raises_a_workers_error_in_the_caller():
+    T.set_threads(2)
+
+    def item(i):
+        if i == 5:
+            raise ValueError("item 5")
+    with pytest.raises(ValueError, match="item 5"):
+        T.parallel_for(item, 8)
+    T.parallel_for(lambda i: None, 8)                    # the pool still works after an error

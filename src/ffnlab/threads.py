@@ -13,11 +13,15 @@ a descheduled sibling, and a product that took 0.1 ms can take a scheduler tick 
 bench/bench_threads.py and bench/RESULTS.md). The number of threads is therefore a user
 setting (-t), printed with every timing, and the same number reaches every library.
 """
+import itertools
 import os
 import sys
+from contextlib import contextmanager
 
 _threads = None          # the number set by set_threads(); None: not set yet
 _limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
+_pool = None             # parallel_for()'s worker threads, started on first use
+_blas = None             # threadpoolctl's controller of the BLAS libraries, for split()
 
 
 def available_cores() -> int:
@@ -75,6 +79,60 @@ def report() -> dict:
         import numba
         numba_n = numba.get_num_threads()
     return {"threads": threads(), "libraries": pools, "numba": numba_n}
+
+
+@contextmanager
+def blas_single(on=True):
+    """BLAS runs on one thread inside (when on, and threads() > 1), as the calls parallel_for() makes
+    need. A quantized model's forward runs inside it whole (model/transformer.py): after a
+    two-thread BLAS call, OpenBLAS's idle thread spins on the other core for a while and slows
+    parallel_for()'s worker there (a SmolLM2 prefill: 550 ms, against 400 ms inside)."""
+    global _blas
+    if not on or threads() <= 1:
+        yield
+        return
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+        _blas = ThreadpoolController().select(user_api="blas")
+    with _blas.limit(limits=1):
+        yield
+
+
+def parallel_for(fn, n_items):
+    """fn(i) for every i in range(n_items), on threads() threads at once: this one and workers,
+    each taking the next i as it finishes one (items of uneven cost balance themselves);
+    returns when all are done. While it runs, BLAS uses one thread per call.
+
+    Why: a prefill product dequantizes a tile of weights (a numba kernel, nogil) and hands it to
+    OpenBLAS. With numba and OpenBLAS each splitting its own step over the cores, each pool's
+    idle threads spin while the other works, and two threads ran slower than one
+    (bench/RESULTS.md, issue 12). Here each thread does both steps for its own tiles: one pool,
+    nothing waits. fn must release the GIL for its long steps (NumPy's BLAS calls and nogil
+    kernels do) and write disjoint outputs."""
+    global _pool
+    n = min(threads(), n_items)
+    if n <= 1:
+        for i in range(n_items):
+            fn(i)
+        return
+    if _pool is None or _pool._max_workers < n - 1:
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="ffnlab")
+    items = itertools.count()                    # next(items) is atomic: the GIL holds it
+
+    def run():
+        for i in iter(items.__next__, None):
+            if i >= n_items:
+                return
+            fn(i)
+
+    with blas_single():
+        workers = [_pool.submit(run) for _ in range(n - 1)]
+        try:
+            run()
+        finally:
+            for f in workers:
+                f.result()                       # waits; re-raises a worker's error here
 
 
 def describe() -> str:

@@ -12,6 +12,8 @@ import numpy as np
 from ..ops.attention import causal_mask
 from ..ops.embedding import embedding_backward
 from ..ops.linear import ComposedWeight, linear_backward, linear_forward
+from ..quant import QuantTensor
+from ..threads import blas_single
 from .arith import F32
 from .block import block_backward, block_forward, norm_backward, norm_forward
 from .hooks import Hooks
@@ -40,6 +42,13 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
     arith: model/arith.py's F32 or GGML (llama.cpp's CPU numerics); the weights' products
            follow the QuantTensors' own setting, made at load.
     """
+    # quantized weights: each thread dequantizes and multiplies its own tiles (threads.split), and
+    # BLAS stays on one thread for the whole forward, so that no idle BLAS thread spins beside them
+    with blas_single(any(isinstance(w, QuantTensor) for w in p.values())):
+        return _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith)
+
+
+def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     ids = np.atleast_2d(np.asarray(ids))
     B, T = ids.shape
     pos0 = kv.n if kv is not None else 0

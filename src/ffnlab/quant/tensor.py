@@ -18,6 +18,7 @@ from . import ggml_kernels, ggml_packed, kernels, packed
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
+from .. import threads
 
 TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights (blocks as in the file): fits in L2
 PACKED_TILE_BYTES = 1 << 20          # packed weights: whole 64-row groups, in L2 (4 MB tiles ran prefill 30% slower)
@@ -132,22 +133,28 @@ class QuantTensor:
         kernels.dequant_rows(int(self.qtype), self.data, self.table, out, HALF_BLOCK)
         return out
 
-    def _tiles(self):
-        """Packed weights as transposed float32 tiles: yields (first row, [in, rows] tile) in one
-        scratch buffer per thread, reused (a fresh 4 MB buffer per product costs ~1,000 page
-        faults). Tiles are whole row groups, ~PACKED_TILE_BYTES. Dequantizing runs on one thread
-        and the GEMM on BLAS's: with numba's threads and OpenBLAS's alternating, each would wait
-        for the other's spinning threads at every tile (bench/RESULTS.md, issue 12)."""
-        P, n = self.packed, self.shape[1]
-        groups = max(1, PACKED_TILE_BYTES // (4 * n * packed.R))
-        G = P.qs.shape[0]
-        cols = min(groups, G) * packed.R
+    def _tile_groups(self, n_threads=1):
+        """Row groups per prefill tile: ~PACKED_TILE_BYTES of float32 (the GEMM reads it from L2),
+        and fewer where that leaves under four tiles a thread (parallel_for balances by tiles)"""
+        G, n = self.packed.qs.shape[0], self.shape[1]
+        return max(1, min(PACKED_TILE_BYTES // (4 * n * packed.R), -(-G // (4 * n_threads))))
+
+    def _tile(self, g0, g1):
+        """row groups g0..g1 of the packed weights as a transposed float32 tile -> (first row,
+        [in, rows] tile), in a scratch buffer of this thread's, reused (a fresh 4 MB buffer per
+        product costs ~1,000 page faults)"""
+        n = self.shape[1]
+        cols = (g1 - g0) * packed.R
         buf = _scratch(n * cols).reshape(n, cols)
-        for g0 in range(0, G, groups):
-            g1 = min(G, g0 + groups)
-            P.dequant_t(g0, g1, buf)
-            r0 = g0 * packed.R
-            yield r0, buf[:, :min(self.shape[0], g1 * packed.R) - r0]
+        self.packed.dequant_t(g0, g1, buf)
+        r0 = g0 * packed.R
+        return r0, buf[:, :min(self.shape[0], g1 * packed.R) - r0]
+
+    def _tiles(self):
+        """every tile in turn: yields (first row, [in, rows] tile), one buffer reused"""
+        G, per = self.packed.qs.shape[0], self._tile_groups()
+        for g0 in range(0, G, per):
+            yield self._tile(g0, min(G, g0 + per))
 
     def __getitem__(self, key):
         """w[i] / w[ids]: dequantized rows ([in] / [*ids.shape, in]), reading only those blocks;
@@ -197,8 +204,14 @@ class QuantTensor:
             return self._ggml_matmul(x)
         if self.packed is not None:
             y = np.empty((x.shape[0], self.shape[0]), np.float32)
-            for r0, tile in self._tiles():
-                np.matmul(x, tile, out=y[:, r0:r0 + tile.shape[1]])    # [N, in] @ [in, rows]
+
+            G, per = self.packed.qs.shape[0], self._tile_groups(threads.threads())
+
+            def tile(i):                                            # one tile, on whichever thread is free
+                r0, t = self._tile(i * per, min(G, (i + 1) * per))
+                np.matmul(x, t, out=y[:, r0:r0 + t.shape[1]])       # [N, in] @ [in, rows]
+            # each thread dequantizes and multiplies its own tiles (threads.parallel_for says why)
+            threads.parallel_for(tile, -(-G // per))
             return y
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
