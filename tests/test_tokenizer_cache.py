@@ -1,5 +1,6 @@
 """The tokenizer cache (formats/tokenizer_cache.py): a hit gives the same tokenizer as building it
 from the GGUF's metadata; an edited file, a damaged entry or an unwritable directory build again."""
+import json
 import os
 
 import pytest
@@ -34,7 +35,11 @@ def test_a_second_load_reads_the_tokenizer_back(cache, monkeypatch):
     built = ffnlab.load(path).tokenizer
     assert len(os.listdir(cache)) == 1
     monkeypatch.setattr(gguf_load, "tokenizer_from_gguf", lambda *a: pytest.fail("built again despite the cache"))
-    _same(ffnlab.load(path).tokenizer, built)
+    back = ffnlab.load(path).tokenizer
+    _same(back, built)
+    (entry,) = cache.iterdir()
+    assert isinstance(json.loads(json.loads(entry.read_text())["tokenizers"])["model"]["merges"][0], str)  # "a b"
+    assert back.tk.to_str() == built.tk.to_str()                  # the same vocabulary, merges and rules, all of them
 
 
 def test_a_damaged_entry_is_built_again(cache, monkeypatch):

@@ -22,7 +22,10 @@ import mmap
 import os
 import struct
 
+import numpy as np
+
 from ..errors import ModelFileError
+from .gguf_arrays import string_spans
 
 GGML_MAX_NAME = 64
 GGML_MAX_DIMS = 4
@@ -136,15 +139,10 @@ def _array(r, key, etype, count):
         # each string is at least its 8-byte length; the walk checks bounds only (a vocabulary has
         # 262k strings), their UTF-8 is checked where they are decoded (gguf_meta.field_value)
         r.need(count * 8, f"the {count} strings of '{key}'")
-        length, pos, size = struct.Struct("<Q").unpack_from, r.pos, r.size
-        for j in range(count):
-            if pos + 8 > size:
-                break
-            pos += 8 + length(r.buf, pos)[0]
-        else:
-            if pos <= size:
-                r.pos = pos
-                return
+        _, _, end = string_spans(np.frombuffer(r.buf, np.uint8), r.pos, count)   # one compiled walk
+        if end >= 0:
+            r.pos = int(end)
+            return
         raise ModelFileError(f"{r.path}: truncated or corrupt: the strings of '{key}' run past the end of the file")
     if etype not in _SCALARS:
         raise ModelFileError(f"{r.path}: metadata key '{key}' has unknown element type {etype}")
