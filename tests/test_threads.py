@@ -106,3 +106,11 @@ def test_parallel_for_raises_a_workers_error_in_the_caller():
     with pytest.raises(ValueError, match="item 5"):
         T.parallel_for(item, 8)
     T.parallel_for(lambda i: None, 8)                    # the pool still works after an error
+
+
+def test_parallel_for_nested_in_an_item_runs_inline():
+    """an item that calls parallel_for itself (the pool's one worker is busy with it) does not wait for itself"""
+    T.set_threads(2)
+    seen = []
+    T.parallel_for(lambda i: T.parallel_for(lambda j: seen.append((i, j)), 3), 4)
+    assert sorted(seen) == [(i, j) for i in range(4) for j in range(3)]

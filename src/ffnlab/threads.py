@@ -16,12 +16,14 @@ setting (-t), printed with every timing, and the same number reaches every libra
 import itertools
 import os
 import sys
+import threading
 from contextlib import contextmanager
 
 _threads = None          # the number set by set_threads(); None: not set yet
 _limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
 _pool = None             # parallel_for()'s worker threads, started on first use
-_blas = None             # threadpoolctl's controller of the BLAS libraries, for split()
+_blas = None             # threadpoolctl's controller of the BLAS libraries, for blas_single()
+_inside = threading.local()   # .on: this thread is running parallel_for's items
 
 
 def available_cores() -> int:
@@ -111,8 +113,8 @@ def parallel_for(fn, n_items):
     kernels do) and write disjoint outputs."""
     global _pool
     n = min(threads(), n_items)
-    if n <= 1:
-        for i in range(n_items):
+    if n <= 1 or getattr(_inside, "on", False):   # nested (fn calls parallel_for): this thread does it all,
+        for i in range(n_items):                     # since a worker waiting for its own pool would wait forever
             fn(i)
         return
     if _pool is None or _pool._max_workers < n - 1:
@@ -121,10 +123,14 @@ def parallel_for(fn, n_items):
     items = itertools.count()                    # next(items) is atomic: the GIL holds it
 
     def run():
-        for i in iter(items.__next__, None):
-            if i >= n_items:
-                return
-            fn(i)
+        _inside.on = True
+        try:
+            for i in iter(items.__next__, None):
+                if i >= n_items:
+                    return
+                fn(i)
+        finally:
+            _inside.on = False
 
     with blas_single():
         workers = [_pool.submit(run) for _ in range(n - 1)]
