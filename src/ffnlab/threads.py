@@ -85,12 +85,13 @@ def report() -> dict:
 
 @contextmanager
 def blas_single(on=True):
-    """BLAS runs on one thread inside (when on, and threads() > 1), as the calls parallel_for() makes
-    need. A quantized model's forward runs inside it whole (model/transformer.py): after a
-    two-thread BLAS call, OpenBLAS's idle thread spins on the other core for a while and slows
-    parallel_for()'s worker there (a SmolLM2 prefill: 550 ms, against 400 ms inside)."""
+    """BLAS runs on one thread inside (when on), as the calls parallel_for() makes need. A quantized
+    model's forward runs inside it whole (model/transformer.py): after a two-thread BLAS call,
+    OpenBLAS's idle thread spins on the other core for ~0.1 s, and slowed parallel_for()'s worker
+    there (a SmolLM2 prefill: 550 ms, against 400 ms inside) and the numba threads of the next
+    decoding steps (the first three after a prefill took 30-45 ms, not 17)."""
     global _blas
-    if not on or threads() <= 1:
+    if not on:
         yield
         return
     if _blas is None:

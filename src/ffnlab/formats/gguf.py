@@ -21,7 +21,7 @@ from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
-from ..quant.warmup import compile_kernels
+from ..quant.warmup import compile_decode, compile_kernels
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -133,7 +133,8 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
         tokenizer_cache.store(reader, tok)
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
-    m.compile_seconds = compile_kernels(params)       # numba: compiled once, then loaded from its disk cache
+    # numba: compiled once, then loaded from its disk cache; here, so that no timed step pays for it
+    m.compile_seconds = compile_kernels(params) + compile_decode(m)
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)
     return m

@@ -26,3 +26,12 @@ def compile_kernels(params) -> float:
             part.matmul(np.zeros((2, w.shape[1]), np.float32))
             part[np.zeros(1, np.int64)]
     return time.perf_counter() - t0
+
+
+def compile_decode(model) -> float:
+    """One decode step (model/decode.py) on a throwaway one-position cache: its compiled calls
+    (RMSNorm, RoPE + attention, the GLU; ggml's in arith "ggml") are loaded from numba's cache at
+    load, not inside the first timed step (~55 ms for SmolLM2). -> seconds taken."""
+    t0 = time.perf_counter()
+    model.forward_last([0], model.new_cache(n_ctx=1))
+    return time.perf_counter() - t0
