@@ -97,17 +97,31 @@ def pack(qtype, data, table, n) -> Packed:
     return P
 
 
-def empty(qtype, rows, n) -> Packed:
-    """A zero Packed of rows x n weights of ggml type qtype, to fill()."""
+def shapes(qtype, rows, n) -> list:
+    """The arrays empty() makes for rows x n weights of ggml type qtype: [(shape, dtype)] in the
+    order qs, qh, d, m (an absent qh or m has no entry)."""
     G = -(-rows // R)
     if qtype in NIB_TYPES:
         zero, fifth, has_m = NIB_TYPES[qtype]
-        return Packed("nib", rows, n, np.zeros((G, n // 32, 16, R), np.uint8),
-                      np.zeros((G, n // 32, 4, R), np.uint8) if fifth else _NONE_U, np.zeros((G, n // 32, R), np.float32),
-                      np.zeros((G, n // 32, R), np.float32) if has_m else _NONE_F, zero)
+        return [((G, n // 32, 16, R), np.uint8)] + ([((G, n // 32, 4, R), np.uint8)] if fifth else []) + \
+            [((G, n // 32, R), np.float32)] + ([((G, n // 32, R), np.float32)] if has_m else [])
     B = I8_TYPES[qtype]
-    return Packed("i8", rows, n, np.zeros((G, n // B, B, R), np.int8), _NONE_U, np.zeros((G, n // B, R), np.float32),
-                  _NONE_F, 0)
+    return [((G, n // B, B, R), np.int8), ((G, n // B, R), np.float32)]
+
+
+def empty(qtype, rows, n) -> Packed:
+    """A Packed of rows x n weights of ggml type qtype, to fill(). fill() writes every row below
+    rows, and the rows past them in the last group are zeros here (np.zeros of the whole would
+    write ~110 MB of zeros for SmolLM2 that fill() then overwrites)."""
+    arrays = [np.empty(shape, dtype) for shape, dtype in shapes(qtype, rows, n)]
+    for a in arrays:
+        if rows % R:
+            a[-1, ..., rows % R:] = 0                     # [G, ..., R]: the last group's rows past `rows`
+    if qtype in NIB_TYPES:
+        zero, fifth, has_m = NIB_TYPES[qtype]
+        qs, qh, d, m = arrays[0], arrays[1] if fifth else _NONE_U, arrays[1 + fifth], arrays[-1] if has_m else _NONE_F
+        return Packed("nib", rows, n, qs, qh, d, m, zero)
+    return Packed("i8", rows, n, arrays[0], _NONE_U, arrays[1], _NONE_F, 0)
 
 
 def fill(P, qtype, data, table):

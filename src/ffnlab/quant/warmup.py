@@ -14,17 +14,25 @@ from .tensor import QuantTensor
 
 
 def compile_kernels(params) -> float:
-    """Run every kernel once on one row (packed: one row group) of each QuantTensor type in
-    params, packed and not; -> seconds taken."""
+    """Run the kernels generation uses once, on one row (packed: one row group) of each
+    QuantTensor type in params: the one-token product for every matrix, the prompt's tiled
+    product for the layers' matrices, the row lookup for the embedding tables. (The LM head's
+    tiled product, for logits at every position, loads on first use.) -> seconds taken."""
     t0 = time.perf_counter()
     seen = set()
-    for w in params.values():
-        if isinstance(w, QuantTensor) and (w.qtype, w.packed is None) not in seen:
-            seen.add((w.qtype, w.packed is None))
-            part = w[:min(w.shape[0], R)]                      # same array kinds as the model's: packed views, mapped rows
+    for name, w in params.items():
+        if not isinstance(w, QuantTensor):
+            continue
+        part = w[:min(w.shape[0], R)]                          # same array kinds as the model's: packed views, mapped rows
+        kind = (w.qtype, w.packed is None)
+        if ("matvec",) + kind not in seen:
             part.matvec(np.zeros(w.shape[1], np.float32))
+        if name.startswith("blk.") and ("matmul",) + kind not in seen:
             part.matmul(np.zeros((2, w.shape[1]), np.float32))
+        if "embd" in name and ("lookup",) + kind not in seen:
             part[np.zeros(1, np.int64)]
+        seen |= {("matvec",) + kind, ("matmul",) + kind if name.startswith("blk.") else None,
+                 ("lookup",) + kind if "embd" in name else None}
     return time.perf_counter() - t0
 
 
