@@ -6,7 +6,7 @@ lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q8_0 against Q8
 activations), the lane FMA acc_l = fma(d_w d_x, lane_l, acc_l), the Q8_1 sum of m_w s_x, the
 hsum_float_8 pairing; for Q4_K / Q6_K the AVX2 vec_dot lanes (one or a few tokens) or the tiled
 order (8+ tokens). What changes is only how the exact integer parts are computed: 64 rows at a
-time, in float32. A lane's products of a weight code (|q| <= 63, or 128 for Q8_0) and an
+time (a panel of 128 for batches, four tokens per pass over its codes), in float32. A lane's products of a weight code (|q| <= 63, or 128 for Q8_0) and an
 activation code (|x| <= 127) are integers, and so is every partial sum; while they stay below
 2^24 in magnitude float32 holds them exactly, whatever the order or fusion of the adds. Where
 a sum can pass 2^24 (Q4_K's 256-weight tiled sum, Q6_K's lanes) it is split into parts that
@@ -130,76 +130,109 @@ def gemv_i8(qs, d, xq, dx, y):
 
 # ---- 32-weight blocks, several tokens ---------------------------------------------------------
 
+PANEL_GROUPS = 2                                     # row groups per panel: 128 rows per vector loop
+TOKEN_TILE = 4                                       # tokens whose lanes stay in L1 over all blocks
+PAD = 16
+
+
 @njit(**EXACT)
-def _block_codes(qs, zero, g, b, c):
-    """Block b of group g -> c [32, R] float32: each row's 32 integer weights (offset applied)"""
+def _panel_codes(qs, d, m, zero, g0, g1, c, dp, mp):
+    """Groups g0..g1 -> c [n/32, 32, W] float32 (each row's integer weights, offset applied),
+    dp, mp [n/32, W] (the blocks' d and m): the panel's rows side by side, W = (g1 - g0) * R"""
     width = qs.shape[3]
-    if qs.shape[2] == 32:                                              # i8
-        for k in range(32):
-            q = qs[g, b, k]
-            for r in range(width):
-                c[k, r] = np.float32(q[r])
-        return
     z = np.int32(zero)
-    for k in range(16):
-        q = qs[g, b, k]
-        for r in range(width):
-            c[k, r] = np.float32(np.int32((q[r] & 15) - z))
-            c[16 + k, r] = np.float32(np.int32((q[r] >> 4) - z))
+    for g in range(g0, g1):
+        o = (g - g0) * width
+        for b in range(d.shape[1]):
+            dp[b, o:o + width] = d[g, b]
+            if m.shape[0]:
+                mp[b, o:o + width] = m[g, b]
+            cb = c[b]
+            if qs.shape[2] == 32:                                      # i8
+                for k in range(32):
+                    q, dst = qs[g, b, k], cb[k, o:o + width]
+                    for r in range(width):
+                        dst[r] = np.float32(np.int32(q[r]))
+            else:                                                      # nib: low nibble weight k, high k + 16
+                for k in range(16):
+                    q, lo, hi = qs[g, b, k], cb[k, o:o + width], cb[16 + k, o:o + width]
+                    for r in range(width):
+                        v = np.int32(q[r])
+                        lo[r] = np.float32(np.int32((v & 15) - z))
+                        hi[r] = np.float32(np.int32((v >> 4) - z))
 
 
 @njit(**GG)
-def _block32_gemm_group(qs, d, m, zero, g, xq, dx, sx, y):
-    """Group g x N tokens: xq [N, n], dx / sx [N, n/32] -> y[:, g*R : (g+1)*R]. Each block's
-    codes are turned into floats once and used for every token, four tokens per pass over them
-    (one load of a code serves four FMAs). d_w d_x is formed where it is used, as ggml does."""
-    nb, width, N = d.shape[1], qs.shape[3], xq.shape[0]
-    acc = np.zeros((N, 8, width), np.float32)
-    summs = np.zeros((N, width), np.float32)
-    c = np.empty((32, width), np.float32)
-    for b in range(nb):
-        _block_codes(qs, zero, g, b, c)
-        db = d[g, b]
-        xo = b * 32
-        if m.shape[0]:
-            mb = m[g, b]
-            for t in range(N):
-                s, st = sx[t, b], summs[t]
-                for r in range(width):
-                    st[r] += mb[r] * s                                 # halves' product: exact, fused or not
-        t = 0
-        while t + 4 <= N:
-            e0, e1, e2, e3 = dx[t, b], dx[t + 1, b], dx[t + 2, b], dx[t + 3, b]
-            for j in range(8):
-                k = xo + 4 * j
-                x00, x01, x02, x03 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
-                x10, x11, x12, x13 = xq[t + 1, k], xq[t + 1, k + 1], xq[t + 1, k + 2], xq[t + 1, k + 3]
-                x20, x21, x22, x23 = xq[t + 2, k], xq[t + 2, k + 1], xq[t + 2, k + 2], xq[t + 2, k + 3]
-                x30, x31, x32, x33 = xq[t + 3, k], xq[t + 3, k + 1], xq[t + 3, k + 2], xq[t + 3, k + 3]
-                for r in range(width):
-                    c0, c1, c2, c3, dw = c[4 * j, r], c[4 * j + 1, r], c[4 * j + 2, r], c[4 * j + 3, r], db[r]
-                    acc[t, j, r] = (dw * e0) * (c0 * x00 + c1 * x01 + c2 * x02 + c3 * x03) + acc[t, j, r]
-                    acc[t + 1, j, r] = (dw * e1) * (c0 * x10 + c1 * x11 + c2 * x12 + c3 * x13) + acc[t + 1, j, r]
-                    acc[t + 2, j, r] = (dw * e2) * (c0 * x20 + c1 * x21 + c2 * x22 + c3 * x23) + acc[t + 2, j, r]
-                    acc[t + 3, j, r] = (dw * e3) * (c0 * x30 + c1 * x31 + c2 * x32 + c3 * x33) + acc[t + 3, j, r]
-            t += 4
-        while t < N:
-            e0 = dx[t, b]
-            for j in range(8):
-                k = xo + 4 * j
-                x0, x1, x2, x3 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
-                for r in range(width):
-                    acc[t, j, r] = (db[r] * e0) * (c[4 * j, r] * x0 + c[4 * j + 1, r] * x1 + c[4 * j + 2, r] * x2
-                                                   + c[4 * j + 3, r] * x3) + acc[t, j, r]
-            t += 1
-    for t in range(N):
-        _hsum_store(acc[t], summs[t], y[t], g * width)
+def _panel_gemm(c, dp, mp, W, xq, dx, sx, y, o, acc, dd, summs):
+    """A panel (c, dp, mp from _panel_codes; W rows) x N tokens -> y[:, o:o+W]. Tokens go in tiles
+    of TOKEN_TILE whose lane accumulators acc [T, 8, W] stay in L1 while every block passes; in a
+    tile, four tokens per pass over a lane's codes (one load of a code serves four products).
+    d_w d_x (exact: two halves) is formed once per block and token, as ggml's broadcast."""
+    nb, N = dp.shape[0], xq.shape[0]
+    for t0 in range(0, N, TOKEN_TILE):
+        nt = min(TOKEN_TILE, N - t0)
+        acc[:] = 0
+        summs[:] = 0
+        for b in range(nb):
+            db, cb, xo = dp[b], c[b], b * 32
+            for i in range(nt):
+                e = dx[t0 + i, b]
+                for r in range(W):
+                    dd[i, r] = db[r] * e
+            if mp.shape[0]:
+                mb = mp[b]
+                for i in range(nt):
+                    s, st = sx[t0 + i, b], summs[i]
+                    for r in range(W):
+                        st[r] += mb[r] * s                             # halves' product: exact, fused or not
+            i = 0
+            while i + 4 <= nt:
+                t = t0 + i
+                d0, d1, d2, d3 = dd[i], dd[i + 1], dd[i + 2], dd[i + 3]
+                for j in range(8):
+                    k = xo + 4 * j
+                    c0, c1, c2, c3 = cb[4 * j], cb[4 * j + 1], cb[4 * j + 2], cb[4 * j + 3]
+                    a0, a1, a2, a3 = acc[i, j], acc[i + 1, j], acc[i + 2, j], acc[i + 3, j]
+                    x00, x01, x02, x03 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
+                    x10, x11, x12, x13 = xq[t + 1, k], xq[t + 1, k + 1], xq[t + 1, k + 2], xq[t + 1, k + 3]
+                    x20, x21, x22, x23 = xq[t + 2, k], xq[t + 2, k + 1], xq[t + 2, k + 2], xq[t + 2, k + 3]
+                    x30, x31, x32, x33 = xq[t + 3, k], xq[t + 3, k + 1], xq[t + 3, k + 2], xq[t + 3, k + 3]
+                    for r in range(W):
+                        v0, v1, v2, v3 = c0[r], c1[r], c2[r], c3[r]          # the lane's integer sum, then
+                        a0[r] = d0[r] * ((v0 * x00 + v1 * x01) + (v2 * x02 + v3 * x03)) + a0[r]   # ggml's FMA
+                        a1[r] = d1[r] * ((v0 * x10 + v1 * x11) + (v2 * x12 + v3 * x13)) + a1[r]
+                        a2[r] = d2[r] * ((v0 * x20 + v1 * x21) + (v2 * x22 + v3 * x23)) + a2[r]
+                        a3[r] = d3[r] * ((v0 * x30 + v1 * x31) + (v2 * x32 + v3 * x33)) + a3[r]
+                i += 4
+            while i < nt:
+                t, d0 = t0 + i, dd[i]
+                for j in range(8):
+                    k = xo + 4 * j
+                    x00, x01, x02, x03 = xq[t, k], xq[t, k + 1], xq[t, k + 2], xq[t, k + 3]
+                    c0, c1, c2, c3 = cb[4 * j], cb[4 * j + 1], cb[4 * j + 2], cb[4 * j + 3]
+                    a0 = acc[i, j]
+                    for r in range(W):
+                        a0[r] = d0[r] * ((c0[r] * x00 + c1[r] * x01) + (c2[r] * x02 + c3[r] * x03)) + a0[r]
+                i += 1
+        for i in range(nt):
+            _hsum_store(acc[i, :, :W], summs[i, :W], y[t0 + i], o)
 
 
 @njit(parallel=True, **GG)
 def gemm_block32(qs, d, m, zero, xq, dx, sx, y):
-    for g in prange(qs.shape[0]):
-        _block32_gemm_group(qs, d, m, zero, g, xq, dx, sx, y)
+    """32-weight blocks x N tokens: xq [N, n] float32 codes, dx / sx [N, n/32] -> y [N, G*R]. Panels of
+    PANEL_GROUPS groups: their codes are turned into floats once (in L2) and used by every token."""
+    nb, width, G = d.shape[1], qs.shape[3], qs.shape[0]
+    P = PANEL_GROUPS * width
+    for p in prange(-(-G // PANEL_GROUPS)):
+        g0, g1 = p * PANEL_GROUPS, min(G, (p + 1) * PANEL_GROUPS)
+        c, dp = np.empty((nb, 32, P), np.float32), np.empty((nb, P), np.float32)
+        mp = np.empty((nb if m.shape[0] else 0, P), np.float32)
+        acc = np.empty((TOKEN_TILE, 8, P + PAD), np.float32)        # PAD: the tile's four tokens' lanes
+        dd = np.empty((TOKEN_TILE, P), np.float32)                   # not 4 KiB apart (store/load aliasing)
+        summs = np.empty((TOKEN_TILE, P), np.float32)
+        _panel_codes(qs, d, m, zero, g0, g1, c, dp, mp)
+        _panel_gemm(c, dp, mp, (g1 - g0) * width, xq, dx, sx, y, g0 * width, acc, dd, summs)
 
 
 # ---- packing (once, at load) ------------------------------------------------------------------
