@@ -11,7 +11,9 @@ compares against the full forward with float32 bounds).
 import numpy as np
 from numba import njit
 
-FAST = dict(cache=True, nogil=True, fastmath=True)
+# error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
+# raises ZeroDivisionError, e.g. on a model whose weights hold infinities)
+FAST = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
 
 
 @njit(**FAST)

@@ -13,8 +13,9 @@ from numba import njit
 from ..quant.ggml_quants import f16_round
 from .ggml_math import _soft_max_row
 
-JIT = dict(cache=True, nogil=True)                      # no fastmath: ggml's roundings
-F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"})   # the lane FMAs of ggml_vec_dot_f16
+# no fastmath: ggml's roundings; error_model "numpy": a division by zero gives inf or nan, as in C
+JIT = dict(cache=True, nogil=True, error_model="numpy")
+F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")   # the lane FMAs of ggml_vec_dot_f16
 
 
 @njit(**JIT)
