@@ -7,8 +7,8 @@ For each arithmetic, the same model file (weights in their GGUF blocks both time
   decode   --decode tokens, one forward_last() each against the KV cache (f16 in ggml mode)
 Times are process CPU time per run (time.process_time: other jobs on a shared machine slow them
 less than wall-clock time); the median over --repeats is reported, with the ratio ggml / f32
-measured in this same process. Threads: NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS = 1, so the
-figures are per core. The CPU model is printed with the load average.
+measured in this same process, the two arithmetics taking turns in each repeat. Threads:
+NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS = 1, so the figures are per core. The CPU model is printed with the load average.
 """
 import argparse
 import os
@@ -38,12 +38,14 @@ def cpu_time(f):
     return time.process_time() - t
 
 
-def measure(model, ids, n_decode, repeats):
-    """-> (median prompt seconds, median seconds per decoded token)"""
-    def prompt():
-        model.forward(ids)
+def measure(models, ids, n_decode, repeats):
+    """models: {arith: model} -> {arith: (median prompt seconds, median seconds per decoded token)}.
+    The arithmetics take turns within each repeat, so a neighbour's load on a shared machine
+    falls on both alike."""
+    def prompt(model):
+        return cpu_time(lambda: model.forward(ids))
 
-    def decode():
+    def decode(model):
         kv = model.new_cache(n_ctx=len(ids) + n_decode + 1)
         tok = int(np.argmax(model.forward_last(ids[:8], kv)))   # a short prompt, not timed
         t = time.process_time()
@@ -51,10 +53,15 @@ def measure(model, ids, n_decode, repeats):
             tok = int(np.argmax(model.forward_last([tok], kv)))
         return (time.process_time() - t) / n_decode
 
-    prompt(), decode()                                       # compile (or load numba's cache), warm caches
-    p = statistics.median(cpu_time(prompt) for _ in range(repeats))
-    d = statistics.median(decode() for _ in range(repeats))
-    return p, d
+    for model in models.values():                            # compile (or load numba's cache), warm caches
+        prompt(model), decode(model)
+    times = {arith: ([], []) for arith in models}
+    for _ in range(repeats):
+        for arith, model in models.items():
+            times[arith][0].append(prompt(model))
+        for arith, model in models.items():
+            times[arith][1].append(decode(model))
+    return {arith: (statistics.median(p), statistics.median(d)) for arith, (p, d) in times.items()}
 
 
 def main():
@@ -66,11 +73,9 @@ def main():
     args = ap.parse_args()
     path = resolve_model(args.model)
     rng = np.random.default_rng(0)
-    results = {}
-    for arith in ("f32", "ggml"):
-        m = load(path, arith=arith, progress=False)
-        ids = rng.integers(100, m.config.vocab_size - 100, args.prompt_tokens).tolist()
-        results[arith] = measure(m, ids, args.decode, args.repeats)
+    models = {arith: load(path, arith=arith, progress=False) for arith in ("f32", "ggml")}
+    ids = rng.integers(100, models["f32"].config.vocab_size - 100, args.prompt_tokens).tolist()
+    results = measure(models, ids, args.decode, args.repeats)
     print(f"{os.path.basename(path)} on {cpu_model()}, 1 thread, median CPU time of {args.repeats}; "
           f"load average {os.getloadavg()[0]:.1f}\n")
     print("| arith | prompt (%d tokens) s | prompt tok/s | decode ms/token | decode tok/s |" % args.prompt_tokens)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from ffnlab.ops import ggml_math
 from ffnlab.quant import QuantTensor, ggml_kernels, ggml_packed
 from ffnlab.quant.blocks import F16_TABLE
 from ffnlab.quant.ggml_quants import Q8Rows
@@ -124,3 +125,21 @@ def test_ggml_decode_step_equals_forward(name):
     for il in range(m.config.n_layer):
         np.testing.assert_array_equal(fast.k[il], full.k[il])
         np.testing.assert_array_equal(fast.v[il], full.v[il])
+
+
+def test_to_f16_rounds_as_numpy_half():
+    """ggml_math.to_f16 (bit arithmetic, compiled) against NumPy's float32 -> float16 -> float32
+    (IEEE round to nearest, ties to even): 4M random bit patterns of every sign and exponent, and
+    the edges: halves' ties, the subnormal boundary 2^-14, 65504 / 65520 (largest half, first
+    value that rounds to infinity), zeros of both signs, infinities and NaN."""
+    rng = np.random.default_rng(15)
+    bits = rng.integers(0, 2**32, 1 << 22, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0.0, -0.0, 2.0**-14, -(2.0**-14), 2.0**-24, 2.0**-25, 3 * 2.0**-25, 65504.0, 65519.99,
+                      65520.0, -65520.0, np.inf, -np.inf, np.nan, 1 + 2.0**-11, 1 + 3 * 2.0**-11], np.float32)
+    x = np.concatenate([bits.view(np.float32), edges])
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = x.astype(np.float16).astype(np.float32)
+    got = ggml_math.to_f16(x)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], ref.view(np.uint32)[~nan])
