@@ -204,7 +204,6 @@ class QuantTensor:
             return self._ggml_matmul(x)
         if self.packed is not None:
             y = np.empty((x.shape[0], self.shape[0]), np.float32)
-
             G, per = self.packed.qs.shape[0], self._tile_groups(threads.threads())
 
             def tile(i):                                            # one tile, on whichever thread is free
