@@ -109,8 +109,14 @@ def test_parallel_for_raises_a_workers_error_in_the_caller():
 
 
 def test_parallel_for_nested_in_an_item_runs_inline():
-    """an item that calls parallel_for itself (the pool's one worker is busy with it) does not wait for itself"""
+    """an item that calls parallel_for itself (the pool's one worker is busy with it) does not wait
+    for itself: run in a thread of its own, so that a deadlock fails here instead of hanging"""
+    import threading
     T.set_threads(2)
     seen = []
-    T.parallel_for(lambda i: T.parallel_for(lambda j: seen.append((i, j)), 3), 4)
+    t = threading.Thread(target=T.parallel_for, args=(lambda i: T.parallel_for(lambda j: seen.append((i, j)), 3), 4),
+                         daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "nested parallel_for did not return"
     assert sorted(seen) == [(i, j) for i in range(4) for j in range(3)]
