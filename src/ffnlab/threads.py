@@ -23,7 +23,7 @@ _threads = None          # the number set by set_threads(); None: not set yet
 _limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
 _pool = None             # parallel_for()'s worker threads, started on first use
 _blas = None             # threadpoolctl's controller of the BLAS libraries, for blas_single()
-_inside = threading.local()   # .on: this thread is running parallel_for's items
+_inside = threading.local()   # .on: this thread runs parallel_for's items; .blas_single: inside blas_single()
 
 
 def available_cores() -> int:
@@ -91,14 +91,18 @@ def blas_single(on=True):
     there (a SmolLM2 prefill: 550 ms, against 400 ms inside) and the numba threads of the next
     decoding steps (the first three after a prefill took 30-45 ms, not 17)."""
     global _blas
-    if not on:
+    if not on or getattr(_inside, "blas_single", False):    # off, or already inside (a forward's products)
         yield
         return
     if _blas is None:
         from threadpoolctl import ThreadpoolController
         _blas = ThreadpoolController().select(user_api="blas")
-    with _blas.limit(limits=1):
-        yield
+    _inside.blas_single = True
+    try:
+        with _blas.limit(limits=1):
+            yield
+    finally:
+        _inside.blas_single = False
 
 
 def parallel_for(fn, n_items):

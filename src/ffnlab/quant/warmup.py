@@ -23,16 +23,19 @@ def compile_kernels(params) -> float:
     for name, w in params.items():
         if not isinstance(w, QuantTensor):
             continue
-        part = w[:min(w.shape[0], R)]                          # same array kinds as the model's: packed views, mapped rows
+        uses = {"matvec"} | ({"matmul"} if name.startswith("blk.") else set()) | ({"lookup"} if "embd" in name else set())
         kind = (w.qtype, w.packed is None)
-        if ("matvec",) + kind not in seen:
+        todo = {u for u in uses if (u,) + kind not in seen}
+        if not todo:
+            continue
+        seen |= {(u,) + kind for u in todo}
+        part = w[:min(w.shape[0], R)]                          # same array kinds as the model's: packed views, mapped rows
+        if "matvec" in todo:
             part.matvec(np.zeros(w.shape[1], np.float32))
-        if name.startswith("blk.") and ("matmul",) + kind not in seen:
+        if "matmul" in todo:
             part.matmul(np.zeros((2, w.shape[1]), np.float32))
-        if "embd" in name and ("lookup",) + kind not in seen:
+        if "lookup" in todo:
             part[np.zeros(1, np.int64)]
-        seen |= {("matvec",) + kind, ("matmul",) + kind if name.startswith("blk.") else None,
-                 ("lookup",) + kind if "embd" in name else None}
     return time.perf_counter() - t0
 
 
