@@ -82,6 +82,7 @@ def test_a_product_never_makes_a_float32_copy_of_a_weight_matrix(tmp_path, monke
     (attention 1024 x 1024 x 4 bytes = 4.2 MB; FFN 16.8 MB): the activations come to ~1.6 MB and
     a prefill tile is one 64-row group, 64 x 4096 x 4 bytes = 1 MB for ffn_down. The embedding
     (258 rows, 1.06 MB as float32) is read row by row: test_quant_kernels checks w[ids]."""
+    monkeypatch.setenv("FFNLAB_PACK_CACHE_MB", "0")                  # pack at load (not mapped from the cache)
     monkeypatch.setattr(quant_tensor, "TILE_BYTES", 1 << 17)        # 128 KB prefill tiles
     monkeypatch.setattr(quant_tensor, "PACKED_TILE_BYTES", 1 << 17)  # packed: one 64-row group per tile
     path = quant_model(tmp_path, "Q4_0", d_model=1024, d_ff=4096, n_head=8, n_kv_head=8)

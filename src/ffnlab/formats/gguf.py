@@ -23,7 +23,7 @@ from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.warmup import compile_decode, compile_kernels
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
-from . import tokenizer_cache
+from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
 
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
@@ -128,11 +128,15 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
+    cached = not dequantize and pack_cache.restore(path, reader, params, arith)   # laid out on an earlier load
     tok = tokenizer_cache.load(reader)                     # built on an earlier load of the same header
     if tok is None:
         tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
         tokenizer_cache.store(reader, tok)
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
+    if not dequantize and not cached:
+        pack_cache.store(path, reader, params, arith)
+    m.pack_cached = cached
     # numba: compiled once, then loaded from its disk cache; here, so that no timed step pays for it
     m.compile_seconds = compile_kernels(params) + compile_decode(m)
     m.load_seconds = time.perf_counter() - t0

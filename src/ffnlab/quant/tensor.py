@@ -78,26 +78,33 @@ class QuantTensor:
         return 0 if self.packed is None else self.packed.nbytes
 
     @classmethod
-    def stacked(cls, parts, release=True):
+    def stacked(cls, parts, release=True, fused=None):
         """One matrix of the parts' rows, stacked (q/k/v, gate/up: one product where a decode step
         would make three or two), packed straight into one layout whose row groups are the parts'
         packed views (nothing is stored twice, no copy is made on the way). Needs unpacked parts of
         one packed type and width (one arith: _STACKS), all but the last a whole number of row groups.
-        -> QuantTensor, or None where the parts do not fit (each can still pack() alone)."""
+        fused: that layout, already made (formats/pack_cache.py reads it back from disk), whose
+        groups the parts become. -> QuantTensor, or None where the parts do not fit (each can
+        still pack() alone)."""
         first = parts[0]
         if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != first.arith or w.qtype != first.qtype
                or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in _STACKS[first.arith] \
                 or any(w.shape[0] % packed.R for w in parts[:-1]):
             return None
         rows, n = sum(w.shape[0] for w in parts), first.shape[1]
-        fused = packed.empty(int(first.qtype), rows, n)
+        fill = fused is None
+        if fill:
+            fused = packed.empty(int(first.qtype), rows, n)
+        elif (fused.rows, fused.n) != (rows, n):
+            return None
         g = 0
         for w in parts:
             G = -(-w.shape[0] // packed.R)
             w.packed = fused.groups(g, g + G)
-            packed.fill(w.packed, first.qtype, w.data, w.table)
-            if release:
-                release_pages(w.data)
+            if fill:
+                packed.fill(w.packed, first.qtype, w.data, w.table)
+                if release:
+                    release_pages(w.data)
             g += G
         self = cls.__new__(cls)
         self.qtype, self.arith, self.shape, self.table = first.qtype, first.arith, (rows, n), first.table
