@@ -1,20 +1,26 @@
-"""ggml arithmetic over the row-interleaved layout (quant/ggml_packed.py): the same bits as the
-row-at-a-time kernels of quant/ggml_kernels.py (which tests/test_ggml_quants.py holds to ggml's
-own code), for every packed type, one token and several (K-quants: ggml's per-token vec_dot
-below 8 tokens, its tiled order from 8), rows that do not fill the last 64-row group, and
-activations whose integer sums reach the float32-exactness limits the kernels rely on."""
+"""ggml arithmetic over the row-interleaved layouts (quant/ggml_packed.py, quant/ggml_int8.py): the
+same bits as the row-at-a-time kernels of quant/ggml_kernels.py (which tests/test_ggml_quants.py
+holds to ggml's own code), for every packed type, one token and several (K-quants: ggml's
+per-token vec_dot below 8 tokens, its tiled order from 8), rows that do not fill the last 64-row
+group, and activations whose integer sums reach the float32-exactness limits the kernels rely on.
+The 32-weight types have two paths, both held here: "int8" (ggml_int8.py's byte multiplies, what
+an AVX2 host's QuantTensor runs) and "float" (ggml_packed.py's float kernels, the fallback)."""
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from ffnlab.ops import ggml_math
-from ffnlab.quant import QuantTensor, ggml_kernels, ggml_packed
-from ffnlab.quant.blocks import F16_TABLE
+from ffnlab.quant import QuantTensor, ggml_int8, ggml_kernels, ggml_packed, simd
+from ffnlab.quant.blocks import F16_TABLE, table_for
 from ffnlab.quant.ggml_quants import Q8Rows
 from test_ggml_quants import PAIRS, activations, random_blocks
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
+BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0]
+# (type, path): the 32-weight types on both paths, the K-quants on their one
+CASES = [(t, p) for t in BLOCK32 for p in ("int8", "float")] + [(T.Q4_K, "k"), (T.Q6_K, "k")]
+CASE_IDS = [f"{t.name}-{p}" for t, p in CASES]
 
 
 def reference(qtype, data, a):
@@ -23,21 +29,47 @@ def reference(qtype, data, a):
     return y
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def product(qtype, data, x, path):
+    """x [N, n] times the blocks data on one path -> [N, rows]. "int8" and "k": a QuantTensor's
+    product (pack() at load, quantized activation, the layout's kernels); "float": the float
+    kernels called directly over their layout, as a host without AVX2 runs them."""
+    rows, n = data.shape[0], x.shape[1]
+    if path == "float":
+        P = ggml_packed.pack(int(qtype), data, table_for(qtype), n, int8=False)
+        assert not isinstance(P, ggml_int8.LanePacked)
+        return ggml_packed.product(P, Q8Rows(PAIRS[qtype][0], x), rows)
+    if path == "int8" and not simd.HAS_AVX2:
+        pytest.skip("this CPU has no AVX2: the int8 path is not used here")
+    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
+    w.pack(release=False)
+    assert w.packed is not None and isinstance(w.packed, ggml_int8.LanePacked) == (path == "int8")
+    return w.matmul(x)
+
+
+@pytest.mark.parametrize("qtype, path", CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("tokens", [1, 3, 8, 13])
-def test_packed_products_equal_the_reference_order(qtype, tokens):
+def test_packed_products_equal_the_reference_order(qtype, path, tokens):
     rng = np.random.default_rng(11)
     n, rows = 512, 100                                                 # 2 groups, the second part empty
     data = random_blocks(qtype, rows, n, rng)
     x = activations(rng, tokens, n)
-    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
-    w.pack(release=False)
-    assert w.packed is not None
-    np.testing.assert_array_equal(w.matmul(x), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x)))
+    np.testing.assert_array_equal(product(qtype, data, x, path), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x)))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_extreme_codes_stay_exact(qtype):
+@pytest.mark.parametrize("qtype, path", CASES[:8], ids=CASE_IDS[:8])
+@pytest.mark.parametrize("rows, n", [(1, 32), (7, 64), (63, 96), (65, 256), (130, 160)])
+def test_odd_shapes_equal_the_reference_order(qtype, path, rows, n):
+    """rows that fill no 8-row chunk, part of one, or spill into a last group; one block per row;
+    1, 2, 5 and 9 tokens"""
+    rng = np.random.default_rng(rows * 1000 + n)
+    data = random_blocks(qtype, rows, n, rng)
+    for tokens in (1, 2, 5, 9):
+        x = activations(rng, tokens, n)
+        np.testing.assert_array_equal(product(qtype, data, x, path), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x)))
+
+
+@pytest.mark.parametrize("qtype, path", CASES, ids=CASE_IDS)
+def test_extreme_codes_stay_exact(qtype, path):
     """Every weight at its largest magnitude and every activation code at +-127: the integer
     lanes reach their bounds (Q6_K's half-superblock lanes 16,386,048 < 2^24), where a float32
     sum that was not exact would round."""
@@ -53,10 +85,32 @@ def test_extreme_codes_stay_exact(qtype):
     data = raw.reshape(rows, -1)
     x = np.where(rng.random((9, n)) < 0.9, 1.0, -1.0).astype(np.float32) * 3.0   # |q_x| = 127 everywhere
     x[0] = 3.0
-    w = QuantTensor(data, qtype, (rows, n), arith="ggml")
-    w.pack(release=False)
     for t in (1, 9):
-        np.testing.assert_array_equal(w.matmul(x[:t]), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x[:t])))
+        np.testing.assert_array_equal(product(qtype, data, x[:t], path), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x[:t])))
+
+
+@pytest.mark.parametrize("qtype, path", CASES[:8], ids=CASE_IDS[:8])
+def test_int8_lane_bounds(qtype, path):
+    """The byte multiplies' limits: vpmaddubsw adds two u8 x s8 products into int16 (saturating
+    past 32767). Q8_0's -128 (|w| = 128, sign(x, w) = -x) and 127 and Q5_0's -16 / 15, against
+    activation codes +-127 of both signs: 2 x 128 x 127 = 32512 must come out exact; nibbles all 15
+    (Q4_0: (15 - 8) x, Q4_1: 15 x) likewise. Rows alternate the extreme codes so every lane sees
+    each sign combination."""
+    rng = np.random.default_rng(16)
+    n, rows = 256, 72
+    data = random_blocks(qtype, rows, n, rng).reshape(rows, n // 32, -1)
+    code0 = PAIRS[qtype][2][-1] + 2                                     # first code byte after the halves
+    if qtype == T.Q8_0:
+        data[:, :, code0:] = np.where(np.arange(rows)[:, None, None] % 2, 0x80, 0x7F)   # -128 / 127
+    elif qtype == T.Q5_0:                                              # qh then nibbles: all 0 (-16) or all 1 (15)
+        data[:, :, code0:] = np.where(np.arange(rows)[:, None, None] % 2, 0x00, 0xFF)
+    else:
+        data[:, :, code0:] = 0xFF                                       # every nibble 15
+    data = data.reshape(rows, -1)
+    x = np.where(rng.random((5, n)) < 0.5, 1.0, -1.0).astype(np.float32) * 2.0   # codes +-127
+    a = Q8Rows(PAIRS[qtype][0], x)
+    assert np.abs(a.qs).max() == 127
+    np.testing.assert_array_equal(product(qtype, data, x, path), reference(qtype, data, a))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -71,17 +125,22 @@ def test_packed_layout_dequantizes_to_gguf_values(qtype):
     np.testing.assert_array_equal(w[ids], ref[ids])                    # row lookups read the layout
 
 
-def test_stacked_ggml_matrix_equals_its_parts():
+@pytest.mark.parametrize("qtype", ggml_packed.STACKABLE, ids=lambda t: T(t).name)
+def test_stacked_ggml_matrix_equals_its_parts(qtype):
     """q/k/v stacked into one product (one quantization of x, as each of ggml's three mul_mats
     makes the same one): each part's rows give the part's own product."""
     rng = np.random.default_rng(14)
-    parts = [QuantTensor(random_blocks(T.Q4_1, r, 256, rng), T.Q4_1, (r, 256), arith="ggml") for r in (128, 64, 64)]
+    qtype = T(qtype)
+    parts = [QuantTensor(random_blocks(qtype, r, 256, rng), qtype, (r, 256), arith="ggml") for r in (128, 64, 40)]
     x = activations(rng, 2, 256)
-    alone = [reference(T.Q4_1, w.data, Q8Rows("q8_1", x)) for w in parts]
+    alone = [reference(qtype, w.data, Q8Rows(PAIRS[qtype][0], x)) for w in parts]
     stack = QuantTensor.stacked(parts, release=False)
     assert stack is not None and stack.arith == "ggml"
     np.testing.assert_array_equal(stack.matmul(x), np.concatenate(alone, axis=1))
     np.testing.assert_array_equal(stack.matvec(x[0]), np.concatenate(alone, axis=1)[0])
+    ref = np.concatenate([gguf.quants.dequantize(w.data, qtype).reshape(w.shape) for w in parts])
+    np.testing.assert_array_equal(stack.dequantize(), ref)             # the parts' views dequantize too
+    np.testing.assert_array_equal(parts[2][np.array([0, 39])], ref[[192, 231]])
 
 
 def test_packed_types_are_the_ones_with_a_layout():

@@ -27,17 +27,20 @@ are ggml's FMAs, and every other multiply-add here is of exact integers (fused o
 import numpy as np
 from numba import njit, prange
 
-from . import packed
+from . import ggml_int8, packed
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, half_float
 from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
 from .packed import R
+from .simd import HAS_AVX2
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
 EXACT = dict(cache=True, nogil=True)
-BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # packed.Packed ("nib" for Q4_0 / Q4_1, "i8" else)
+BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # AVX2: ggml_int8.LanePacked; else packed.Packed ("nib", "i8")
 K_TYPES = (Q4_K, Q6_K)                               # ggml_packed_k.KPacked
 TYPES = BLOCK32_TYPES + K_TYPES
-STACKABLE = (Q4_0, Q4_1, Q8_0)                       # packed.empty / fill make their layout
+INT8 = HAS_AVX2                                      # the 32-weight blocks' products: byte multiplies (ggml_int8.py)
+# the types stacked() can stack: those whose layout empty() / fill() make
+STACKABLE = BLOCK32_TYPES if INT8 else (Q4_0, Q4_1, Q8_0)
 TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled
 SIXTEENTH = np.float32(0.0625)                       # a high nibble kept as (byte & 0xF0): x / 16 is exact
 
@@ -237,12 +240,15 @@ def gemm_block32(qs, d, m, zero, xq, dx, sx, y):
 
 # ---- packing (once, at load) ------------------------------------------------------------------
 
-def pack(qtype, data, table, n):
+def pack(qtype, data, table, n, int8=INT8):
     """data: [rows, row_bytes] uint8 blocks of a type in TYPES -> the layout its products read.
-    Q4_0, Q4_1, Q8_0: packed.pack's (the f32 mode's) layout. Q5_0: "i8", its 5-bit weights
-    minus 16 as int8 codes (36 bytes per 32 weights against the file's 22): the fifth bits
-    cost the kernel more than the bytes cost the memory stream, and a Q5_0 x Q8_0 product is
-    then Q8_0's. Q4_K, Q6_K: KPacked."""
+    With int8 (AVX2 hosts), the 32-weight types: ggml_int8.LanePacked. Without (the float
+    kernels here): Q4_0, Q4_1, Q8_0 in packed.pack's (the f32 mode's) layout; Q5_0 "i8", its
+    5-bit weights minus 16 as int8 codes (36 bytes per 32 weights against the file's 22): the
+    fifth bits cost the kernel more than the bytes cost the memory stream, and a Q5_0 x Q8_0
+    product is then Q8_0's. Q4_K, Q6_K: KPacked."""
+    if int8 and qtype in BLOCK32_TYPES:
+        return ggml_int8.pack(qtype, data, table, n)
     if qtype in (Q4_0, Q4_1, Q8_0):
         return packed.pack(qtype, data, table, n)
     if qtype == Q5_0:
@@ -251,6 +257,16 @@ def pack(qtype, data, table, n):
         _pack_q5_0(data, table, qs, d)
         return packed.Packed("i8", data.shape[0], n, qs, _NONE_U, d, _NONE_F, 0)
     return pack_k(qtype, data, table, n)
+
+
+def empty(qtype, rows, n):
+    """An empty layout of pack()'s kind for a type in STACKABLE, to fill() (stacked matrices)"""
+    return ggml_int8.empty(qtype, rows, n) if INT8 else packed.empty(qtype, rows, n)
+
+
+def fill(P, qtype, data, table):
+    """Write blocks data [rows, row_bytes] of type qtype into P from empty()"""
+    (ggml_int8.fill if isinstance(P, ggml_int8.LanePacked) else packed.fill)(P, qtype, data, table)
 
 
 _NONE_U = np.zeros((0, 0, 0), np.int32)
@@ -277,6 +293,8 @@ def _pack_q5_0(data, table, qs, d):
 def product(P, a, rows):
     """P: a layout from pack(), a: quant/ggml_quants.py's Q8Rows of the activation [N, n] in the
     weight's vec_dot type -> y [N, rows] float32, ggml's bits"""
+    if isinstance(P, ggml_int8.LanePacked):
+        return ggml_int8.product(P, a)[:, :rows]
     xq = a.qs.astype(np.float32)                                      # [N, n] codes: exact as floats
     N, G = xq.shape[0], P.qs.shape[0]
     y = np.empty((N, G * R), np.float32)

@@ -31,10 +31,11 @@ VEC_DOT_TYPE = {T.Q4_0: "q8_0", T.Q5_0: "q8_0", T.Q8_0: "q8_0", T.Q4_1: "q8_1", 
                 T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.Q4_K: "q8_k", T.Q5_K: "q8_k", T.Q6_K: "q8_k"}
 
 
-# arith -> (the types pack() lays out, the packing function); the types stacked() can stack: those
-# whose layout is packed.empty / fill's (ggml's Q5_0 and K-quants have layouts of their own)
+# arith -> (the types pack() lays out, the packing function); the types stacked() can stack, with
+# the empty() / fill() that make their layout (ggml's K-quants have layouts of their own)
 _PACKS = {"f32": (packed.PACKED_TYPES, packed.pack), "ggml": (ggml_packed.TYPES, ggml_packed.pack)}
-_STACKS = {"f32": packed.PACKED_TYPES, "ggml": ggml_packed.STACKABLE}
+_STACKS = {"f32": (packed.PACKED_TYPES, packed.empty, packed.fill),
+           "ggml": (ggml_packed.STACKABLE, ggml_packed.empty, ggml_packed.fill)}
 
 
 class QuantTensor:
@@ -88,21 +89,22 @@ class QuantTensor:
         still pack() alone)."""
         first = parts[0]
         if any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != first.arith or w.qtype != first.qtype
-               or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in _STACKS[first.arith] \
+               or w.shape[1] != first.shape[1] for w in parts) or int(first.qtype) not in _STACKS[first.arith][0] \
                 or any(w.shape[0] % packed.R for w in parts[:-1]):
             return None
         rows, n = sum(w.shape[0] for w in parts), first.shape[1]
-        fill = fused is None
-        if fill:
-            fused = packed.empty(int(first.qtype), rows, n)
+        _, empty, fill = _STACKS[first.arith]
+        made = fused is None
+        if made:
+            fused = empty(int(first.qtype), rows, n)
         elif (fused.rows, fused.n) != (rows, n):
             return None
         g = 0
         for w in parts:
             G = -(-w.shape[0] // packed.R)
             w.packed = fused.groups(g, g + G)
-            if fill:
-                packed.fill(w.packed, first.qtype, w.data, w.table)
+            if made:
+                fill(w.packed, first.qtype, w.data, w.table)
                 if release:
                     release_pages(w.data)
             g += G

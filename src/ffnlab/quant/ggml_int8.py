@@ -1,0 +1,260 @@
+"""ggml's 32-weight block products with ggml's own instructions: byte multiplies into exact int32
+lane sums (vpmaddubsw, vpmaddwd: quant/simd.py), over a layout made once at load.
+
+ggml's AVX2 vec_dot for Q4_0 / Q4_1 / Q5_0 / Q8_0 (ggml-cpu/arch/x86/quants.c) takes one row's
+32-weight block and the activation's Q8_0 / Q8_1 block as 32 bytes each, multiplies them byte by
+byte into 8 int32 lanes of 4 products (lane l: weights 4l..4l+3; for nibble types the low nibbles
+are weights 0-15, lanes 0-3, the high nibbles weights 16-31, lanes 4-7), converts the lanes to
+float and adds them with acc_l = fma(d_w d_x, lane_l, acc_l); hsum_float_8 ends the row.
+
+Here the same integers are formed 8 rows at a time instead of 8 lanes of one row: for each 8-row
+chunk, block and lane j, the 8 rows' 4 codes of lane j lie side by side (32 bytes), so one load,
+one vpmaddubsw against the lane's 4 activation codes broadcast (vpbroadcastd) and one vpmaddwd
+give lane j of 8 rows, exact. The float steps are ggml's, per row: the same FMA into the same
+lane accumulator in the same block order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ the Q8_1
+sum of m_w s_x). So the bits are ggml's, and quant/ggml_packed.py's float kernels' (the fallback
+on a CPU without AVX2; tests/test_ggml_packed.py holds both to quant/ggml_kernels.gemm).
+
+Layout (LanePacked), G groups of R = 64 rows, 8 chunks of 8 rows each, nb = n/32 blocks:
+  "nib" (Q4_0, Q4_1): qs [G, 8, nb, 4, 8, 4] uint8: [.., j, r, i] = byte 4j+i of row r's block as
+        in the file (low nibble weight 4j+i, lane j; high nibble weight 16+4j+i, lane 4+j)
+  "i8"  (Q8_0, Q5_0): qs [G, 8, nb, 8, 8, 4] int8: weight 4j+i (Q5_0: its 5-bit value - 16)
+  d, m  [G, 8, nb, 8] float32: the blocks' halves (m: Q4_1 only)
+Q4_0's (q - 8) x is summed as q x - 8 (sum of the lane's 4 x): the same integer, and q stays
+unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: |w| x sign(x, w), as ggml.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, half_float
+from .packed import R
+from .simd import (add, broadcast4, broadcast_f, broadcast_i32, fma, high_nibbles, lanes_s8, lanes_u8, load_f,
+                   load_i, low_nibbles, mul, store_f, sub_i32, to_float, zeros_f)
+
+GG = dict(cache=True, nogil=True)        # no fastmath: every float step is written out as ggml's
+EXACT = dict(cache=True, nogil=True)
+CHUNK = 8                                # rows per vector: 8 int32 / float32 lanes of 256 bits
+TYPES = {Q4_0: ("nib", 8), Q4_1: ("nib", 0), Q5_0: ("i8", 0), Q8_0: ("i8", 0)}   # kind, zero
+_NONE_F = np.zeros((0, 0, 0, 0), np.float32)
+
+
+class LanePacked:
+    """A [rows, n] matrix of a type in TYPES in the lane layout (module docstring). Rows past
+    `rows` in the last group are zeros. The same interface as packed.Packed for what a model
+    loaded with arith "ggml" asks besides products: groups (views), lookup, dequant_t."""
+
+    def __init__(self, kind, rows, n, qs, d, m, zero):
+        self.kind, self.rows, self.n, self.qs, self.d, self.m, self.zero = kind, rows, n, qs, d, m, zero
+
+    @property
+    def nbytes(self):
+        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
+
+    def groups(self, g0, g1):
+        """Groups g0..g1 as a LanePacked (views, no copy)."""
+        rows = min(self.rows, g1 * R) - g0 * R
+        return LanePacked(self.kind, rows, self.n, self.qs[g0:g1], self.d[g0:g1],
+                          self.m[g0:g1] if self.m.shape[0] else self.m, self.zero)
+
+    def lookup(self, ids, out):
+        """Rows ids [k] dequantized into out [k, n] (gguf-py's values: an embedding lookup)."""
+        _rows(self.qs, self.d, self.m, self.zero, ids, out)
+
+    def dequant_t(self, g0, g1, out):
+        """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R]."""
+        _dequant_t(self.qs, self.d, self.m, self.zero, g0, g1, out)
+
+
+# ---- packing (once, at load) ------------------------------------------------------------------
+
+def empty(qtype, rows, n) -> LanePacked:
+    """A LanePacked of rows x n weights of ggml type qtype (in TYPES), to fill(); the last group's
+    rows past `rows` are zeros (fill() writes the others)."""
+    kind, zero = TYPES[qtype]
+    G, nb = -(-rows // R), n // 32
+    qs = np.empty((G, R // CHUNK, nb, 4 if kind == "nib" else 8, CHUNK, 4), np.uint8 if kind == "nib" else np.int8)
+    d = np.empty((G, R // CHUNK, nb, CHUNK), np.float32)
+    m = np.empty_like(d) if qtype == Q4_1 else _NONE_F
+    for a in (qs, d) + ((m,) if m.shape[0] else ()):
+        if rows % R:
+            _zero_rows_past(a[-1], rows % R)
+    return LanePacked(kind, rows, n, qs, d, m, zero)
+
+
+def _zero_rows_past(group, keep):
+    """group: one 64-row group, qs [8, nb, L, 8, 4] or d / m [8, nb, 8]: rows keep..63 set to 0"""
+    c, r = divmod(keep, CHUNK)
+    group[c + 1:] = 0
+    group[(c, Ellipsis, slice(r, None)) + ((slice(None),) if group.ndim == 5 else ())] = 0
+
+
+def fill(P, qtype, data, table):
+    """Write the blocks data [rows, row_bytes] of type qtype into P (rows = P.rows)."""
+    _pack(int(qtype), data, table, P.qs, P.d, P.m)
+
+
+def pack(qtype, data, table, n) -> LanePacked:
+    """data: [rows, row_bytes] uint8 blocks of a type in TYPES -> LanePacked"""
+    P = empty(qtype, data.shape[0], n)
+    fill(P, qtype, data, table)
+    return P
+
+
+@njit(parallel=True, **EXACT)
+def _pack(qtype, data, table, qs, d, m):
+    nb = d.shape[2]
+    for row in prange(data.shape[0]):                                   # rows are independent
+        g, c, r, src = row // R, (row % R) // CHUNK, row % CHUNK, data[row]
+        for b in range(nb):
+            if qtype == Q4_0 or qtype == Q4_1:
+                size = 18 if qtype == Q4_0 else 20
+                o = b * size
+                d[g, c, b, r] = half_float(src, o, table)
+                if qtype == Q4_1:
+                    m[g, c, b, r] = half_float(src, o + 2, table)
+                for k in range(16):                                      # the file's bytes, 4 per lane
+                    qs[g, c, b, k >> 2, r, k & 3] = src[o + size - 16 + k]
+            elif qtype == Q8_0:
+                o = b * 34
+                d[g, c, b, r] = half_float(src, o, table)
+                for k in range(32):
+                    qs[g, c, b, k >> 2, r, k & 3] = np.int8((np.int32(src[o + 2 + k]) ^ 128) - 128)
+            else:                                                        # Q5_0: 4 + 1 bits, minus 16
+                o = b * 22
+                d[g, c, b, r] = half_float(src, o, table)
+                hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
+                    | (np.int64(src[o + 5]) << 24)
+                for k in range(16):
+                    v = np.int64(src[o + 6 + k])
+                    lo, hi = k, 16 + k
+                    qs[g, c, b, lo >> 2, r, lo & 3] = np.int8(((v & 15) | (((hb >> k) & 1) << 4)) - 16)
+                    qs[g, c, b, hi >> 2, r, hi & 3] = np.int8(((v >> 4) | (((hb >> (k + 16)) & 1) << 4)) - 16)
+
+
+# ---- dequantization (lookups, dequantize()) ---------------------------------------------------
+
+@njit(**EXACT)
+def _weight(qs, d, m, zero, g, c, b, r, k):
+    """weight k of block b of row (g, c, r), as gguf-py computes it: d (q - zero) [+ m]; nib:
+    byte k % 16 of the block, low nibble for k < 16"""
+    if qs.shape[3] == 4:
+        v = np.int32(qs[g, c, b, (k & 15) >> 2, r, k & 3])
+        q = (v & 15) if k < 16 else (v >> 4)
+        if m.shape[0]:
+            return d[g, c, b, r] * np.float32(q) + m[g, c, b, r]
+        return d[g, c, b, r] * np.float32(q - zero)
+    return d[g, c, b, r] * np.float32(qs[g, c, b, k >> 2, r, k & 3])
+
+
+@njit(**EXACT)
+def _rows(qs, d, m, zero, ids, out):
+    for i in range(ids.shape[0]):
+        g, c, r = ids[i] // R, (ids[i] % R) // CHUNK, ids[i] % CHUNK
+        for b in range(d.shape[2]):
+            for k in range(32):
+                out[i, b * 32 + k] = _weight(qs, d, m, zero, g, c, b, r, k)
+
+
+@njit(**EXACT)
+def _dequant_t(qs, d, m, zero, g0, g1, out):
+    for g in range(g0, g1):
+        for c in range(R // CHUNK):
+            col = (g - g0) * R + c * CHUNK
+            for b in range(d.shape[2]):
+                for k in range(32):
+                    for r in range(CHUNK):
+                        out[b * 32 + k, col + r] = _weight(qs, d, m, zero, g, c, b, r, k)
+
+
+# ---- products ---------------------------------------------------------------------------------
+
+@njit(**GG)
+def _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo):
+    """hsum_float_8 of 8 rows at once: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
+    store_f(y, yo, add(add(add(a0, a4), add(a2, a6)), add(add(a1, a5), add(a3, a7))))
+
+
+@njit(**GG)
+def _nib_chunk(qs, d, m, zero, chunk, xq, dx, sx, zx, y, yo):
+    """8 rows (chunk: g * 8 + c) of a "nib" matrix x one token: xq [n] int8 codes, dx, sx [nb]
+    (d and Q8_1's s), zx [n/4] zero * each lane's sum of x (Q4_0) -> y.flat[yo : yo + 8]"""
+    nb = d.shape[2]
+    qo, do = chunk * nb * 128, chunk * nb * CHUNK
+    a0, a1, a2, a3, a4, a5, a6, a7 = zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
+    summs = zeros_f()
+    for b in range(nb):
+        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))       # d_w d_x: two halves, exact
+        if m.shape[0]:
+            summs = fma(load_f(m, do + b * CHUNK), broadcast_f(sx[b]), summs)   # an exact product: fused or not
+        o, xo = qo + b * 128, b * 32
+        w0, w1, w2, w3 = load_i(qs, o), load_i(qs, o + 32), load_i(qs, o + 64), load_i(qs, o + 96)
+        l0, l4 = lanes_u8(low_nibbles(w0), broadcast4(xq, xo)), lanes_u8(high_nibbles(w0), broadcast4(xq, xo + 16))
+        l1, l5 = lanes_u8(low_nibbles(w1), broadcast4(xq, xo + 4)), lanes_u8(high_nibbles(w1), broadcast4(xq, xo + 20))
+        l2, l6 = lanes_u8(low_nibbles(w2), broadcast4(xq, xo + 8)), lanes_u8(high_nibbles(w2), broadcast4(xq, xo + 24))
+        l3, l7 = lanes_u8(low_nibbles(w3), broadcast4(xq, xo + 12)), lanes_u8(high_nibbles(w3), broadcast4(xq, xo + 28))
+        if zero:                                                        # sum (q - zero) x = sum q x - zero sum x
+            z = b * 8
+            l0, l1, l2, l3 = sub_i32(l0, broadcast_i32(zx[z])), sub_i32(l1, broadcast_i32(zx[z + 1])), \
+                sub_i32(l2, broadcast_i32(zx[z + 2])), sub_i32(l3, broadcast_i32(zx[z + 3]))
+            l4, l5, l6, l7 = sub_i32(l4, broadcast_i32(zx[z + 4])), sub_i32(l5, broadcast_i32(zx[z + 5])), \
+                sub_i32(l6, broadcast_i32(zx[z + 6])), sub_i32(l7, broadcast_i32(zx[z + 7]))
+        a0, a1, a2, a3 = fma(dd, to_float(l0), a0), fma(dd, to_float(l1), a1), fma(dd, to_float(l2), a2), fma(dd, to_float(l3), a3)
+        a4, a5, a6, a7 = fma(dd, to_float(l4), a4), fma(dd, to_float(l5), a5), fma(dd, to_float(l6), a6), fma(dd, to_float(l7), a7)
+    if m.shape[0]:
+        store_f(y, yo, add(add(add(add(a0, a4), add(a2, a6)), add(add(a1, a5), add(a3, a7))), summs))
+    else:
+        _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo)
+
+
+@njit(**GG)
+def _i8_chunk(qs, d, chunk, xq, dx, y, yo):
+    """8 rows of an "i8" matrix x one token -> y.flat[yo : yo + 8]"""
+    nb = d.shape[2]
+    qo, do = chunk * nb * 256, chunk * nb * CHUNK
+    a0, a1, a2, a3, a4, a5, a6, a7 = zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
+    for b in range(nb):
+        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))
+        o, xo = qo + b * 256, b * 32
+        a0 = fma(dd, to_float(lanes_s8(load_i(qs, o), broadcast4(xq, xo))), a0)
+        a1 = fma(dd, to_float(lanes_s8(load_i(qs, o + 32), broadcast4(xq, xo + 4))), a1)
+        a2 = fma(dd, to_float(lanes_s8(load_i(qs, o + 64), broadcast4(xq, xo + 8))), a2)
+        a3 = fma(dd, to_float(lanes_s8(load_i(qs, o + 96), broadcast4(xq, xo + 12))), a3)
+        a4 = fma(dd, to_float(lanes_s8(load_i(qs, o + 128), broadcast4(xq, xo + 16))), a4)
+        a5 = fma(dd, to_float(lanes_s8(load_i(qs, o + 160), broadcast4(xq, xo + 20))), a5)
+        a6 = fma(dd, to_float(lanes_s8(load_i(qs, o + 192), broadcast4(xq, xo + 24))), a6)
+        a7 = fma(dd, to_float(lanes_s8(load_i(qs, o + 224), broadcast4(xq, xo + 28))), a7)
+    _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo)
+
+
+@njit(parallel=True, **GG)
+def gemm_nib(qs, d, m, zero, xq, dx, sx, zx, y):
+    """"nib" matrix x N tokens: xq [N, n] int8, dx, sx [N, n/32], zx [N, n/4] int32 (Q4_0) or
+    [N, 0] -> y [N, G*R]. A chunk's codes (nb * 128 bytes) stay in L1 while every token passes."""
+    chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
+    for chunk in prange(chunks):
+        for t in range(N):
+            _nib_chunk(qs, d, m, zero, chunk, xq[t], dx[t], sx[t], zx[t], y, t * y.shape[1] + chunk * CHUNK)
+
+
+@njit(parallel=True, **GG)
+def gemm_i8(qs, d, xq, dx, y):
+    """"i8" matrix x N tokens: xq [N, n] int8, dx [N, n/32] -> y [N, G*R]"""
+    chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
+    for chunk in prange(chunks):
+        for t in range(N):
+            _i8_chunk(qs, d, chunk, xq[t], dx[t], y, t * y.shape[1] + chunk * CHUNK)
+
+
+def product(P, a):
+    """P: LanePacked, a: Q8Rows of the activation [N, n] (Q8_0 / Q8_1) -> y [N, G*R] float32"""
+    N = a.qs.shape[0]
+    y = np.empty((N, P.qs.shape[0] * R), np.float32)
+    if P.kind == "nib":
+        if P.zero:                                                      # [N, n/4]: each lane's sum of codes
+            zx = P.zero * a.qs.reshape(N, -1, 4).sum(axis=2, dtype=np.int32)
+        else:
+            zx = np.zeros((N, 0), np.int32)
+        gemm_nib(P.qs, P.d, P.m, P.zero, a.qs, a.d, a.e, zx, y)
+    else:
+        gemm_i8(P.qs, P.d, a.qs, a.d, y)
+    return y

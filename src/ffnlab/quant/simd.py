@@ -1,0 +1,242 @@
+"""AVX2 integer products for numba: 256-bit vector values and the few x86 instructions ggml's
+integer dot products are made of, as numba intrinsics (numba.extending.intrinsic).
+
+numba compiles Python loops over small integers by widening them to 64 bits, so it never emits
+the byte multiplies ggml's quants.c is built on. Here the vectors are values of their own numba
+types, kept in registers like any local, and each intrinsic writes the LLVM IR of one step:
+
+    m256i   <32 x i8>  (the bytes of a __m256i; read as 16 x i16 or 8 x i32 where an op says so)
+    m256    <8 x float>
+
+    lanes_u8(a, b)   vpmaddubsw(a, b) then vpmaddwd(., 1): 8 exact int32 sums of 4 products
+                     u8 a[4l..4l+3] x s8 b[4l..4l+3] (ggml's mul_sum_us8_pairs_float, less the
+                     float conversion). A pair of products saturates int16 only past 32767;
+                     here a <= 128 and |b| <= 127 (2 x 128 x 127 = 32512), so it never does.
+    lanes_s8(w, x)   the same for signed w: |w| x sign(x, w) (vpabsb, vpsignb), as ggml's
+                     mul_sum_i8_pairs_float. sign(x, w) negates x where w < 0: exact while
+                     x != -128 (activation codes are within +-127: ggml_quants.py).
+
+An intrinsic takes an array and a flat element index for its loads and stores (the array must be
+C-contiguous: the index is counted from its first element). They compile only on a host with
+AVX2 and FMA: HAS_AVX2 says so, decided once.
+"""
+import numba
+from llvmlite import binding, ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+
+def _host_has_avx2():
+    """AVX2 and FMA on this CPU, and numba compiling for this CPU (NUMBA_CPU_NAME unset: a
+    generic target could not select the instructions)"""
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx2") and features.get("fma")) and not numba.config.CPU_NAME
+
+
+HAS_AVX2 = _host_has_avx2()
+
+I8x32 = ir.VectorType(ir.IntType(8), 32)
+I16x16 = ir.VectorType(ir.IntType(16), 16)
+I32x8 = ir.VectorType(ir.IntType(32), 8)
+F32x8 = ir.VectorType(ir.FloatType(), 8)
+I32 = ir.IntType(32)
+
+
+class M256i(types.Type):
+    def __init__(self):
+        super().__init__(name="m256i")
+
+
+class M256(types.Type):
+    def __init__(self):
+        super().__init__(name="m256")
+
+
+m256i, m256 = M256i(), M256()
+
+
+@register_model(M256i)
+class _M256iModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, I8x32)
+
+
+@register_model(M256)
+class _M256Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, F32x8)
+
+
+def _contiguous(ary):
+    if not (isinstance(ary, types.Array) and ary.layout == "C"):
+        raise numba.core.errors.TypingError(f"a C-contiguous array, not {ary}")
+
+
+def _pointer(context, builder, aryty, ary, index, llty):
+    """&ary.flat[index] as a pointer to llty"""
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.bitcast(builder.gep(data, [index]), llty.as_pointer())
+
+
+def _splat(builder, value, vecty):
+    v = builder.insert_element(ir.Constant(vecty, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, vecty.count), [0] * vecty.count))
+
+
+def _call(builder, name, ret, args):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, args)
+
+
+# ---- loads and stores -------------------------------------------------------------------------
+
+@intrinsic
+def load_i(typingctx, ary, index):
+    """32 bytes from ary.flat[index] (unaligned) -> m256i"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], *args, I8x32), align=1)
+    return m256i(ary, index), codegen
+
+
+@intrinsic
+def broadcast4(typingctx, ary, index):
+    """the 4 bytes at ary.flat[index] in each of the 8 32-bit lanes (vpbroadcastd): one lane's
+    4 activation codes, against 8 rows' 4 weight codes"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        word = builder.load(_pointer(context, builder, sig.args[0], *args, I32), align=1)
+        return builder.bitcast(_splat(builder, word, I32x8), I8x32)
+    return m256i(ary, index), codegen
+
+
+@intrinsic
+def broadcast_i32(typingctx, value):
+    """an int32 in each 32-bit lane"""
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.int32)
+        return builder.bitcast(_splat(builder, v, I32x8), I8x32)
+    return m256i(value), codegen
+
+
+@intrinsic
+def load_f(typingctx, ary, index):
+    """8 float32 from ary.flat[index] (unaligned) -> m256"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        return builder.load(_pointer(context, builder, sig.args[0], *args, F32x8), align=1)
+    return m256(ary, index), codegen
+
+
+@intrinsic
+def store_f(typingctx, ary, index, v):
+    """ary.flat[index : index + 8] = v (float32)"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], F32x8), align=1)
+        return context.get_dummy_value()
+    return types.none(ary, index, v), codegen
+
+
+@intrinsic
+def broadcast_f(typingctx, value):
+    """a float32 in each lane"""
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        return _splat(builder, v, F32x8)
+    return m256(value), codegen
+
+
+@intrinsic
+def zeros_f(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(F32x8, [0.0] * 8)
+    return m256(), codegen
+
+
+# ---- integer lanes ----------------------------------------------------------------------------
+
+@intrinsic
+def low_nibbles(typingctx, a):
+    """each byte & 0x0F (ggml's bytes_from_nibbles_32, first half)"""
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], ir.Constant(I8x32, [15] * 32))
+    return m256i(a), codegen
+
+
+@intrinsic
+def high_nibbles(typingctx, a):
+    """each byte >> 4 (vpsrlw then vpand, as bytes_from_nibbles_32's second half)"""
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], ir.Constant(I8x32, [4] * 32))
+    return m256i(a), codegen
+
+
+def _lanes(builder, a, b):
+    pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [a, b])        # 16 x (a0 b0 + a1 b1)
+    return _call(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [pairs, ir.Constant(I16x16, [1] * 16)])
+
+
+@intrinsic
+def lanes_u8(typingctx, a, b):
+    """u8 a, s8 b -> 8 int32 sums of 4 products (m256i)"""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(_lanes(builder, args[0], args[1]), I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def lanes_s8(typingctx, w, x):
+    """s8 w, s8 x -> 8 int32 sums of 4 products w x, as |w| x sign(x, w) (m256i)"""
+    def codegen(context, builder, sig, args):
+        w, x = args
+        magnitude = _call(builder, "llvm.abs.v32i8", I8x32, [w, ir.Constant(ir.IntType(1), 0)])
+        signed = _call(builder, "llvm.x86.avx2.psign.b", I8x32, [x, w])
+        return builder.bitcast(_lanes(builder, magnitude, signed), I8x32)
+    return m256i(w, x), codegen
+
+
+@intrinsic
+def sub_i32(typingctx, a, b):
+    """a - b in 8 int32 lanes"""
+    def codegen(context, builder, sig, args):
+        d = builder.sub(builder.bitcast(args[0], I32x8), builder.bitcast(args[1], I32x8))
+        return builder.bitcast(d, I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def to_float(typingctx, a):
+    """8 int32 lanes -> float32 (vcvtdq2ps; exact below 2^24)"""
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(builder.bitcast(args[0], I32x8), F32x8)
+    return m256(a), codegen
+
+
+# ---- float lanes ------------------------------------------------------------------------------
+
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a * b + c, one rounding (vfmadd: ggml's _mm256_fmadd_ps)"""
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v8f32", F32x8, list(args))
+    return m256(a, b, c), codegen
+
+
+@intrinsic
+def mul(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+    return m256(a, b), codegen
+
+
+@intrinsic
+def add(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return m256(a, b), codegen
