@@ -91,14 +91,20 @@ def _call(builder, name, ret, args):
 
 # ---- loads and stores -------------------------------------------------------------------------
 
-@intrinsic
-def load_i(typingctx, ary, index):
-    """32 bytes from ary.flat[index] (unaligned) -> m256i"""
-    _contiguous(ary)
+def _load(name, llty, result, doc):
+    """an intrinsic name(ary, index): the vector llty at ary.flat[index] (unaligned) -> result"""
+    def typer(typingctx, ary, index):
+        _contiguous(ary)
 
-    def codegen(context, builder, sig, args):
-        return builder.load(_pointer(context, builder, sig.args[0], *args, I8x32), align=1)
-    return m256i(ary, index), codegen
+        def codegen(context, builder, sig, args):
+            return builder.load(_pointer(context, builder, sig.args[0], *args, llty), align=1)
+        return result(ary, index), codegen
+    typer.__name__, typer.__doc__ = name, doc
+    return intrinsic(typer)
+
+
+load_i = _load("load_i", I8x32, m256i, "32 bytes from ary.flat[index] -> m256i")
+load_f = _load("load_f", F32x8, m256, "8 float32 from ary.flat[index] -> m256")
 
 
 @intrinsic
@@ -120,16 +126,6 @@ def broadcast_i32(typingctx, value):
         v = context.cast(builder, args[0], sig.args[0], types.int32)
         return builder.bitcast(_splat(builder, v, I32x8), I8x32)
     return m256i(value), codegen
-
-
-@intrinsic
-def load_f(typingctx, ary, index):
-    """8 float32 from ary.flat[index] (unaligned) -> m256"""
-    _contiguous(ary)
-
-    def codegen(context, builder, sig, args):
-        return builder.load(_pointer(context, builder, sig.args[0], *args, F32x8), align=1)
-    return m256(ary, index), codegen
 
 
 @intrinsic
