@@ -28,7 +28,7 @@ from numba import njit, prange
 
 from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, half_float
 from .packed import R
-from .simd import (add, broadcast4, broadcast_f, broadcast_i32, fma, high_nibbles, lanes_s8, lanes_u8, load_f,
+from .simd import (add, broadcast4, broadcast_f, fma, high_nibbles, lanes_s8, lanes_u8, load_f,
                    load_i, low_nibbles, mul, store_f, sub_i32, to_float, zeros_f)
 
 GG = dict(cache=True, nogil=True)        # no fastmath: every float step is written out as ggml's
@@ -168,72 +168,100 @@ def _dequant_t(qs, d, m, zero, g0, g1, out):
 
 # ---- products ---------------------------------------------------------------------------------
 
+# One function per type, each a straight loop over the blocks: a branch in the loop (Q4_1's m or
+# Q4_0's zero) kept LLVM from holding the eight accumulators in registers.
+
 @njit(**GG)
-def _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo):
+def _zeros8():
+    return zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
+
+
+@njit(**GG)
+def _hsum8(a):
     """hsum_float_8 of 8 rows at once: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
-    store_f(y, yo, add(add(add(a0, a4), add(a2, a6)), add(add(a1, a5), add(a3, a7))))
+    return add(add(add(a[0], a[4]), add(a[2], a[6])), add(add(a[1], a[5]), add(a[3], a[7])))
 
 
 @njit(**GG)
-def _nib_chunk(qs, d, m, zero, chunk, xq, dx, sx, zx, y, yo):
-    """8 rows (chunk: g * 8 + c) of a "nib" matrix x one token: xq [n] int8 codes, dx, sx [nb]
-    (d and Q8_1's s), zx [n/4] zero * each lane's sum of x (Q4_0) -> y.flat[yo : yo + 8]"""
+def _fma8(dd, lanes, a):
+    """ggml's lane FMA for 8 rows: a_l = fma(d_w d_x, float(lane_l), a_l)"""
+    return (fma(dd, to_float(lanes[0]), a[0]), fma(dd, to_float(lanes[1]), a[1]), fma(dd, to_float(lanes[2]), a[2]),
+            fma(dd, to_float(lanes[3]), a[3]), fma(dd, to_float(lanes[4]), a[4]), fma(dd, to_float(lanes[5]), a[5]),
+            fma(dd, to_float(lanes[6]), a[6]), fma(dd, to_float(lanes[7]), a[7]))
+
+
+@njit(**GG)
+def _nib_lanes(qs, o, xq, xo):
+    """a "nib" block of 8 rows (qs.flat[o : o + 128]) x codes xq[xo : xo + 32] -> the 8 lanes'
+    int32 sums of 8 rows: lane j from byte group j's low nibbles, lane 4 + j from its high ones"""
+    w0, w1, w2, w3 = load_i(qs, o), load_i(qs, o + 32), load_i(qs, o + 64), load_i(qs, o + 96)
+    return (lanes_u8(low_nibbles(w0), broadcast4(xq, xo)), lanes_u8(low_nibbles(w1), broadcast4(xq, xo + 4)),
+            lanes_u8(low_nibbles(w2), broadcast4(xq, xo + 8)), lanes_u8(low_nibbles(w3), broadcast4(xq, xo + 12)),
+            lanes_u8(high_nibbles(w0), broadcast4(xq, xo + 16)), lanes_u8(high_nibbles(w1), broadcast4(xq, xo + 20)),
+            lanes_u8(high_nibbles(w2), broadcast4(xq, xo + 24)), lanes_u8(high_nibbles(w3), broadcast4(xq, xo + 28)))
+
+
+@njit(**GG)
+def _q4_1_chunk(qs, d, m, chunk, xq, dx, sx, y, yo):
+    """8 rows (chunk: g * 8 + c) of a Q4_1 matrix x one token: xq [n] int8 codes, dx, sx [nb]
+    (Q8_1's d and s) -> y.flat[yo : yo + 8] = hsum_float_8(acc) + sum m_w s_x"""
     nb = d.shape[2]
     qo, do = chunk * nb * 128, chunk * nb * CHUNK
-    a0, a1, a2, a3, a4, a5, a6, a7 = zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
-    summs = zeros_f()
+    acc, summs = _zeros8(), zeros_f()
     for b in range(nb):
         dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))       # d_w d_x: two halves, exact
-        if m.shape[0]:
-            summs = fma(load_f(m, do + b * CHUNK), broadcast_f(sx[b]), summs)   # an exact product: fused or not
-        o, xo = qo + b * 128, b * 32
-        w0, w1, w2, w3 = load_i(qs, o), load_i(qs, o + 32), load_i(qs, o + 64), load_i(qs, o + 96)
-        l0, l4 = lanes_u8(low_nibbles(w0), broadcast4(xq, xo)), lanes_u8(high_nibbles(w0), broadcast4(xq, xo + 16))
-        l1, l5 = lanes_u8(low_nibbles(w1), broadcast4(xq, xo + 4)), lanes_u8(high_nibbles(w1), broadcast4(xq, xo + 20))
-        l2, l6 = lanes_u8(low_nibbles(w2), broadcast4(xq, xo + 8)), lanes_u8(high_nibbles(w2), broadcast4(xq, xo + 24))
-        l3, l7 = lanes_u8(low_nibbles(w3), broadcast4(xq, xo + 12)), lanes_u8(high_nibbles(w3), broadcast4(xq, xo + 28))
-        if zero:                                                        # sum (q - zero) x = sum q x - zero sum x
-            z = b * 8
-            l0, l1, l2, l3 = sub_i32(l0, broadcast_i32(zx[z])), sub_i32(l1, broadcast_i32(zx[z + 1])), \
-                sub_i32(l2, broadcast_i32(zx[z + 2])), sub_i32(l3, broadcast_i32(zx[z + 3]))
-            l4, l5, l6, l7 = sub_i32(l4, broadcast_i32(zx[z + 4])), sub_i32(l5, broadcast_i32(zx[z + 5])), \
-                sub_i32(l6, broadcast_i32(zx[z + 6])), sub_i32(l7, broadcast_i32(zx[z + 7]))
-        a0, a1, a2, a3 = fma(dd, to_float(l0), a0), fma(dd, to_float(l1), a1), fma(dd, to_float(l2), a2), fma(dd, to_float(l3), a3)
-        a4, a5, a6, a7 = fma(dd, to_float(l4), a4), fma(dd, to_float(l5), a5), fma(dd, to_float(l6), a6), fma(dd, to_float(l7), a7)
-    if m.shape[0]:
-        store_f(y, yo, add(add(add(add(a0, a4), add(a2, a6)), add(add(a1, a5), add(a3, a7))), summs))
-    else:
-        _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo)
+        summs = fma(load_f(m, do + b * CHUNK), broadcast_f(sx[b]), summs)   # an exact product: fused or not
+        acc = _fma8(dd, _nib_lanes(qs, qo + b * 128, xq, b * 32), acc)
+    store_f(y, yo, add(_hsum8(acc), summs))
+
+
+@njit(**GG)
+def _q4_0_chunk(qs, d, chunk, xq, dx, zx, y, yo):
+    """8 rows of a Q4_0 matrix x one token; zx [n/4] int32: 8 x each lane's sum of codes, since
+    sum (q - 8) x = sum q x - 8 sum x (the same integer; q stays unsigned for vpmaddubsw)"""
+    nb = d.shape[2]
+    qo, do = chunk * nb * 128, chunk * nb * CHUNK
+    acc = _zeros8()
+    for b in range(nb):
+        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))
+        q, z = _nib_lanes(qs, qo + b * 128, xq, b * 32), b * 8
+        lanes = (sub_i32(q[0], broadcast4(zx, z)), sub_i32(q[1], broadcast4(zx, z + 1)),
+                 sub_i32(q[2], broadcast4(zx, z + 2)), sub_i32(q[3], broadcast4(zx, z + 3)),
+                 sub_i32(q[4], broadcast4(zx, z + 4)), sub_i32(q[5], broadcast4(zx, z + 5)),
+                 sub_i32(q[6], broadcast4(zx, z + 6)), sub_i32(q[7], broadcast4(zx, z + 7)))
+        acc = _fma8(dd, lanes, acc)
+    store_f(y, yo, _hsum8(acc))
 
 
 @njit(**GG)
 def _i8_chunk(qs, d, chunk, xq, dx, y, yo):
-    """8 rows of an "i8" matrix x one token -> y.flat[yo : yo + 8]"""
+    """8 rows of an "i8" matrix (Q8_0, Q5_0) x one token -> y.flat[yo : yo + 8]"""
     nb = d.shape[2]
     qo, do = chunk * nb * 256, chunk * nb * CHUNK
-    a0, a1, a2, a3, a4, a5, a6, a7 = zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
+    acc = _zeros8()
     for b in range(nb):
         dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))
         o, xo = qo + b * 256, b * 32
-        a0 = fma(dd, to_float(lanes_s8(load_i(qs, o), broadcast4(xq, xo))), a0)
-        a1 = fma(dd, to_float(lanes_s8(load_i(qs, o + 32), broadcast4(xq, xo + 4))), a1)
-        a2 = fma(dd, to_float(lanes_s8(load_i(qs, o + 64), broadcast4(xq, xo + 8))), a2)
-        a3 = fma(dd, to_float(lanes_s8(load_i(qs, o + 96), broadcast4(xq, xo + 12))), a3)
-        a4 = fma(dd, to_float(lanes_s8(load_i(qs, o + 128), broadcast4(xq, xo + 16))), a4)
-        a5 = fma(dd, to_float(lanes_s8(load_i(qs, o + 160), broadcast4(xq, xo + 20))), a5)
-        a6 = fma(dd, to_float(lanes_s8(load_i(qs, o + 192), broadcast4(xq, xo + 24))), a6)
-        a7 = fma(dd, to_float(lanes_s8(load_i(qs, o + 224), broadcast4(xq, xo + 28))), a7)
-    _hsum_store(a0, a1, a2, a3, a4, a5, a6, a7, y, yo)
+        lanes = (lanes_s8(load_i(qs, o), broadcast4(xq, xo)), lanes_s8(load_i(qs, o + 32), broadcast4(xq, xo + 4)),
+                 lanes_s8(load_i(qs, o + 64), broadcast4(xq, xo + 8)), lanes_s8(load_i(qs, o + 96), broadcast4(xq, xo + 12)),
+                 lanes_s8(load_i(qs, o + 128), broadcast4(xq, xo + 16)), lanes_s8(load_i(qs, o + 160), broadcast4(xq, xo + 20)),
+                 lanes_s8(load_i(qs, o + 192), broadcast4(xq, xo + 24)), lanes_s8(load_i(qs, o + 224), broadcast4(xq, xo + 28)))
+        acc = _fma8(dd, lanes, acc)
+    store_f(y, yo, _hsum8(acc))
 
 
 @njit(parallel=True, **GG)
-def gemm_nib(qs, d, m, zero, xq, dx, sx, zx, y):
-    """"nib" matrix x N tokens: xq [N, n] int8, dx, sx [N, n/32], zx [N, n/4] int32 (Q4_0) or
-    [N, 0] -> y [N, G*R]. A chunk's codes (nb * 128 bytes) stay in L1 while every token passes."""
+def gemm_nib(qs, d, m, xq, dx, sx, zx, y):
+    """"nib" matrix x N tokens: xq [N, n] int8, dx, sx [N, n/32]; Q4_0: zx [N, n/4] int32 (8 x the
+    lanes' code sums), m empty; Q4_1: m, zx [N, 0] -> y [N, G*R]. A chunk's codes (nb * 128
+    bytes) stay in L1 while every token passes."""
     chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
     for chunk in prange(chunks):
         for t in range(N):
-            _nib_chunk(qs, d, m, zero, chunk, xq[t], dx[t], sx[t], zx[t], y, t * y.shape[1] + chunk * CHUNK)
+            if m.shape[0]:
+                _q4_1_chunk(qs, d, m, chunk, xq[t], dx[t], sx[t], y, t * y.shape[1] + chunk * CHUNK)
+            else:
+                _q4_0_chunk(qs, d, chunk, xq[t], dx[t], zx[t], y, t * y.shape[1] + chunk * CHUNK)
 
 
 @njit(parallel=True, **GG)
@@ -254,7 +282,7 @@ def product(P, a):
             zx = P.zero * a.qs.reshape(N, -1, 4).sum(axis=2, dtype=np.int32)
         else:
             zx = np.zeros((N, 0), np.int32)
-        gemm_nib(P.qs, P.d, P.m, P.zero, a.qs, a.d, a.e, zx, y)
+        gemm_nib(P.qs, P.d, P.m, a.qs, a.d, a.e, zx, y)
     else:
         gemm_i8(P.qs, P.d, a.qs, a.d, y)
     return y

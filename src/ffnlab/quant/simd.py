@@ -110,22 +110,13 @@ load_f = _load("load_f", F32x8, m256, "8 float32 from ary.flat[index] -> m256")
 @intrinsic
 def broadcast4(typingctx, ary, index):
     """the 4 bytes at ary.flat[index] in each of the 8 32-bit lanes (vpbroadcastd): one lane's
-    4 activation codes, against 8 rows' 4 weight codes"""
+    4 activation codes (an int8 array), against 8 rows' 4 weight codes; or one int32"""
     _contiguous(ary)
 
     def codegen(context, builder, sig, args):
         word = builder.load(_pointer(context, builder, sig.args[0], *args, I32), align=1)
         return builder.bitcast(_splat(builder, word, I32x8), I8x32)
     return m256i(ary, index), codegen
-
-
-@intrinsic
-def broadcast_i32(typingctx, value):
-    """an int32 in each 32-bit lane"""
-    def codegen(context, builder, sig, args):
-        v = context.cast(builder, args[0], sig.args[0], types.int32)
-        return builder.bitcast(_splat(builder, v, I32x8), I8x32)
-    return m256i(value), codegen
 
 
 @intrinsic
