@@ -1,6 +1,8 @@
 """Test setup: make tests/ importable (torch_reference, shared checks), keep numpy output short,
-and give the run its own tokenizer cache (formats/tokenizer_cache.py), not the user's."""
+and give the run its own caches (formats/tokenizer_cache.py, formats/pack_cache.py), not the user's."""
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -8,4 +10,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 np.set_printoptions(precision=6, suppress=True, linewidth=120, edgeitems=3)
-os.environ.setdefault("FFNLAB_CACHE_DIR", tempfile.mkdtemp(prefix="ffnlab-test-cache-"))
+if "FFNLAB_CACHE_DIR" not in os.environ:
+    # removed when the run ends: the packed weights of the real models alone are ~380 MB
+    os.environ["FFNLAB_CACHE_DIR"] = tempfile.mkdtemp(prefix="ffnlab-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["FFNLAB_CACHE_DIR"], ignore_errors=True)
