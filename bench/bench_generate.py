@@ -17,8 +17,8 @@ Each repeat runs the engines one after the other from an empty cache, so a machi
 changes slows them alike; the table shows the median over the repeats, after one untimed
 warm-up per engine. Greedy tokens are printed so a broken engine shows.
 Load time and peak RSS come from fresh processes, one per engine and repeat: `ffnlab run
---ignore-eos --json` (its load line; the numba kernels come from their disk cache after the
-first run) and a llama.cpp process doing the same work (load, prefill, n decode steps); each
+--ignore-eos --json` (its load line; the numba kernels and the packed weights come from their disk
+caches after the first run, formats/pack_cache.py; each run says which) and a llama.cpp process doing the same work (load, prefill, n decode steps); each
 reports its own peak RSS (VmHWM) at the end.
 """
 import argparse
@@ -212,7 +212,9 @@ def memory_runs(path, ids, tok):
             load = rep["timings"]["load_ms"] / 1000 if name == "ffnlab" else rep["load_s"]
             out[name][0].append(load)
             out[name][1].append(rep["peak_rss"])
-            print(f"memory run {r + 1} {name:10s} load {load:6.2f} s  peak RSS {out[name][1][-1] / 1e6:7.1f} MB",
+            cached = {True: "  (packed weights from the cache)", False: "  (packed at load)"}.get(
+                rep["timings"].get("packed_from_cache")) if name == "ffnlab" else ""
+            print(f"memory run {r + 1} {name:10s} load {load:6.2f} s  peak RSS {out[name][1][-1] / 1e6:7.1f} MB{cached}",
                   flush=True)
     return out
 

@@ -108,3 +108,14 @@ def test_the_size_limit_keeps_the_newest_entries(cache, tmp_path, monkeypatch):
     ffnlab.load(two)
     assert [p.name for p in cache.iterdir()] != [first.name] and len(list(cache.iterdir())) == 1
     assert ffnlab.load(two).pack_cached and not ffnlab.load(one).pack_cached
+
+
+def test_run_json_says_where_the_layout_came_from(cache, tmp_path, capsys):
+    import json
+
+    from ffnlab.cli.main import main
+    path = quant_model(tmp_path, "Q4_0")
+    for want in (False, True):
+        assert main(["run", "-m", str(path), "-p", "ab", "-n", "2", "--temp", "0", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out.strip().splitlines()[-1])["timings"]["packed_from_cache"] is want

@@ -101,6 +101,7 @@ def run(args):
         print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
                           "text": out.text, "stop_reason": out.stop_reason, "interventions": interventions,
                           "timings": {"load_ms": load_ms, "kernels_ms": 1000 * getattr(model, "compile_seconds", 0.0),
+                                      "packed_from_cache": getattr(model, "pack_cached", False),
                                       "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
                                       "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))
