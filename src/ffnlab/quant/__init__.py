@@ -5,6 +5,8 @@
   kernels.py  the products on the blocks as they lie in the file: matrix-vector, row tiles for BLAS
   packed.py   the layout a loaded model multiplies by: 64 rows interleaved, and its kernels
   pages.py    handing the file's pages back once the blocks are packed
+  ggml_*.py   arith "ggml": llama.cpp's activation quantizers and integer products (ggml_int8.py:
+              ggml's AVX2 byte multiplies, written with the intrinsics of simd.py)
   tensor.py   QuantTensor, the weight object ops/linear.py multiplies by
 """
 from .blocks import KERNEL_TYPES
