@@ -1,12 +1,20 @@
 """Softmax over the last axis, numerically stable."""
 import numpy as np
 
+from . import fastmath
+
 
 def softmax_forward(x):
     """[..., N] -> [..., N]. Subtracting the row max keeps exp() <= 1: without it, logits
     around 90 overflow float32 to inf and the row becomes nan. Rows that are all -inf
     (fully masked) would give nan either way; callers never produce them (causal rows always
-    see their own position)."""
+    see their own position). float32: ops/fastmath.py's compiled rows (NumPy's exp is scalar
+    libm on AVX2, 10x slower)."""
+    if x.dtype == np.float32 and x.size:
+        x = np.ascontiguousarray(x)
+        out = np.empty_like(x)
+        fastmath.softmax_rows(x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1]))
+        return out
     m = x.max(axis=-1, keepdims=True)
     e = x - m
     np.exp(e, out=e)                              # in place: one temporary, not two

@@ -1,0 +1,87 @@
+"""ops/fastmath.py against float64 NumPy: e^x over its whole range, and the float32 sigmoid, SiLU,
+GELU (tanh form) and softmax built on it, which ops/activations.py and ops/softmax.py use.
+
+Bounds: Cephes gives expf's relative error as 1.7e-7 (~1.4 float32 ulps); the activations add at
+most a few correctly rounded float32 operations (each 2^-24 relative), so 4 ulps (2^-21 = 4.8e-7)
+bounds every relative error here with room. The softmax divides by a float64 sum: each output
+is exp32's error plus one rounding of the division."""
+import numpy as np
+import pytest
+
+from ffnlab.ops import fastmath
+from ffnlab.ops.activations import gelu_tanh_forward, sigmoid, silu_forward
+from ffnlab.ops.softmax import softmax_forward
+
+EPS = 2.0 ** -23
+ULP4 = 4 * EPS
+
+
+def _rel(got, want):
+    return float(np.max(np.abs(got.astype(np.float64) - want) / np.maximum(np.abs(want), 1e-300)))
+
+
+def test_exp32_over_its_range():
+    x = np.linspace(-86.6, 88.72, 4_000_003).astype(np.float32)          # every binade a result can have
+    x = np.concatenate([x, np.random.default_rng(0).uniform(-1, 1, 1_000_000).astype(np.float32)])
+    got = np.empty_like(x)
+    fastmath.exp_into(x, got)
+    assert _rel(got, np.exp(x.astype(np.float64))) <= 1.7e-7 * 1.05   # Cephes' stated bound (+5%: FMA, rounding)
+
+
+def test_exp32_edges():
+    x = np.array([np.nan, -np.inf, np.inf, 0.0, -0.0, 88.73, 1000.0, -86.7, -1000.0, 1e-30, -1e-30], np.float32)
+    got = np.empty_like(x)
+    fastmath.exp_into(x, got)
+    assert np.isnan(got[0])
+    np.testing.assert_array_equal(got[1:], np.array([0, np.inf, 1, 1, np.inf, np.inf, 0, 0, 1, 1], np.float32))
+
+
+@pytest.fixture
+def acts():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([rng.normal(0, 3, 200_000), rng.uniform(-100, 100, 10_000), [0.0, -0.0, 88.0, -88.0]])
+    return x.astype(np.float32)
+
+
+def test_sigmoid_and_silu(acts):
+    x64 = acts.astype(np.float64)
+    want = 1.0 / (1.0 + np.exp(-x64))
+    got = sigmoid(acts)
+    tiny = want < 1e-37                                  # e^-x past float32's normal range: 0 (abs error < 2.4e-38)
+    assert got.dtype == np.float32 and _rel(got[~tiny], want[~tiny]) <= ULP4
+    assert np.all(np.abs(got[tiny] - want[tiny]) < 2.5e-38)
+    assert _rel(silu_forward(acts)[~tiny], (x64 * want)[~tiny]) <= ULP4
+    view = np.stack([acts[:1000], acts[1000:2000]], axis=1)[:, 0]      # a strided view, as the gate half of [gate, up]
+    np.testing.assert_array_equal(sigmoid(view), sigmoid(np.ascontiguousarray(view)))
+
+
+def test_gelu_tanh(acts):
+    x = acts.astype(np.float64)
+    u = np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)
+    with np.errstate(over="ignore"):                     # e^-2u = inf for x << 0: want = x / inf = 0, the limit
+        want = x / (1.0 + np.exp(-2.0 * u))             # = 0.5 x (1 + tanh u), without 1 + tanh's cancellation
+    got = gelu_tanh_forward(acts)
+    big = np.abs(want) > 1e-30                           # x sigmoid(2u) for very negative x: both ~0
+    # u carries a few float32 roundings (|du| <= ~4 eps |u|), and ln sigmoid(2u) changes by up to 2 du:
+    # where sigmoid(2u) is small (x < 0) that is a relative error of 8 eps |u|, as in NumPy's float32 tanh form
+    bound = ULP4 + 8 * EPS * np.abs(u)
+    assert np.all(np.abs(got[big] - want[big]) <= bound[big] * np.abs(want[big]))
+    assert np.all(np.abs(got[~big]) < 1e-30)
+    moderate = np.abs(x) < 5                             # float64 keeps NumPy's path (1 + tanh: fine away from -inf)
+    np.testing.assert_allclose(gelu_tanh_forward(x[moderate]), want[moderate], rtol=1e-12, atol=1e-15)
+
+
+def test_softmax_rows():
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 5, (3, 7, 513)).astype(np.float32)
+    x[0, 0, 100:] = -np.inf                              # a causal mask's row
+    x64 = x.astype(np.float64)
+    want = np.exp(x64 - x64.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    got = softmax_forward(x)
+    ok = want > 1e-30
+    # x - max rounds in float32 (|x - max| 2^-24 absolute), which e^. turns into that relative error
+    bound = ULP4 + np.abs(x64 - x64.max(-1, keepdims=True)) * 2.0 ** -24
+    assert np.all(np.abs(got[ok] - want[ok]) <= bound[ok] * want[ok]) and np.all(got[~ok] < 1e-30)
+    assert np.all(got[0, 0, 100:] == 0)
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=4 * EPS * 513 ** 0.5)
