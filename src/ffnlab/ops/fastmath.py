@@ -27,7 +27,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 F = np.float32
-FLAGS = dict(cache=True, nogil=True, fastmath={"contract"})      # FMA where a multiply feeds an add
+FLAGS = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")   # FMA where a multiply feeds
+# an add; x / 0 = inf as in NumPy (numba's default checks every division, and the loops stop vectorizing)
 LOG2E = F(1.44269504088896341)
 LN2_HI, LN2_LO = F(0.693359375), F(-2.12194440e-4)               # ln 2 = LN2_HI + LN2_LO, LN2_HI exact in 9 bits
 X_MAX = F(88.72283905206835)                                     # ln(FLT_MAX)
