@@ -1,11 +1,12 @@
-"""ggml mode's 32-weight block products, per matrix: the int8 kernels (quant/ggml_int8.py: ggml's
-vpmaddubsw / vpmaddwd) against the float kernels they replace on AVX2 hosts (quant/ggml_packed.py)
-and against OpenBLAS's float32 GEMM on the same shape (the f32 mode's prompt products).
+"""ggml mode's quantized products, per matrix: the int8 kernels (quant/ggml_int8.py, ggml_int8_k.py:
+ggml's vpmaddubsw / vpmaddwd) against the float kernels they replace on AVX2 hosts
+(quant/ggml_packed.py, ggml_packed_k.py) and against OpenBLAS's float32 GEMM on the same shape
+(the f32 mode's prompt products).
 
   python3 bench/bench_ggml_kernels.py [--repeats 20]
 
-Shapes are SmolLM2's (Q4_1 gate/up [1536, 576], down [576, 1536], Q8_0 vocabulary rows) and the
-Q4_0 / Q5_0 of other files; random blocks, activations quantized as ggml does (not timed). One
+Shapes are SmolLM2's (Q4_1 gate/up [1536, 576], down [576, 1536], Q8_0 vocabulary rows), Gemma 3's
+(Q5_0 gate/up, Q4_K attention output and down, Q6_K down) and a Q4_0; random blocks, activations quantized as ggml does (not timed). One
 thread, median process CPU time; G MAC/s = rows x n x tokens / time. The CPU model and the load
 average are printed (a neighbour's load on a shared machine slows every column alike).
 """
@@ -29,7 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from test_ggml_quants import PAIRS, activations, random_blocks  # noqa: E402
 from bench_ggml import cpu_model  # noqa: E402
 
-SHAPES = [(T.Q4_1, 1536, 576), (T.Q4_1, 576, 1536), (T.Q8_0, 4096, 576), (T.Q4_0, 1536, 576), (T.Q5_0, 1536, 640)]
+SHAPES = [(T.Q4_1, 1536, 576), (T.Q4_1, 576, 1536), (T.Q8_0, 4096, 576), (T.Q4_0, 1536, 576), (T.Q5_0, 1536, 640),
+          (T.Q4_K, 640, 1024), (T.Q4_K, 640, 2048), (T.Q6_K, 640, 2048)]
 
 
 def median_time(f, repeats):
@@ -57,7 +59,7 @@ def main():
         new = ggml_packed.pack(int(qtype), data, table_for(qtype), n, int8=True)
         old = ggml_packed.pack(int(qtype), data, table_for(qtype), n, int8=False)
         w = rng.standard_normal((n, rows)).astype(np.float32)
-        for N in (1, 64):
+        for N in (1, 4, 64) if qtype in (T.Q4_K, T.Q6_K) else (1, 64):   # K: vec_dot below 8 tokens
             x = activations(rng, N, n)
             a = Q8Rows(PAIRS[qtype][0], x)
             reps = args.repeats * (10 if N == 1 else 1)

@@ -3,24 +3,25 @@ same bits as the row-at-a-time kernels of quant/ggml_kernels.py (which tests/tes
 holds to ggml's own code), for every packed type, one token and several (K-quants: ggml's
 per-token vec_dot below 8 tokens, its tiled order from 8), rows that do not fill the last 64-row
 group, and activations whose integer sums reach the float32-exactness limits the kernels rely on.
-The 32-weight types have two paths, both held here: "int8" (ggml_int8.py's byte multiplies, what
-an AVX2 host's QuantTensor runs) and "float" (ggml_packed.py's float kernels, the fallback)."""
+Every type has two paths, both held here: "int8" (ggml_int8.py / ggml_int8_k.py's byte
+multiplies, what an AVX2 host's QuantTensor runs) and "float" (ggml_packed.py / ggml_packed_k.py's
+float kernels, the fallback)."""
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
 from ffnlab.ops import ggml_math
-from ffnlab.quant import QuantTensor, ggml_int8, ggml_kernels, ggml_packed, simd
+from ffnlab.quant import QuantTensor, ggml_int8, ggml_int8_k, ggml_kernels, ggml_packed, simd
 from ffnlab.quant.blocks import F16_TABLE, table_for
 from ffnlab.quant.ggml_quants import Q8Rows
 from test_ggml_quants import PAIRS, activations, random_blocks
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K]
 BLOCK32 = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0]
-# (type, path): the 32-weight types on both paths, the K-quants on their one
-CASES = [(t, p) for t in BLOCK32 for p in ("int8", "float")] + [(T.Q4_K, "k"), (T.Q6_K, "k")]
+CASES = [(t, p) for t in TYPES for p in ("int8", "float")]              # (type, path)
 CASE_IDS = [f"{t.name}-{p}" for t, p in CASES]
+INT8_LAYOUTS = (ggml_int8.LanePacked, ggml_int8_k.LaneKPacked)
 
 
 def reference(qtype, data, a):
@@ -30,19 +31,19 @@ def reference(qtype, data, a):
 
 
 def product(qtype, data, x, path):
-    """x [N, n] times the blocks data on one path -> [N, rows]. "int8" and "k": a QuantTensor's
-    product (pack() at load, quantized activation, the layout's kernels); "float": the float
-    kernels called directly over their layout, as a host without AVX2 runs them."""
+    """x [N, n] times the blocks data on one path -> [N, rows]. "int8": a QuantTensor's product
+    (pack() at load, quantized activation, the layout's kernels); "float": the float kernels
+    called directly over their layout, as a host without AVX2 runs them."""
     rows, n = data.shape[0], x.shape[1]
     if path == "float":
         P = ggml_packed.pack(int(qtype), data, table_for(qtype), n, int8=False)
-        assert not isinstance(P, ggml_int8.LanePacked)
+        assert not isinstance(P, INT8_LAYOUTS)
         return ggml_packed.product(P, Q8Rows(PAIRS[qtype][0], x), rows)
-    if path == "int8" and not simd.HAS_AVX2:
+    if not simd.HAS_AVX2:
         pytest.skip("this CPU has no AVX2: the int8 path is not used here")
     w = QuantTensor(data, qtype, (rows, n), arith="ggml")
     w.pack(release=False)
-    assert w.packed is not None and isinstance(w.packed, ggml_int8.LanePacked) == (path == "int8")
+    assert isinstance(w.packed, INT8_LAYOUTS)
     return w.matmul(x)
 
 
@@ -56,11 +57,12 @@ def test_packed_products_equal_the_reference_order(qtype, path, tokens):
     np.testing.assert_array_equal(product(qtype, data, x, path), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x)))
 
 
-@pytest.mark.parametrize("qtype, path", CASES[:8], ids=CASE_IDS[:8])
-@pytest.mark.parametrize("rows, n", [(1, 32), (7, 64), (63, 96), (65, 256), (130, 160)])
-def test_odd_shapes_equal_the_reference_order(qtype, path, rows, n):
-    """rows that fill no 8-row chunk, part of one, or spill into a last group; one block per row;
-    1, 2, 5 and 9 tokens"""
+@pytest.mark.parametrize("qtype, path", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("rows, blocks", [(1, 1), (7, 2), (63, 3), (65, 1), (130, 5)])
+def test_odd_shapes_equal_the_reference_order(qtype, path, rows, blocks):
+    """rows that fill no 8-row chunk, part of one, or spill into a last group; one block per row
+    or a few; 1, 2, 5 and 9 tokens (K-quants: vec_dot order, then tiled)"""
+    n = blocks * gguf.GGML_QUANT_SIZES[qtype][0]
     rng = np.random.default_rng(rows * 1000 + n)
     data = random_blocks(qtype, rows, n, rng)
     for tokens in (1, 2, 5, 9):
@@ -89,7 +91,7 @@ def test_extreme_codes_stay_exact(qtype, path):
         np.testing.assert_array_equal(product(qtype, data, x[:t], path), reference(qtype, data, Q8Rows(PAIRS[qtype][0], x[:t])))
 
 
-@pytest.mark.parametrize("qtype, path", CASES[:8], ids=CASE_IDS[:8])
+@pytest.mark.parametrize("qtype, path", CASES[:8], ids=CASE_IDS[:8])        # the 32-weight types
 def test_int8_lane_bounds(qtype, path):
     """The byte multiplies' limits: vpmaddubsw adds two u8 x s8 products into int16 (saturating
     past 32767). Q8_0's -128 (|w| = 128, sign(x, w) = -x) and 127 and Q5_0's -16 / 15, against

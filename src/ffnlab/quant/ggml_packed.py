@@ -27,7 +27,7 @@ are ggml's FMAs, and every other multiply-add here is of exact integers (fused o
 import numpy as np
 from numba import njit, prange
 
-from . import ggml_int8, packed
+from . import ggml_int8, ggml_int8_k, packed
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, half_float
 from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
 from .packed import R
@@ -36,7 +36,7 @@ from .simd import HAS_AVX2
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
 EXACT = dict(cache=True, nogil=True)
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # AVX2: ggml_int8.LanePacked; else packed.Packed ("nib", "i8")
-K_TYPES = (Q4_K, Q6_K)                               # ggml_packed_k.KPacked
+K_TYPES = (Q4_K, Q6_K)                               # AVX2: ggml_int8_k.LaneKPacked; else ggml_packed_k.KPacked
 TYPES = BLOCK32_TYPES + K_TYPES
 INT8 = HAS_AVX2                                      # the 32-weight blocks' products: byte multiplies (ggml_int8.py)
 # the types stacked() can stack: those whose layout empty() / fill() make
@@ -246,7 +246,7 @@ def pack(qtype, data, table, n, int8=INT8):
     kernels here): Q4_0, Q4_1, Q8_0 in packed.pack's (the f32 mode's) layout; Q5_0 "i8", its
     5-bit weights minus 16 as int8 codes (36 bytes per 32 weights against the file's 22): the
     fifth bits cost the kernel more than the bytes cost the memory stream, and a Q5_0 x Q8_0
-    product is then Q8_0's. Q4_K, Q6_K: KPacked."""
+    product is then Q8_0's. Q4_K, Q6_K: ggml_int8_k.LaneKPacked with int8, else KPacked."""
     if int8 and qtype in BLOCK32_TYPES:
         return ggml_int8.pack(qtype, data, table, n)
     if qtype in (Q4_0, Q4_1, Q8_0):
@@ -256,7 +256,7 @@ def pack(qtype, data, table, n, int8=INT8):
         qs, d = np.zeros((G, n // 32, 32, R), np.int8), np.zeros((G, n // 32, R), np.float32)
         _pack_q5_0(data, table, qs, d)
         return packed.Packed("i8", data.shape[0], n, qs, _NONE_U, d, _NONE_F, 0)
-    return pack_k(qtype, data, table, n)
+    return ggml_int8_k.pack(qtype, data, table, n) if int8 else pack_k(qtype, data, table, n)
 
 
 def empty(qtype, rows, n):
@@ -295,6 +295,8 @@ def product(P, a, rows):
     weight's vec_dot type -> y [N, rows] float32, ggml's bits"""
     if isinstance(P, ggml_int8.LanePacked):
         return ggml_int8.product(P, a)[:, :rows]
+    if isinstance(P, ggml_int8_k.LaneKPacked):
+        return ggml_int8_k.product(P, a)[:, :rows]
     xq = a.qs.astype(np.float32)                                      # [N, n] codes: exact as floats
     N, G = xq.shape[0], P.qs.shape[0]
     y = np.empty((N, G * R), np.float32)

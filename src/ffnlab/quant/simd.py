@@ -189,6 +189,70 @@ def lanes_s8(typingctx, w, x):
 
 
 @intrinsic
+def maddubs(typingctx, a, b):
+    """u8 a x s8 b -> 16 int16 sums of adjacent products (vpmaddubsw)"""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(_call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, list(args)), I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def madd(typingctx, a, b):
+    """int16 a x int16 b -> 8 int32 sums of adjacent products (vpmaddwd): with b a scale in both
+    halves of each 32-bit lane, scale x (a pair's sum)"""
+    def codegen(context, builder, sig, args):
+        a, b = (builder.bitcast(v, I16x16) for v in args)
+        return builder.bitcast(_call(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [a, b]), I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def widen8(typingctx, ary, index):
+    """8 bytes at ary.flat[index] -> 8 int32 (sign-extended from int8, zero-extended from uint8)"""
+    _contiguous(ary)
+    signed = ary.dtype.signed
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_pointer(context, builder, sig.args[0], *args, ir.VectorType(ir.IntType(8), 8)), align=1)
+        return builder.bitcast((builder.sext if signed else builder.zext)(v, I32x8), I8x32)
+    return m256i(ary, index), codegen
+
+
+@intrinsic
+def pairs16(typingctx, a):
+    """8 int32 (each within int16) -> each as two int16 copies, (v & 0xFFFF) | (v << 16): a scale
+    for madd"""
+    def codegen(context, builder, sig, args):
+        v = builder.bitcast(args[0], I32x8)
+        low = builder.and_(v, ir.Constant(I32x8, [0xFFFF] * 8))
+        return builder.bitcast(builder.or_(low, builder.shl(v, ir.Constant(I32x8, [16] * 8))), I8x32)
+    return m256i(a), codegen
+
+
+@intrinsic
+def add_i32(typingctx, a, b):
+    """a + b in 8 int32 lanes"""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.add(builder.bitcast(args[0], I32x8), builder.bitcast(args[1], I32x8)), I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def mul_i32(typingctx, a, b):
+    """a * b in 8 int32 lanes (vpmulld)"""
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.mul(builder.bitcast(args[0], I32x8), builder.bitcast(args[1], I32x8)), I8x32)
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def zeros_i(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(I8x32, [0] * 32)
+    return m256i(), codegen
+
+
+@intrinsic
 def sub_i32(typingctx, a, b):
     """a - b in 8 int32 lanes"""
     def codegen(context, builder, sig, args):

@@ -1,0 +1,298 @@
+"""Q4_K and Q6_K products with ggml's byte multiplies (quant/simd.py), over a lane layout made at
+load: quant/ggml_int8.py's approach for the 256-weight K-quants.
+
+ggml's AVX2 vec_dot (ggml-cpu/arch/x86/quants.c, ggml_vec_dot_q4_K_q8_K / q6_K_q8_K; one or a few
+tokens) keeps 8 int32 lanes per superblock: lane i sums scale x q.x over weights 4i..4i+3 of each
+32-weight sub-block (vpmaddubsw, then vpmaddwd against the sub-block's scale instead of ones);
+Q4_K's mins go to 4 more lanes (min_2k bsum_2k + min_2k+1 bsum_2k+1), Q6_K's -32 offset is folded
+into lane i as -32 (scale_2i bsum_2i + scale_2i+1 bsum_2i+1); then acc_i = fma(d_x d_w, lane_i,
+acc_i) per superblock and hsum_float_8. Its tiled matmul (ggml-cpu/tiled; 8 tokens or more) needs
+only the lanes' totals: s1 = sum of the 8 lanes, s2 = sum of the min lanes (exact integers, in
+any order), res = fma(-dmin_w, s2, d_w s1), acc = fma(res, d_x, acc). Both are computed here for
+8 rows at a time, as ggml_int8.py does for the 32-weight types; the integer lanes are exact
+(pairs of products within int16: 2 x 15 x 127, 2 x 63 x 127; lane totals within int32) and the
+float steps are ggml's, so the bits are quant/ggml_kernels.py's _dot_q4_k / _dot_q6_k /
+_dot_k_tiled (tests/test_ggml_packed.py).
+
+Layout (LaneKPacked), G groups of R = 64 rows, 8 chunks of 8 rows, ns = n/32 sub-blocks:
+  Q4_K  qs [G, 8, ns, 4, 8, 4] uint8: [.., j, r, i] low nibble weight 4j+i of the sub-block, high
+        nibble weight 16+4j+i; sc, mn [G, 8, ns, 8] uint8 (6-bit scale and min); d, dmin
+        [G, 8, n/256, 8] float32 (the superblock's halves)
+  Q6_K  qs [G, 8, ns, 8, 8, 4] uint8: weight 4j+i, unsigned (0..63); sc [G, 8, n/16, 8] int8
+        (one per 16 weights); d [G, 8, n/256, 8]; mn, dmin empty
+"""
+import numpy as np
+from numba import njit, prange
+
+from .dequant import Q4_K, _k_scale_min, half_float
+from .ggml_int8 import CHUNK, _fma8, _hsum8, _zeros8
+from .packed import R
+from .simd import (add, add_i32, broadcast4, broadcast_f, fma, high_nibbles, load_f, load_i, low_nibbles, madd,
+                   maddubs, mul, mul_i32, pairs16, store_f, sub_i32, to_float, widen8, zeros_f, zeros_i)
+
+GG = dict(cache=True, nogil=True)
+EXACT = dict(cache=True, nogil=True)
+TILED_MIN_BATCH = 8                          # as ggml_kernels: batches of 8+ tokens go tiled
+_NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
+_NONE_F = np.zeros((0, 0, 0, 0), np.float32)
+
+
+class LaneKPacked:
+    """A [rows, n] Q4_K or Q6_K matrix in the lane layout (module docstring); rows past `rows` in
+    the last group are zeros. groups / lookup / dequant_t as packed.Packed's."""
+
+    def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
+        self.kind, self.qtype, self.rows, self.n = "lane_k", qtype, rows, n
+        self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
+
+    @property
+    def nbytes(self):
+        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
+
+    def groups(self, g0, g1):
+        """Groups g0..g1 as a LaneKPacked (views, no copy)."""
+        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
+        return LaneKPacked(self.qtype, min(self.rows, g1 * R) - g0 * R, self.n, sl(self.qs), sl(self.sc), sl(self.mn),
+                           sl(self.d), sl(self.dmin))
+
+    def lookup(self, ids, out):
+        """Rows ids [k] dequantized into out [k, n] (gguf-py's values)."""
+        _rows(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, ids, out)
+
+    def dequant_t(self, g0, g1, out):
+        """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) * R] float32."""
+        _dequant_t(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, g0, g1, out)
+
+
+def pack(qtype, data, table, n) -> LaneKPacked:
+    """data: [rows, row_bytes] uint8 Q4_K / Q6_K blocks -> LaneKPacked (zeros past the last row)"""
+    G, ns, nB = -(-data.shape[0] // R), n // 32, n // 256
+    C = R // CHUNK
+    d = np.zeros((G, C, nB, CHUNK), np.float32)
+    if qtype == Q4_K:
+        P = LaneKPacked(qtype, data.shape[0], n, np.zeros((G, C, ns, 4, CHUNK, 4), np.uint8),
+                        np.zeros((G, C, ns, CHUNK), np.uint8), np.zeros((G, C, ns, CHUNK), np.uint8), d, np.zeros_like(d))
+    else:
+        P = LaneKPacked(qtype, data.shape[0], n, np.zeros((G, C, ns, 8, CHUNK, 4), np.uint8),
+                        np.zeros((G, C, 2 * ns, CHUNK), np.int8), _NONE_U, d, _NONE_F)
+    _pack(qtype, data, table, P.qs, P.sc, P.mn, P.d, P.dmin)
+    return P
+
+
+@njit(parallel=True, **EXACT)
+def _pack(qtype, data, table, qs, sc, mn, d, dmin):
+    for row in prange(data.shape[0]):
+        g, c, r, src = row // R, (row % R) // CHUNK, row % CHUNK, data[row]
+        for B in range(d.shape[2]):
+            if qtype == Q4_K:
+                o = B * 144
+                d[g, c, B, r], dmin[g, c, B, r] = half_float(src, o, table), half_float(src, o + 2, table)
+                for s in range(8):
+                    a, m = _k_scale_min(src, o + 4, s)
+                    sc[g, c, 8 * B + s, r], mn[g, c, 8 * B + s, r] = a, m
+                    q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
+                    for k in range(16):
+                        lo = (np.int32(src[q0 + k]) >> shift) & 15
+                        hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
+                        qs[g, c, 8 * B + s, k >> 2, r, k & 3] = np.uint8(lo | (hi << 4))
+            else:                                                      # Q6_K: weight 128h + 32g4 + i
+                o = B * 210
+                d[g, c, B, r] = half_float(src, o + 208, table)
+                for i in range(16):
+                    sc[g, c, 16 * B + i, r] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)
+                for h in range(2):
+                    ql, qh, b = o + 64 * h, o + 128 + 32 * h, 8 * B + 4 * h
+                    for i in range(32):
+                        a, e, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
+                        j, k = i >> 2, i & 3
+                        qs[g, c, b, j, r, k] = np.uint8((a & 15) | ((hh & 3) << 4))
+                        qs[g, c, b + 1, j, r, k] = np.uint8((e & 15) | (((hh >> 2) & 3) << 4))
+                        qs[g, c, b + 2, j, r, k] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
+                        qs[g, c, b + 3, j, r, k] = np.uint8((e >> 4) | (((hh >> 6) & 3) << 4))
+
+
+# ---- dequantization (lookups, dequantize()) ---------------------------------------------------
+
+@njit(**EXACT)
+def _weight(qtype, qs, sc, mn, d, dmin, g, c, s, r, k):
+    """weight k of sub-block s of row (g, c, r), as gguf-py: Q4_K (d sc) q - (dmin mn), Q6_K
+    (d sc) (q - 32), float32 products"""
+    B = s // 8
+    if qtype == Q4_K:
+        v = np.int32(qs[g, c, s, (k & 15) >> 2, r, k & 3])
+        q = (v & 15) if k < 16 else (v >> 4)
+        ds = d[g, c, B, r] * np.float32(sc[g, c, s, r])
+        return ds * np.float32(q) - dmin[g, c, B, r] * np.float32(mn[g, c, s, r])
+    ds = d[g, c, B, r] * np.float32(sc[g, c, 2 * s + k // 16, r])
+    return ds * np.float32(np.int32(qs[g, c, s, k >> 2, r, k & 3]) - 32)
+
+
+@njit(**EXACT)
+def _rows(qtype, qs, sc, mn, d, dmin, ids, out):
+    for i in range(ids.shape[0]):
+        g, c, r = ids[i] // R, (ids[i] % R) // CHUNK, ids[i] % CHUNK
+        for s in range(qs.shape[2]):
+            for k in range(32):
+                out[i, 32 * s + k] = _weight(qtype, qs, sc, mn, d, dmin, g, c, s, r, k)
+
+
+@njit(**EXACT)
+def _dequant_t(qtype, qs, sc, mn, d, dmin, g0, g1, out):
+    for g in range(g0, g1):
+        for c in range(R // CHUNK):
+            col = (g - g0) * R + c * CHUNK
+            for s in range(qs.shape[2]):
+                for k in range(32):
+                    for r in range(CHUNK):
+                        out[32 * s + k, col + r] = _weight(qtype, qs, sc, mn, d, dmin, g, c, s, r, k)
+
+
+# ---- integer lanes of one superblock, 8 rows x one token ---------------------------------------
+
+@njit(**GG)
+def _q4k_lanes(qs, sc, chunk, B, x):
+    """Q4_K superblock B of 8 rows (chunk) x codes x [n] -> lane i = sum_s scale_s (q.x over
+    weights 4i..4i+3 of sub-block s), 8 int32 vectors"""
+    ns = qs.shape[2]
+    l0, l1, l2, l3, l4, l5, l6, l7 = zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i()
+    for s in range(8 * B, 8 * B + 8):
+        o, xo = (chunk * ns + s) * 128, 32 * s
+        scale = pairs16(widen8(sc, (chunk * ns + s) * CHUNK))
+        w0, w1, w2, w3 = load_i(qs, o), load_i(qs, o + 32), load_i(qs, o + 64), load_i(qs, o + 96)
+        l0 = add_i32(l0, madd(maddubs(low_nibbles(w0), broadcast4(x, xo)), scale))
+        l1 = add_i32(l1, madd(maddubs(low_nibbles(w1), broadcast4(x, xo + 4)), scale))
+        l2 = add_i32(l2, madd(maddubs(low_nibbles(w2), broadcast4(x, xo + 8)), scale))
+        l3 = add_i32(l3, madd(maddubs(low_nibbles(w3), broadcast4(x, xo + 12)), scale))
+        l4 = add_i32(l4, madd(maddubs(high_nibbles(w0), broadcast4(x, xo + 16)), scale))
+        l5 = add_i32(l5, madd(maddubs(high_nibbles(w1), broadcast4(x, xo + 20)), scale))
+        l6 = add_i32(l6, madd(maddubs(high_nibbles(w2), broadcast4(x, xo + 24)), scale))
+        l7 = add_i32(l7, madd(maddubs(high_nibbles(w3), broadcast4(x, xo + 28)), scale))
+    return l0, l1, l2, l3, l4, l5, l6, l7
+
+
+@njit(**GG)
+def _q4k_mins(mn, chunk, B, bs32):
+    """Q4_K's min lanes of superblock B: lane k = min_2k bsum_2k + min_2k+1 bsum_2k+1, bs32 [n/32]
+    the token's sums of 32 codes"""
+    base, s = chunk * mn.shape[2], 8 * B
+    return (add_i32(mul_i32(widen8(mn, (base + s) * CHUNK), broadcast4(bs32, s)),
+                    mul_i32(widen8(mn, (base + s + 1) * CHUNK), broadcast4(bs32, s + 1))),
+            add_i32(mul_i32(widen8(mn, (base + s + 2) * CHUNK), broadcast4(bs32, s + 2)),
+                    mul_i32(widen8(mn, (base + s + 3) * CHUNK), broadcast4(bs32, s + 3))),
+            add_i32(mul_i32(widen8(mn, (base + s + 4) * CHUNK), broadcast4(bs32, s + 4)),
+                    mul_i32(widen8(mn, (base + s + 5) * CHUNK), broadcast4(bs32, s + 5))),
+            add_i32(mul_i32(widen8(mn, (base + s + 6) * CHUNK), broadcast4(bs32, s + 6)),
+                    mul_i32(widen8(mn, (base + s + 7) * CHUNK), broadcast4(bs32, s + 7))))
+
+
+@njit(**GG)
+def _q6k_offset(sc, chunk, B, i, bs16x32):
+    """32 (scale_2i bsum_2i + scale_2i+1 bsum_2i+1) of superblock B (bs16x32: 32 x the token's
+    sums of 16 codes)"""
+    t = chunk * sc.shape[2] + 16 * B + 2 * i
+    return add_i32(mul_i32(widen8(sc, t * CHUNK), broadcast4(bs16x32, 16 * B + 2 * i)),
+                   mul_i32(widen8(sc, (t + 1) * CHUNK), broadcast4(bs16x32, 16 * B + 2 * i + 1)))
+
+
+@njit(**GG)
+def _q6k_lanes(qs, sc, chunk, B, x, bs16x32):
+    """Q6_K superblock B of 8 rows x codes x -> lane i = sum over the 32-weight groups of
+    scale (q.x over weights 4i..4i+3; lanes 0-3 the group's first 16-scale, 4-7 its second),
+    minus _q6k_offset(i)"""
+    ns = qs.shape[2]
+    l0, l1, l2, l3, l4, l5, l6, l7 = zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i(), zeros_i()
+    for s in range(8 * B, 8 * B + 8):
+        o, xo, t = (chunk * ns + s) * 256, 32 * s, chunk * 2 * ns + 2 * s
+        sa, sb = pairs16(widen8(sc, t * CHUNK)), pairs16(widen8(sc, (t + 1) * CHUNK))
+        l0 = add_i32(l0, madd(maddubs(load_i(qs, o), broadcast4(x, xo)), sa))
+        l1 = add_i32(l1, madd(maddubs(load_i(qs, o + 32), broadcast4(x, xo + 4)), sa))
+        l2 = add_i32(l2, madd(maddubs(load_i(qs, o + 64), broadcast4(x, xo + 8)), sa))
+        l3 = add_i32(l3, madd(maddubs(load_i(qs, o + 96), broadcast4(x, xo + 12)), sa))
+        l4 = add_i32(l4, madd(maddubs(load_i(qs, o + 128), broadcast4(x, xo + 16)), sb))
+        l5 = add_i32(l5, madd(maddubs(load_i(qs, o + 160), broadcast4(x, xo + 20)), sb))
+        l6 = add_i32(l6, madd(maddubs(load_i(qs, o + 192), broadcast4(x, xo + 24)), sb))
+        l7 = add_i32(l7, madd(maddubs(load_i(qs, o + 224), broadcast4(x, xo + 28)), sb))
+    return (sub_i32(l0, _q6k_offset(sc, chunk, B, 0, bs16x32)), sub_i32(l1, _q6k_offset(sc, chunk, B, 1, bs16x32)),
+            sub_i32(l2, _q6k_offset(sc, chunk, B, 2, bs16x32)), sub_i32(l3, _q6k_offset(sc, chunk, B, 3, bs16x32)),
+            sub_i32(l4, _q6k_offset(sc, chunk, B, 4, bs16x32)), sub_i32(l5, _q6k_offset(sc, chunk, B, 5, bs16x32)),
+            sub_i32(l6, _q6k_offset(sc, chunk, B, 6, bs16x32)), sub_i32(l7, _q6k_offset(sc, chunk, B, 7, bs16x32)))
+
+
+@njit(**GG)
+def _total(v):
+    """the sum of 8 int32 vectors (exact, any order)"""
+    return add_i32(add_i32(add_i32(v[0], v[1]), add_i32(v[2], v[3])), add_i32(add_i32(v[4], v[5]), add_i32(v[6], v[7])))
+
+
+# ---- the float steps: vec_dot (few tokens) and tiled (8+) -------------------------------------
+
+@njit(**GG)
+def _q4k_vec(qs, sc, mn, d, dmin, chunk, x, dx, bs32, y, yo):
+    nB = d.shape[2]
+    acc = _zeros8()
+    m0, m1, m2, m3 = zeros_f(), zeros_f(), zeros_f(), zeros_f()
+    for B in range(nB):
+        lanes, mins = _q4k_lanes(qs, sc, chunk, B, x), _q4k_mins(mn, chunk, B, bs32)
+        dd = mul(broadcast_f(dx[B]), load_f(d, (chunk * nB + B) * CHUNK))         # d_x d_w
+        dm = mul(broadcast_f(-dx[B]), load_f(dmin, (chunk * nB + B) * CHUNK))     # -d_x dmin_w
+        acc = _fma8(dd, lanes, acc)
+        m0, m1 = fma(dm, to_float(mins[0]), m0), fma(dm, to_float(mins[1]), m1)
+        m2, m3 = fma(dm, to_float(mins[2]), m2), fma(dm, to_float(mins[3]), m3)
+    store_f(y, yo, add(_hsum8(acc), add(add(m0, m2), add(m1, m3))))
+
+
+@njit(**GG)
+def _q6k_vec(qs, sc, d, chunk, x, dx, bs16x32, y, yo):
+    nB = d.shape[2]
+    acc = _zeros8()
+    for B in range(nB):
+        dd = mul(broadcast_f(dx[B]), load_f(d, (chunk * nB + B) * CHUNK))
+        acc = _fma8(dd, _q6k_lanes(qs, sc, chunk, B, x, bs16x32), acc)
+    store_f(y, yo, _hsum8(acc))
+
+
+@njit(**GG)
+def _k_tiled(qtype, qs, sc, mn, d, dmin, chunk, x, dx, bsums, y, yo):
+    """res = fma(-dmin_w, s2, d_w s1) (Q6_K: d_w s1), acc = fma(res, d_x, acc) per superblock"""
+    nB = d.shape[2]
+    acc = zeros_f()
+    minus = broadcast_f(-1.0)
+    for B in range(nB):
+        o = (chunk * nB + B) * CHUNK
+        if qtype == Q4_K:
+            s1, s2 = _total(_q4k_lanes(qs, sc, chunk, B, x)), _q4k_mins(mn, chunk, B, bsums)
+            res = fma(mul(minus, load_f(dmin, o)), to_float(add_i32(add_i32(s2[0], s2[1]), add_i32(s2[2], s2[3]))),
+                      mul(load_f(d, o), to_float(s1)))
+        else:
+            res = mul(load_f(d, o), to_float(_total(_q6k_lanes(qs, sc, chunk, B, x, bsums))))
+        acc = fma(res, broadcast_f(dx[B]), acc)
+    store_f(y, yo, acc)
+
+
+@njit(parallel=True, **GG)
+def gemm_k(qtype, qs, sc, mn, d, dmin, xq, dx, bsums, y):
+    """Q4_K / Q6_K x N tokens: xq [N, n] int8, dx [N, n/256]; bsums: Q4_K [N, n/32] sums of 32
+    codes, Q6_K [N, n/16] 32 x the sums of 16 -> y [N, G*R]; vec_dot order below
+    TILED_MIN_BATCH tokens, tiled from there"""
+    chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
+    for chunk in prange(chunks):
+        for t in range(N):
+            yo = t * y.shape[1] + chunk * CHUNK
+            if N >= TILED_MIN_BATCH:
+                _k_tiled(qtype, qs, sc, mn, d, dmin, chunk, xq[t], dx[t], bsums[t], y, yo)
+            elif qtype == Q4_K:
+                _q4k_vec(qs, sc, mn, d, dmin, chunk, xq[t], dx[t], bsums[t], y, yo)
+            else:
+                _q6k_vec(qs, sc, d, chunk, xq[t], dx[t], bsums[t], y, yo)
+
+
+def product(P, a):
+    """P: LaneKPacked, a: Q8Rows ("q8_k") of the activation [N, n] -> y [N, G*R] float32"""
+    N = a.qs.shape[0]
+    if P.qtype == Q4_K:
+        bsums = a.e.reshape(N, -1, 2).sum(axis=2, dtype=np.int32)            # [N, n/32]
+    else:
+        bsums = np.ascontiguousarray(a.e, np.int32) * np.int32(32)          # [N, n/16]
+    y = np.empty((N, P.qs.shape[0] * R), np.float32)
+    gemm_k(P.qtype, P.qs, P.sc, P.mn, P.d, P.dmin, a.qs, a.d, bsums, y)
+    return y
