@@ -1,6 +1,10 @@
 """ggml's integer products over row-interleaved weights: quant/ggml_kernels.py's arithmetic, in
 the layout of quant/packed.py (R = 64 rows side by side per group), made once at load.
 
+pack() and product() are what QuantTensor calls in arith "ggml". On a CPU with AVX2 (INT8) they
+hand every type to quant/ggml_int8.py / ggml_int8_k.py (ggml's own byte multiplies, the same
+bits); the float kernels below are the fallback elsewhere, and tests/test_ggml_packed.py runs both.
+
 Every float32 operation ggml makes is kept, in ggml's order, for each (row, token): the eight
 lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q8_0 against Q8_0 / Q8_1
 activations), the lane FMA acc_l = fma(d_w d_x, lane_l, acc_l), the Q8_1 sum of m_w s_x, the
@@ -38,7 +42,7 @@ EXACT = dict(cache=True, nogil=True)
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # AVX2: ggml_int8.LanePacked; else packed.Packed ("nib", "i8")
 K_TYPES = (Q4_K, Q6_K)                               # AVX2: ggml_int8_k.LaneKPacked; else ggml_packed_k.KPacked
 TYPES = BLOCK32_TYPES + K_TYPES
-INT8 = HAS_AVX2                                      # the 32-weight blocks' products: byte multiplies (ggml_int8.py)
+INT8 = HAS_AVX2                                      # byte multiplies for every type (ggml_int8.py, ggml_int8_k.py)
 # the types stacked() can stack: those whose layout empty() / fill() make
 STACKABLE = BLOCK32_TYPES if INT8 else (Q4_0, Q4_1, Q8_0)
 TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled

@@ -1,7 +1,8 @@
 """ggml's K-quant products over row-interleaved weights (quant/ggml_packed.py's approach for
 Q4_K and Q6_K): the layout, made at load, and the kernels, ggml's vec_dot lanes for fewer than
 8 tokens and its tiled order for more, each exact integer part computed for 64 rows at once in
-float32 (or int32 where a sum can pass 2^24)."""
+float32 (or int32 where a sum can pass 2^24). The fallback of quant/ggml_int8_k.py on CPUs
+without AVX2."""
 import numpy as np
 from numba import njit, prange
 
