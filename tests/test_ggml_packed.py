@@ -188,6 +188,42 @@ def test_ggml_decode_step_equals_forward(name):
         np.testing.assert_array_equal(fast.v[il], full.v[il])
 
 
+def test_model_logits_equal_without_avx2():
+    """The whole model on the fallback kernels (FFNLAB_NO_AVX2=1, a fresh process: the choice is
+    made at import) gives the int8 path's logits bit for bit: prompt (SmolLM2's Q4_1 / Q8_0,
+    Gemma 3's Q5_0 / Q8_0 / Q4_K / Q6_K, 9 tokens: the K-quants' tiled order) and one decoded
+    token (vec_dot order)."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\n"
+            "from ffnlab.formats.installed import resolve_model\n"
+            "from ffnlab.formats.load import load\n"
+            "from ffnlab.quant import ggml_int8, simd\n"
+            "for name in ('smollm2', 'gemma3'):\n"
+            "    m = load(resolve_model(name), arith='ggml', progress=False)\n"
+            "    kv = m.new_cache(n_ctx=16)\n"
+            "    a = m.forward_last([1, 450, 1175, 310, 5, 77, 901, 13, 2], kv)\n"
+            "    b = m.forward_last([int(np.argmax(a))], kv)\n"
+            "    np.save(sys.argv[1] + name + '.npy', np.stack([a, b]))\n"
+            "    print(name, simd.HAS_AVX2, type(m.params['blk.0.ffn_up.weight'].packed).__name__)\n")
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        out = {}
+        for flag in ("0", "1"):
+            env = dict(os.environ, FFNLAB_NO_AVX2=flag)
+            r = subprocess.run([sys.executable, "-c", code, os.path.join(d, flag)], env=env, capture_output=True,
+                               text=True, timeout=600)
+            assert r.returncode == 0, r.stderr[-2000:]
+            out[flag] = r.stdout
+        if not simd.HAS_AVX2:
+            pytest.skip("this CPU has no AVX2: both runs took the fallback")
+        assert "LanePacked" in out["0"] and "True" in out["0"] and "LanePacked" not in out["1"], out
+        for name in ("smollm2", "gemma3"):
+            int8, fallback = (np.load(os.path.join(d, flag + name + ".npy")) for flag in ("0", "1"))
+            np.testing.assert_array_equal(int8, fallback)
+
+
 def test_to_f16_rounds_as_numpy_half():
     """ggml_math.to_f16 (bit arithmetic, compiled) against NumPy's float32 -> float16 -> float32
     (IEEE round to nearest, ties to even): 4M random bit patterns of every sign and exponent, and

@@ -18,8 +18,10 @@ types, kept in registers like any local, and each intrinsic writes the LLVM IR o
 
 An intrinsic takes an array and a flat element index for its loads and stores (the array must be
 C-contiguous: the index is counted from its first element). They compile only on a host with
-AVX2 and FMA: HAS_AVX2 says so, decided once.
+AVX2 and FMA: HAS_AVX2 says so, decided once at import (FFNLAB_NO_AVX2=1: as if there were none).
 """
+import os
+
 import numba
 from llvmlite import binding, ir
 from numba import types
@@ -29,7 +31,10 @@ from numba.extending import intrinsic, models, register_model
 
 def _host_has_avx2():
     """AVX2 and FMA on this CPU, and numba compiling for this CPU (NUMBA_CPU_NAME unset: a
-    generic target could not select the instructions)"""
+    generic target could not select the instructions); FFNLAB_NO_AVX2=1 says no (the float
+    kernels, as on a CPU without AVX2: for comparisons and tests)"""
+    if os.environ.get("FFNLAB_NO_AVX2", "") not in ("", "0"):
+        return False
     features = binding.get_host_cpu_features()
     return bool(features.get("avx2") and features.get("fma")) and not numba.config.CPU_NAME
 
