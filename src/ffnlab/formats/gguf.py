@@ -22,7 +22,7 @@ from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.pages import release_code
-from ..quant.warmup import compile_decode, compile_kernels
+from ..quant.warmup import compile_decode, compile_kernels, compile_prompt
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -139,7 +139,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         pack_cache.store(path, reader, params, arith)
     m.pack_cached = cached
     # numba: compiled once, then loaded from its disk cache; here, so that no timed step pays for it
-    m.compile_seconds = compile_kernels(params) + compile_decode(m)
+    m.compile_seconds = compile_kernels(params) + compile_decode(m) + compile_prompt(m)
     release_code()                                         # numba's LLVM: not needed again unless a kernel compiles
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)

@@ -61,7 +61,7 @@ def _gelu_tanh_inner(x, x2):
 def gelu_tanh_forward(x):
     if fastmath.usable(x):                       # float32: x sigmoid(2u), one compiled pass (ops/fastmath.py)
         y = np.empty_like(x)
-        fastmath.gelu_tanh_into(x.reshape(-1), y.reshape(-1))
+        fastmath.gelu_tanh_into(x.reshape(-1), y.reshape(-1), np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
         return y
     y = _gelu_tanh_inner(x, x * x)              # t
     y += 1.0

@@ -19,7 +19,7 @@ NumPy for anything else, float64 included):
   sigmoid  1 / (1 + e^-x)
   gelu_tanh  0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3): the same
            function with no tanh and no cancellation where tanh(u) is near -1
-  softmax  each row: e^(x - max) / sum, the sum in float64
+  softmax  each row: e^(x - max) / sum (the max subtracted by ops/softmax.py), the sum in float64
 """
 import numpy as np
 from llvmlite import ir
@@ -36,7 +36,6 @@ X_MIN = F(-86.64339)                                             # ln(2^-125): 2
 P0, P1, P2 = F(1.9875691500e-4), F(1.3981999507e-3), F(8.3334519073e-3)
 P3, P4, P5 = F(4.1665795894e-2), F(1.6666665459e-1), F(5.0000001201e-1)
 ONE, HALF, TWO = F(1.0), F(0.5), F(2.0)
-SQRT_2_OVER_PI, GELU_COEF = F(0.7978845608028654), F(0.044715)
 
 
 @intrinsic
@@ -78,31 +77,28 @@ def sigmoid_into(x, out):
 
 
 @njit(**FLAGS)
-def gelu_tanh_into(x, out):
-    """x, out: 1-D float32 -> out = x sigmoid(2u), u = sqrt(2/pi) x (1 + 0.044715 x^2)"""
+def gelu_tanh_into(x, out, c, a):
+    """x, out: 1-D float32 -> out = x sigmoid(2u), u = c x (1 + a x^2) (c = sqrt(2/pi), a = 0.044715:
+    ops/activations.py passes its constants)"""
     for i in range(x.shape[0]):
         v = x[i]
-        u = SQRT_2_OVER_PI * v * (ONE + GELU_COEF * v * v)
+        u = c * v * (ONE + a * v * v)
         out[i] = v / (exp32(-TWO * u) + ONE)
 
 
 @njit(**FLAGS)
-def softmax_rows(x, out):
-    """x, out: [rows, n] float32 -> each row's softmax; a row of -inf (fully masked) gives nan,
-    as NumPy's would"""
-    for i in range(x.shape[0]):
-        row, o = x[i], out[i]
-        m = row[0]
-        for j in range(1, row.shape[0]):
-            m = max(m, row[j])
+def exp_normalize_rows(e):
+    """e: [rows, n] float32, each row already less its max (ops/softmax.py) -> in place, e^e / sum,
+    the sum in float64 (exact enough for any row length)"""
+    for i in range(e.shape[0]):
+        row = e[i]
+        s = 0.0
         for j in range(row.shape[0]):
-            o[j] = exp32(row[j] - m)
-        s = 0.0                                                  # float64: exact enough for any row length
-        for j in range(row.shape[0]):
-            s += o[j]
+            row[j] = exp32(row[j])
+            s += row[j]
         d = np.float32(s)
         for j in range(row.shape[0]):
-            o[j] = o[j] / d
+            row[j] = row[j] / d
 
 
 def usable(x) -> bool:

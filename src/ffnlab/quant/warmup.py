@@ -59,6 +59,20 @@ def compile_decode(model) -> float:
     return time.perf_counter() - t0
 
 
+def compile_prompt(model) -> float:
+    """The compiled calls a prompt makes besides the products (ops/fastmath.py: the softmax and
+    the FFN's activation in float32), on a few values: loaded here, not in the first timed
+    prefill, and before release_code(). -> seconds taken."""
+    from ..model.ffn import FFN_KINDS
+    from ..ops.activations import ACTIVATIONS
+    from ..ops.softmax import softmax_forward
+    t0 = time.perf_counter()
+    if model.arith.name == "f32" and model.params["token_embd.weight"].dtype == np.float32:
+        softmax_forward(np.zeros((1, 8), np.float32))
+        ACTIVATIONS[FFN_KINDS[model.config.ffn].act].forward(np.zeros(8, np.float32))
+    return time.perf_counter() - t0
+
+
 def _kind(value):
     """What decides the kernels a layer's step calls: the types, dtypes and shapes of its weights"""
     if isinstance(value, (tuple, list)):
