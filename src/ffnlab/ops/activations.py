@@ -59,7 +59,8 @@ def _gelu_tanh_inner(x, x2):
 
 
 def gelu_tanh_forward(x):
-    if fastmath.usable(x):                       # float32: x sigmoid(2u), one compiled pass (ops/fastmath.py)
+    if x.dtype == np.float32 and x.size:         # x sigmoid(2u), one compiled pass (ops/fastmath.py)
+        x = np.ascontiguousarray(x)              # the gate half of a [gate, up] product is a strided view
         y = np.empty_like(x)
         fastmath.gelu_tanh_into(x.reshape(-1), y.reshape(-1), np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
         return y

@@ -14,8 +14,8 @@ Cephes gives its relative error as 1.7e-7 over [-MAXLOG, MAXLOG]; tests/test_fas
 the maximum over 4M points against float64. Below e^-86.6 (2.4e-38, where 2^n would leave the
 normal range) the result is 0; above ln(FLT_MAX) it is inf; nan stays nan.
 
-Built on it (float32, C-contiguous arrays; ops/activations.py and ops/softmax.py fall back to
-NumPy for anything else, float64 included):
+Built on it (1-D or [rows, n] C-contiguous float32; ops/activations.py and ops/softmax.py keep
+NumPy's code for every other dtype, float64 included):
   sigmoid  1 / (1 + e^-x)
   gelu_tanh  0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x + 0.044715 x^3): the same
            function with no tanh and no cancellation where tanh(u) is near -1
@@ -99,8 +99,3 @@ def exp_normalize_rows(e):
         d = np.float32(s)
         for j in range(row.shape[0]):
             row[j] = row[j] / d
-
-
-def usable(x) -> bool:
-    """whether the compiled kernels take x: float32, C-contiguous, not empty"""
-    return x.dtype == np.float32 and x.flags.c_contiguous and x.size > 0
