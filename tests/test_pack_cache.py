@@ -64,7 +64,7 @@ def test_an_edited_file_packs_again(cache, tmp_path):
     assert len(list(cache.iterdir())) == 2
 
 
-@pytest.mark.parametrize("damage", ["truncate", "index", "magic", "offset"])
+@pytest.mark.parametrize("damage", ["truncate", "index", "magic", "offset", "zero"])
 def test_a_damaged_entry_is_ignored(cache, tmp_path, damage):
     path = quant_model(tmp_path, "Q4_1")
     want = _logits(ffnlab.load(path))
@@ -77,6 +77,10 @@ def test_a_damaged_entry_is_ignored(cache, tmp_path, damage):
         raw[16 + n // 2] ^= 0xFF                                     # the JSON no longer parses (or lies)
     elif damage == "magic":
         raw[0] ^= 1
+    elif damage == "zero":                                           # well-formed, but not Q4_1's layout (zero point 8)
+        head = raw[16:16 + n].decode()
+        assert '"zero": 0' in head
+        raw[16:16 + n] = head.replace('"zero": 0', '"zero": 8', 1).encode()
     else:                                                            # an array past the end of the file
         head = raw[16:16 + n].decode()
         raw[16:16 + n] = head.replace('"arrays": [[0,', '"arrays": [[99999999999,', 1).encode()[:n].ljust(n)

@@ -105,24 +105,35 @@ def _read(buf, params):
     index = json.loads(bytes(buf[16:16 + n]).decode("utf-8"))
     base = _aligned(16 + n)
     units = [_unit(buf, base, u) for u in index["units"]]
-    plan, seen = [], set()
+    plan, seen, used = [], set(), set()
     for names, u in index["tensors"]:
         parts = [params.get(name) for name in names]
-        if not names or seen & set(names) or any(not isinstance(w, QuantTensor) or w.packed is not None
-                                                or w.arith != "f32" for w in parts):
+        if not names or seen & set(names) or not 0 <= u < len(units) or u in used \
+                or any(not isinstance(w, QuantTensor) or w.packed is not None or w.arith != "f32"
+                       or w.qtype != parts[0].qtype for w in parts):
             raise ValueError("tensors do not match")
-        P = units[u]
+        P, qtype = units[u], int(parts[0].qtype)
         G = [-(-w.shape[0] // packed.R) for w in parts]
         if P.rows != sum(w.shape[0] for w in parts) or P.qs.shape[0] != sum(G) or any(w.shape[1] != P.n for w in parts) \
-                or any(w.shape[0] % packed.R for w in parts[:-1]) or int(parts[0].qtype) not in packed.PACKED_TYPES:
+                or any(w.shape[0] % packed.R for w in parts[:-1]) or not _same_kind(P, qtype):
             raise ValueError("shapes do not match")
         seen |= set(names)
+        used.add(u)
         plan.append((names, u))
     missing = [n for n, w in params.items() if isinstance(w, QuantTensor) and int(w.qtype) in packed.PACKED_TYPES
                and w.arith == "f32" and w.packed is None and n not in seen]
     if missing:
         raise ValueError(f"no layout for {missing[0]}")
     return units, plan
+
+
+def _same_kind(P, qtype) -> bool:
+    """whether P is the layout packed.pack makes for this ggml type: its family, zero point, fifth
+    bits and offsets, codes per scale"""
+    if qtype in packed.NIB_TYPES:
+        zero, fifth, has_m = packed.NIB_TYPES[qtype]
+        return P.kind == "nib" and P.zero == zero and bool(P.qh.size) == fifth and bool(P.m.size) == has_m
+    return qtype in packed.I8_TYPES and P.kind == "i8" and P.qs.shape[2] == packed.I8_TYPES[qtype]
 
 
 def _unit(buf, base, u):
