@@ -67,8 +67,11 @@ def test_gelu_tanh(acts):
     bound = ULP4 + 8 * EPS * np.abs(u)
     assert np.all(np.abs(got[big] - want[big]) <= bound[big] * np.abs(want[big]))
     assert np.all(np.abs(got[~big]) < 1e-30)
-    moderate = np.abs(x) < 5                             # float64 keeps NumPy's path (1 + tanh: fine away from -inf)
-    np.testing.assert_allclose(gelu_tanh_forward(x[moderate]), want[moderate], rtol=1e-12, atol=1e-15)
+    # float64 keeps NumPy's path, 0.5 x (1 + tanh u): libm's tanh is within an ulp of 1 near +-1, so the
+    # absolute error is a few float64 eps times |x| (the cancellation in 1 + tanh makes it absolute)
+    moderate = np.abs(x) < 5
+    eps64 = np.finfo(np.float64).eps
+    np.testing.assert_allclose(gelu_tanh_forward(x[moderate]), want[moderate], rtol=64 * eps64, atol=4 * eps64 * 5)
 
 
 def test_softmax_rows():
