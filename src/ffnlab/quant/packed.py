@@ -35,6 +35,7 @@ model's resident weights are this copy, not the copy plus the file.
 import numpy as np
 from numba import njit, prange
 
+from . import simd
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
@@ -82,12 +83,13 @@ class Packed:
         else:
             _rows_i8(self.qs, self.d, ids, out)
 
-    def dequant_t(self, g0, g1, out):
-        """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) * R] float32 (a tile for BLAS)."""
+    def dequant_strips(self, g0, g1, out):
+        """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
+        out[s, j, c] = weight j of row g0 * R + 16 s + c (the order quant/gemm.py multiplies in)."""
         if self.kind == "nib":
-            dequant_nib_t(self.qs, self.qh, self.d, self.m, self.zero, g0, g1, out)
+            dequant_nib_strips(self.qs, self.qh, self.d, self.m, self.zero, g0, g1, out)
         else:
-            dequant_i8_t(self.qs, self.d, g0, g1, out)
+            dequant_i8_strips(self.qs, self.d, g0, g1, out)
 
 
 def pack(qtype, data, table, n) -> Packed:
@@ -290,76 +292,54 @@ def matvec_i8(qs, d, x, y):
 
 # ---- dequantization (prefill tiles, dequantize()) ---------------------------------------------
 
-def dequant_nib_t(qs, qh, d, m, zero, g0, g1, out):
-    """out[j, (g - g0) * R + r] = weight j of row g * R + r, for groups g0..g1 (out: [n, >= ...]).
-    One compiled function per variant (offset m or zero, fifth bit or not), each a loop over the R
-    rows of one weight position with one straight expression: LLVM vectorizes those, and a branch
-    or a scratch array between the loops made it 4-17x slower. The fifth bit is added as a float,
-    16 * (byte & 2^i) / 2^i: the code is the same exact integer, so the weights are gguf-py's
-    d * (q - zero) [+ m] bit for bit."""
-    if qh.shape[0]:
-        _dequant_nib5_t(qs, qh, d, m if m.shape[0] else d, 0.0 if m.shape[0] else 1.0, zero, g0, g1, out)
-    elif m.shape[0]:
-        _dequant_nib_m_t(qs, d, m, g0, g1, out)
-    else:
-        _dequant_nib_z_t(qs, d, np.float32(zero), g0, g1, out)
+def dequant_nib_strips(qs, qh, d, m, zero, g0, g1, out):
+    """out[4 (g - g0) + r // 16, j, r % 16] = weight j of row g * R + r, for groups g0..g1.
+    Eight rows at a time in vector lanes (quant/simd.py; plain LLVM vector operations, so any
+    x86-64 compiles them): the codes widened to int32, the nibble and the fifth bit taken out,
+    converted to float, then gguf-py's own steps, d * (q - zero) or d * q + m, each rounded once
+    as there (a product, then a sum: no FMA), so the weights are the same values bit for bit.
+    The fifth bit is (byte & 2^i) * (16 / 2^i), exactly 0 or 16."""
+    _dequant_nib(qs, qh, d, m, np.float32(zero), qh.shape[0] > 0, m.shape[0] > 0, g0, g1, out)
 
 
 @njit(**EXACT)
-def _dequant_nib_m_t(qs, d, m, g0, g1, out):
-    nb, width = qs.shape[1], qs.shape[3]
+def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out):
+    nb, n = qs.shape[1], qs.shape[1] * 32
+    minus_z = simd.broadcast_f(-zero)
+    m0 = m1 = simd.zeros_f()
     for g in range(g0, g1):
-        c = (g - g0) * width
-        for b in range(nb):
-            db, mb = d[g, b], m[g, b]
-            for k in range(16):
-                q, lo, hi = qs[g, b, k], out[b * 32 + k, c:c + width], out[b * 32 + 16 + k, c:c + width]
-                for r in range(width):
-                    lo[r] = db[r] * np.float32(np.int32(q[r]) & 15) + mb[r]
-                for r in range(width):
-                    hi[r] = db[r] * np.float32(np.int32(q[r]) >> 4) + mb[r]
-
-
-@njit(**EXACT)
-def _dequant_nib_z_t(qs, d, z, g0, g1, out):
-    nb, width = qs.shape[1], qs.shape[3]
-    for g in range(g0, g1):
-        c = (g - g0) * width
-        for b in range(nb):
-            db = d[g, b]
-            for k in range(16):
-                q, lo, hi = qs[g, b, k], out[b * 32 + k, c:c + width], out[b * 32 + 16 + k, c:c + width]
-                for r in range(width):
-                    lo[r] = db[r] * (np.float32(np.int32(q[r]) & 15) - z)
-                for r in range(width):
-                    hi[r] = db[r] * (np.float32(np.int32(q[r]) >> 4) - z)
-
-
-@njit(**EXACT)
-def _dequant_nib5_t(qs, qh, d, m, no_m, zero, g0, g1, out):
-    """fifth bit; m: the offsets, or (no_m = 1) a placeholder and the zero subtracted instead"""
-    nb, width = qs.shape[1], qs.shape[3]
-    z, sixteenth = np.float32(zero), np.float32(0.0625)
-    for g in range(g0, g1):
-        c = (g - g0) * width
-        for b in range(nb):
-            db, mb = d[g, b], m[g, b]
-            for k in range(16):
-                q, lo, hi = qs[g, b, k], out[b * 32 + k, c:c + width], out[b * 32 + 16 + k, c:c + width]
-                hl, hh = qh[g, b, k >> 3], qh[g, b, 2 + (k >> 3)]
-                bit, unit = np.uint8(1 << (k & 7)), np.float32(16.0) / np.float32(1 << (k & 7))
-                if no_m:
-                    for r in range(width):
-                        lo[r] = db[r] * (np.float32(np.int32(q[r]) & 15) + np.float32(np.int32(hl[r] & bit)) * unit - z)
-                    for r in range(width):
-                        hi[r] = db[r] * (np.float32(np.int32(q[r]) & 240) * sixteenth
-                                         + np.float32(np.int32(hh[r] & bit)) * unit - z)
-                else:
-                    for r in range(width):
-                        lo[r] = db[r] * (np.float32(np.int32(q[r]) & 15) + np.float32(np.int32(hl[r] & bit)) * unit) + mb[r]
-                    for r in range(width):
-                        hi[r] = db[r] * (np.float32(np.int32(q[r]) & 240) * sixteenth
-                                         + np.float32(np.int32(hh[r] & bit)) * unit) + mb[r]
+        for h in range(R // 16):
+            o = ((g - g0) * (R // 16) + h) * n * 16              # strip (g - g0, h), position 0
+            for b in range(nb):
+                i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
+                d0, d1 = simd.load_f(d, i), simd.load_f(d, i + 8)
+                if has_m:
+                    m0, m1 = simd.load_f(m, i), simd.load_f(m, i + 8)
+                for k in range(16):
+                    q = ((g * nb + b) * 16 + k) * R + 16 * h     # codes of weights k and k + 16
+                    v0, v1 = simd.widen8(qs, q), simd.widen8(qs, q + 8)
+                    lo0, lo1 = simd.to_float(simd.low_nibbles(v0)), simd.to_float(simd.low_nibbles(v1))
+                    hi0, hi1 = simd.to_float(simd.high_nibbles(v0)), simd.to_float(simd.high_nibbles(v1))
+                    if five:
+                        bit = simd.splat_i32(1 << (k & 7))
+                        unit = simd.broadcast_f(np.float32(16.0) / np.float32(1 << (k & 7)))
+                        ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
+                        qh_ = ql + 2 * R
+                        lo0 = simd.add(lo0, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, ql), bit)), unit))
+                        lo1 = simd.add(lo1, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, ql + 8), bit)), unit))
+                        hi0 = simd.add(hi0, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, qh_), bit)), unit))
+                        hi1 = simd.add(hi1, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, qh_ + 8), bit)), unit))
+                    if has_m:
+                        lo0, lo1 = simd.add(simd.mul(d0, lo0), m0), simd.add(simd.mul(d1, lo1), m1)
+                        hi0, hi1 = simd.add(simd.mul(d0, hi0), m0), simd.add(simd.mul(d1, hi1), m1)
+                    else:
+                        lo0, lo1 = simd.mul(d0, simd.add(lo0, minus_z)), simd.mul(d1, simd.add(lo1, minus_z))
+                        hi0, hi1 = simd.mul(d0, simd.add(hi0, minus_z)), simd.mul(d1, simd.add(hi1, minus_z))
+                    w = o + (b * 32 + k) * 16
+                    simd.store_f(out, w, lo0)
+                    simd.store_f(out, w + 8, lo1)
+                    simd.store_f(out, w + 256, hi0)                # weight k + 16: 16 positions on
+                    simd.store_f(out, w + 264, hi1)
 
 
 @njit(**EXACT)
@@ -390,14 +370,19 @@ def _rows_i8(qs, d, ids, out):
 
 
 @njit(**EXACT)
-def dequant_i8_t(qs, d, g0, g1, out):
-    nb, B, width = qs.shape[1], qs.shape[2], qs.shape[3]
+def dequant_i8_strips(qs, d, g0, g1, out):
+    """out[4 (g - g0) + r // 16, j, r % 16] = weight j of row g * R + r (as dequant_nib_strips):
+    d * q, q sign-extended to int32 and converted"""
+    nb, B = qs.shape[1], qs.shape[2]
+    n = nb * B
     for g in range(g0, g1):
-        c = (g - g0) * width
-        for b in range(nb):
-            db = d[g, b]
-            for k in range(B):
-                q = qs[g, b, k]
-                o = out[b * B + k, c:c + width]
-                for r in range(width):
-                    o[r] = db[r] * np.float32(q[r])
+        for h in range(R // 16):
+            o = ((g - g0) * (R // 16) + h) * n * 16
+            for b in range(nb):
+                i = (g * nb + b) * R + 16 * h
+                d0, d1 = simd.load_f(d, i), simd.load_f(d, i + 8)
+                for k in range(B):
+                    q = ((g * nb + b) * B + k) * R + 16 * h
+                    w = o + (b * B + k) * 16
+                    simd.store_f(out, w, simd.mul(d0, simd.to_float(simd.widen8(qs, q))))
+                    simd.store_f(out, w + 8, simd.mul(d1, simd.to_float(simd.widen8(qs, q + 8))))

@@ -145,6 +145,17 @@ def broadcast_f(typingctx, value):
 
 
 @intrinsic
+def broadcast_load_f(typingctx, ary, index):
+    """the float32 at ary.flat[index] in each lane (vbroadcastss from memory)"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_pointer(context, builder, sig.args[0], *args, ir.FloatType()), align=4)
+        return _splat(builder, v, F32x8)
+    return m256(ary, index), codegen
+
+
+@intrinsic
 def zeros_f(typingctx):
     def codegen(context, builder, sig, args):
         return ir.Constant(F32x8, [0.0] * 8)
@@ -248,6 +259,23 @@ def mul_i32(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.bitcast(builder.mul(builder.bitcast(args[0], I32x8), builder.bitcast(args[1], I32x8)), I8x32)
     return m256i(a, b), codegen
+
+
+@intrinsic
+def and_i(typingctx, a, b):
+    """a & b, bit for bit"""
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], args[1])
+    return m256i(a, b), codegen
+
+
+@intrinsic
+def splat_i32(typingctx, value):
+    """an int32 in each of the 8 lanes"""
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.int32)
+        return builder.bitcast(_splat(builder, v, I32x8), I8x32)
+    return m256i(value), codegen
 
 
 @intrinsic

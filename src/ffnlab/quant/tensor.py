@@ -14,7 +14,7 @@ import threading
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import ggml_kernels, ggml_packed, kernels, packed
+from . import gemm, ggml_kernels, ggml_packed, kernels, packed
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
@@ -136,8 +136,8 @@ class QuantTensor:
         """-> float32 [out, in], the exact values gguf.quants.dequantize gives."""
         out = np.empty(self.shape, np.float32)
         if self.packed is not None:
-            for r0, tile in self._tiles():
-                out[r0:r0 + tile.shape[1]] = tile.T
+            for r0, rows in self._row_tiles():
+                out[r0:r0 + rows.shape[0]] = rows
             return out
         kernels.dequant_rows(int(self.qtype), self.data, self.table, out, HALF_BLOCK)
         return out
@@ -148,22 +148,28 @@ class QuantTensor:
         G, n = self.packed.qs.shape[0], self.shape[1]
         return max(1, min(PACKED_TILE_BYTES // (4 * n * packed.R), -(-G // (4 * n_threads))))
 
-    def _tile(self, g0, g1):
-        """row groups g0..g1 of the packed weights as a transposed float32 tile -> (first row,
-        [in, rows] tile), in a scratch buffer of this thread's, reused (a fresh 4 MB buffer per
-        product costs ~1,000 page faults)"""
-        n = self.shape[1]
-        cols = (g1 - g0) * packed.R
-        buf = _scratch(n * cols).reshape(n, cols)
-        self.packed.dequant_t(g0, g1, buf)
-        r0 = g0 * packed.R
-        return r0, buf[:, :min(self.shape[0], g1 * packed.R) - r0]
+    def _strips(self, g0, g1):
+        """row groups g0..g1 of the packed weights dequantized as quant/gemm.py's strips
+        [4 (g1 - g0), in, 16], in a scratch buffer of this thread's, reused (a fresh 4 MB buffer
+        per product costs ~1,000 page faults)"""
+        S, n = (g1 - g0) * (packed.R // gemm.STRIP), self.shape[1]
+        buf = _scratch(S * n * gemm.STRIP).reshape(S, n, gemm.STRIP)
+        self.packed.dequant_strips(g0, g1, buf)
+        return buf
 
-    def _tiles(self):
-        """every tile in turn: yields (first row, [in, rows] tile), one buffer reused"""
-        G, per = self.packed.qs.shape[0], self._tile_groups()
+    def _row_tiles(self):
+        """every tile of rows in turn: yields (first row, [rows, in] float32), for dequantize() and
+        rmatmul() (whichever layout the packing has: the f32 strips or ggml's transposed tiles)"""
+        G, per, n = self.packed.qs.shape[0], self._tile_groups(), self.shape[1]
         for g0 in range(0, G, per):
-            yield self._tile(g0, min(G, g0 + per))
+            g1 = min(G, g0 + per)
+            if hasattr(self.packed, "dequant_strips"):
+                rows = gemm.strips_to_rows(self._strips(g0, g1))
+            else:
+                buf = _scratch(n * (g1 - g0) * packed.R).reshape(n, -1)
+                self.packed.dequant_t(g0, g1, buf)
+                rows = buf.T
+            yield g0 * packed.R, rows[:min(self.shape[0], g1 * packed.R) - g0 * packed.R]
 
     def __getitem__(self, key):
         """w[i] / w[ids]: dequantized rows ([in] / [*ids.shape, in]), reading only those blocks;
@@ -212,15 +218,15 @@ class QuantTensor:
         if self.arith == "ggml":
             return self._ggml_matmul(x)
         if self.packed is not None:
-            y = np.empty((x.shape[0], self.shape[0]), np.float32)
             G, per = self.packed.qs.shape[0], self._tile_groups(threads.threads())
+            y = np.empty((x.shape[0], G * packed.R), np.float32)     # whole groups: the last one's padding rows too
 
             def tile(i):                                            # one tile, on whichever thread is free
-                r0, t = self._tile(i * per, min(G, (i + 1) * per))
-                np.matmul(x, t, out=y[:, r0:r0 + t.shape[1]])       # [N, in] @ [in, rows]
+                g0 = i * per
+                gemm.product(self._strips(g0, min(G, g0 + per)), x, y, g0 * packed.R)
             # each thread dequantizes and multiplies its own tiles (threads.parallel_for says why)
             threads.parallel_for(tile, -(-G // per))
-            return y
+            return y if y.shape[1] == self.shape[0] else np.ascontiguousarray(y[:, :self.shape[0]])
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
         tile = np.empty((min(rows, out), n), np.float32)
@@ -238,8 +244,8 @@ class QuantTensor:
         dy = np.ascontiguousarray(dy, np.float32)
         if self.packed is not None:
             dx = np.zeros((dy.shape[0], self.shape[1]), np.float32)
-            for r0, tile in self._tiles():
-                dx += dy[:, r0:r0 + tile.shape[1]] @ tile.T           # [N, rows] @ [rows, in]
+            for r0, rows in self._row_tiles():
+                dx += dy[:, r0:r0 + rows.shape[0]] @ rows           # [N, rows] @ [rows, in]
             return dx
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))

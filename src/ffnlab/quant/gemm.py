@@ -1,0 +1,94 @@
+"""The prefill product: a float32 GEMM over dequantized strips of weights, BLAS's own way.
+
+A prefill product is y[t, r] = sum_j x[t, j] w[r, j] for all T tokens at once. BLAS computes it
+in register tiles: a few outputs of a few tokens held in registers while j runs, each weight
+loaded once per tile and used for every token in it. BLAS first copies (packs) its input
+matrices into the order its inner loop reads. Here the weights are dequantized straight into
+that order, so the float32 weights are written once, into L2, and read from there:
+
+  strips  [S, n, 16] float32: strip s holds rows 16s..16s+15 of the tile, weight position j's
+          16 rows side by side (quant/packed.py's Packed.dequant_strips writes them)
+
+  tile    16 rows x 6 tokens: 12 accumulators of 8 lanes (AVX2: 16 vector registers); per j, two
+          loads of the strip, six broadcasts of x[t, j], twelve FMAs
+
+Measured on one core of the AMD EPYC (Zen 3), [100, 640] x [640, 384] and like shapes:
+35-41 G multiply-adds/s, OpenBLAS's sgemm over the same tile 29-33 (bench/RESULTS.md,
+issue 12). Wider tiles (32 rows x 3 tokens) need 17 registers and spill (18 G/s).
+
+Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in
+order. BLAS's kernels sum the same way (its order of j varies by build); the error bound of a
+length-n float32 dot product holds for both (tests/test_quant_gemm.py checks it against float64).
+Tokens past T in the last 6-token tile read token T - 1 again and store nothing.
+"""
+import numpy as np
+from numba import njit
+
+from .simd import HAS_AVX2, broadcast_load_f, fma, load_f, store_f, zeros_f
+
+STRIP = 16                       # rows per strip
+TOKENS = 6                       # tokens per register tile
+
+
+@njit(cache=True, nogil=True)
+def gemm_strips(P, x, y, col0):
+    """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for every token t and strip s.
+    P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous."""
+    S, n = P.shape[0], P.shape[1]
+    T, ldy = x.shape[0], y.shape[1]
+    for s in range(S):
+        c = col0 + STRIP * s
+        for t0 in range(0, T, TOKENS):
+            # rows of x for the six tokens; past the last token, the last token again (not stored)
+            o0 = t0 * n
+            o1 = min(t0 + 1, T - 1) * n
+            o2 = min(t0 + 2, T - 1) * n
+            o3 = min(t0 + 3, T - 1) * n
+            o4 = min(t0 + 4, T - 1) * n
+            o5 = min(t0 + 5, T - 1) * n
+            a00 = zeros_f(); a01 = zeros_f(); a10 = zeros_f(); a11 = zeros_f(); a20 = zeros_f(); a21 = zeros_f()
+            a30 = zeros_f(); a31 = zeros_f(); a40 = zeros_f(); a41 = zeros_f(); a50 = zeros_f(); a51 = zeros_f()
+            p = s * n * STRIP
+            for j in range(n):
+                w0 = load_f(P, p)
+                w1 = load_f(P, p + 8)
+                b = broadcast_load_f(x, o0 + j)
+                a00 = fma(w0, b, a00); a01 = fma(w1, b, a01)
+                b = broadcast_load_f(x, o1 + j)
+                a10 = fma(w0, b, a10); a11 = fma(w1, b, a11)
+                b = broadcast_load_f(x, o2 + j)
+                a20 = fma(w0, b, a20); a21 = fma(w1, b, a21)
+                b = broadcast_load_f(x, o3 + j)
+                a30 = fma(w0, b, a30); a31 = fma(w1, b, a31)
+                b = broadcast_load_f(x, o4 + j)
+                a40 = fma(w0, b, a40); a41 = fma(w1, b, a41)
+                b = broadcast_load_f(x, o5 + j)
+                a50 = fma(w0, b, a50); a51 = fma(w1, b, a51)
+                p += STRIP
+            o = t0 * ldy + c
+            store_f(y, o, a00); store_f(y, o + 8, a01)
+            if t0 + 1 < T:
+                store_f(y, o + ldy, a10); store_f(y, o + ldy + 8, a11)
+            if t0 + 2 < T:
+                store_f(y, o + 2 * ldy, a20); store_f(y, o + 2 * ldy + 8, a21)
+            if t0 + 3 < T:
+                store_f(y, o + 3 * ldy, a30); store_f(y, o + 3 * ldy + 8, a31)
+            if t0 + 4 < T:
+                store_f(y, o + 4 * ldy, a40); store_f(y, o + 4 * ldy + 8, a41)
+            if t0 + 5 < T:
+                store_f(y, o + 5 * ldy, a50); store_f(y, o + 5 * ldy + 8, a51)
+
+
+def strips_to_rows(P) -> np.ndarray:
+    """[S, n, 16] strips -> [16 S, n] rows (a copy)"""
+    return P.transpose(0, 2, 1).reshape(-1, P.shape[1])
+
+
+def product(P, x, y, col0):
+    """y[:, col0:col0 + 16 S] = x @ the strips' rows^T: the compiled tile where the CPU has AVX2
+    and FMA, else BLAS over the strips laid out as [n, rows]. y must be C-contiguous."""
+    if HAS_AVX2:
+        gemm_strips(P, x, y, col0)
+    else:
+        S, n = P.shape[0], P.shape[1]
+        np.matmul(x, P.transpose(1, 0, 2).reshape(n, S * STRIP), out=y[:, col0:col0 + S * STRIP])

@@ -1,0 +1,60 @@
+"""quant/gemm.py: the prefill GEMM over dequantized strips, against float64.
+
+The bound is the standard one for a float32 dot product of length n summed in any order with
+one rounding per step (Higham, Accuracy and Stability, 3.1): |fl(x.w) - x.w| <= gamma_n sum_j
+|x_j w_j|, gamma_n = n u / (1 - n u), u = 2^-24. An FMA rounds once per step, so it holds as it
+does for BLAS; nothing in it is fitted to this machine.
+"""
+import numpy as np
+import pytest
+
+from ffnlab.quant import gemm
+
+U = 2.0 ** -24
+
+
+def _bound(x, rows):
+    n = x.shape[1]
+    gamma = n * U / (1 - n * U)
+    return gamma * (np.abs(x.astype(np.float64)) @ np.abs(rows.astype(np.float64)).T)
+
+
+@pytest.mark.parametrize("T", [1, 5, 6, 7, 13, 100])
+@pytest.mark.parametrize("S,n", [(1, 32), (3, 640), (8, 96)])
+def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n):
+    rng = np.random.default_rng(T * 1000 + S * 10 + n)
+    P = rng.standard_normal((S, n, gemm.STRIP)).astype(np.float32)
+    x = rng.standard_normal((T, n)).astype(np.float32)
+    col0 = 16                                               # a column offset, as the tiles after the first have
+    y = np.full((T, col0 + S * gemm.STRIP + 16), 7.0, np.float32)
+    gemm.gemm_strips(P, x, y, col0)
+    rows = gemm.strips_to_rows(P)                           # [16 S, n]
+    ref = x.astype(np.float64) @ rows.astype(np.float64).T
+    got = y[:, col0:col0 + S * gemm.STRIP]
+    assert np.all(np.abs(got - ref) <= _bound(x, rows))
+    assert np.all(y[:, :col0] == 7.0) and np.all(y[:, col0 + S * gemm.STRIP:] == 7.0)   # nothing else written
+
+
+def test_strips_to_rows_is_the_strip_layout():
+    P = np.arange(2 * 3 * 16, dtype=np.float32).reshape(2, 3, 16)
+    rows = gemm.strips_to_rows(P)
+    assert rows.shape == (32, 3)
+    for s in range(2):
+        for j in range(3):
+            for c in range(16):
+                assert rows[16 * s + c, j] == P[s, j, c]
+
+
+def test_product_without_avx2_is_the_same_product(monkeypatch):
+    """the BLAS fallback (a CPU without AVX2 and FMA) computes the same x W^T within the bound"""
+    rng = np.random.default_rng(3)
+    P = rng.standard_normal((4, 200, gemm.STRIP)).astype(np.float32)
+    x = rng.standard_normal((9, 200)).astype(np.float32)
+    rows = gemm.strips_to_rows(P)
+    ref = x.astype(np.float64) @ rows.astype(np.float64).T
+    for avx2 in (True, False):
+        monkeypatch.setattr(gemm, "HAS_AVX2", avx2)
+        y = np.zeros((9, 64 + 32), np.float32)
+        gemm.product(P, x, y, 32)
+        assert np.all(np.abs(y[:, 32:] - ref) <= _bound(x, rows))
+        assert np.all(y[:, :32] == 0)
