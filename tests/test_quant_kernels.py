@@ -73,16 +73,26 @@ def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
     assert (err <= bound(qtype, data, ref, x2).T + 2 * EPS32).all(), f"max err {err.max():.3g}"
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K"])
-def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, monkeypatch):
-    """The packed prefill path with threads.parallel_for handing tiles to two threads: every
-    tile is computed once, into its own columns (130 rows: three row groups, the last partial)"""
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q6_K"])
+@pytest.mark.parametrize("T", [7, 30])
+def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, monkeypatch):
+    """The packed prefill path on two threads: every tile, and every part of the tokens a tile
+    is split into, computed once into its own place (130 rows: three row groups, the last partial;
+    30 tokens: one tile of the three groups in two parts of 18 and 12 tokens)"""
+    import numba
     from ffnlab import threads
+    from ffnlab.quant.tensor import tiling
     monkeypatch.setattr(threads, "threads", lambda: 2)
-    w, ref, data = make(qtype, 130, 768, layout="packed")
-    assert w._tile_groups(2) == 1                                      # one group a tile: three tiles
-    x = np.random.default_rng(3).normal(0, 1, (7, 768)).astype(np.float32)
-    y = w.matmul(x)                                                   # [7, 130]
+    n_threads = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    try:
+        w, ref, data = make(qtype, 130, 768, layout="packed")
+        assert w._tile_groups() == 3                                   # 3 groups of 64 rows x 768 x 4 bytes < 1 MB
+        assert tiling(3, 3, T, 2) == {7: (2, 1), 30: (3, 2)}[T]
+        x = np.random.default_rng(3).normal(0, 1, (T, 768)).astype(np.float32)
+        y = w.matmul(x)                                               # [T, 130]
+    finally:
+        numba.set_num_threads(n_threads)
     err = np.abs(y - x.astype(np.float64) @ ref.T)
     assert (err <= bound(qtype, data, ref, x).T).all(), f"max err {err.max():.3g}"
 

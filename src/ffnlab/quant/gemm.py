@@ -31,14 +31,14 @@ TOKENS = 6                       # tokens per register tile
 
 
 @njit(cache=True, nogil=True)
-def gemm_strips(P, x, y, col0):
-    """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for every token t and strip s.
-    P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous."""
+def gemm_strips(P, x, y, col0, t_lo=0, t_hi=-1):
+    """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for tokens t_lo..t_hi (t_hi -1: all) and
+    every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous."""
     S, n = P.shape[0], P.shape[1]
-    T, ldy = x.shape[0], y.shape[1]
+    T, ldy = (x.shape[0] if t_hi < 0 else t_hi), y.shape[1]
     for s in range(S):
         c = col0 + STRIP * s
-        for t0 in range(0, T, TOKENS):
+        for t0 in range(t_lo, T, TOKENS):
             # rows of x for the six tokens; past the last token, the last token again (not stored)
             o0 = t0 * n
             o1 = min(t0 + 1, T - 1) * n

@@ -32,10 +32,12 @@ Memory: NIB is 20-28 bytes per 32 weights against the file's 18-24, I8 36 per 32
 20 per 16 (Q6_K 13.1). The file's pages are given back after packing (QuantTensor.pack), so a
 model's resident weights are this copy, not the copy plus the file.
 """
+import numba
 import numpy as np
 from numba import njit, prange
 
 from . import simd
+from .gemm import gemm_strips
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
@@ -82,6 +84,18 @@ class Packed:
             _rows_nib(self.qs, self.qh, self.d, self.m, self.zero, ids, out)
         else:
             _rows_i8(self.qs, self.d, ids, out)
+
+    def matmul(self, x, y, per, chunks, step):
+        """y[:, :G * R] = x W^T for x [T, n]: tiles of `per` groups, each dequantized into strips
+        in a buffer of its thread's and multiplied by quant/gemm.py's kernel; each tile split into
+        `chunks` parts of `step` tokens (tensor.token_chunks), one work item each, over numba's
+        threads (a parallel region costs ~3 us to start, a Python thread pool's hand-off ~120)."""
+        n_items = -(-self.qs.shape[0] // per) * chunks
+        scratch = _scratch(min(n_items, numba.get_num_threads()), 4 * per * self.n * 16)
+        if self.kind == "nib":
+            _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch)
+        else:
+            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch)
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
@@ -300,6 +314,43 @@ def dequant_nib_strips(qs, qh, d, m, zero, g0, g1, out):
     as there (a product, then a sum: no FMA), so the weights are the same values bit for bit.
     The fifth bit is (byte & 2^i) * (16 / 2^i), exactly 0 or 16."""
     _dequant_nib(qs, qh, d, m, np.float32(zero), qh.shape[0] > 0, m.shape[0] > 0, g0, g1, out)
+
+
+_scratch_buf = np.empty((0, 0), np.float32)
+
+
+def _scratch(n_threads, size) -> np.ndarray:
+    """[n_threads, size] float32, kept between products (a fresh 1 MB buffer per tile costs
+    ~250 page faults)"""
+    global _scratch_buf
+    if _scratch_buf.shape[0] < n_threads or _scratch_buf.shape[1] < size:
+        _scratch_buf = np.empty((max(n_threads, _scratch_buf.shape[0]), max(size, _scratch_buf.shape[1])), np.float32)
+    return _scratch_buf
+
+
+@njit(parallel=True, **EXACT)
+def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch):
+    G, n, T = qs.shape[0], x.shape[1], x.shape[0]
+    five, has_m = qh.shape[0] > 0, m.shape[0] > 0
+    for i in prange(-(-G // per) * chunks):
+        g0, t0 = (i // chunks) * per, (i % chunks) * step
+        g1 = min(G, g0 + per)
+        S = (g1 - g0) * (R // 16)
+        buf = scratch[numba.get_thread_id()][:S * n * 16].reshape((S, n, 16))
+        _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
+        gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+
+
+@njit(parallel=True, **EXACT)
+def _matmul_i8(qs, d, x, y, per, chunks, step, scratch):
+    G, n, T = qs.shape[0], x.shape[1], x.shape[0]
+    for i in prange(-(-G // per) * chunks):
+        g0, t0 = (i // chunks) * per, (i % chunks) * step
+        g1 = min(G, g0 + per)
+        S = (g1 - g0) * (R // 16)
+        buf = scratch[numba.get_thread_id()][:S * n * 16].reshape((S, n, 16))
+        dequant_i8_strips(qs, d, g0, g1, buf)
+        gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
 
 
 @njit(**EXACT)

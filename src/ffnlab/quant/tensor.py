@@ -142,11 +142,9 @@ class QuantTensor:
         kernels.dequant_rows(int(self.qtype), self.data, self.table, out, HALF_BLOCK)
         return out
 
-    def _tile_groups(self, n_threads=1):
-        """Row groups per prefill tile: ~PACKED_TILE_BYTES of float32 (the GEMM reads it from L2),
-        and fewer where that leaves under four tiles a thread (parallel_for balances by tiles)"""
-        G, n = self.packed.qs.shape[0], self.shape[1]
-        return max(1, min(PACKED_TILE_BYTES // (4 * n * packed.R), -(-G // (4 * n_threads))))
+    def _tile_groups(self):
+        """Row groups per tile at most: ~PACKED_TILE_BYTES of float32 (the GEMM reads it from L2)"""
+        return max(1, min(PACKED_TILE_BYTES // (4 * self.shape[1] * packed.R), self.packed.qs.shape[0]))
 
     def _strips(self, g0, g1):
         """row groups g0..g1 of the packed weights dequantized as quant/gemm.py's strips
@@ -218,14 +216,19 @@ class QuantTensor:
         if self.arith == "ggml":
             return self._ggml_matmul(x)
         if self.packed is not None:
-            G, per = self.packed.qs.shape[0], self._tile_groups(threads.threads())
+            n_threads = threads.threads()
+            G = self.packed.qs.shape[0]
+            per, chunks = tiling(G, self._tile_groups(), x.shape[0], n_threads)
+            n_tiles = -(-G // per)
+            step = -(-x.shape[0] // (chunks * gemm.TOKENS)) * gemm.TOKENS  # tokens per part: whole register tiles
             y = np.empty((x.shape[0], G * packed.R), np.float32)     # whole groups: the last one's padding rows too
-
-            def tile(i):                                            # one tile, on whichever thread is free
-                g0 = i * per
-                gemm.product(self._strips(g0, min(G, g0 + per)), x, y, g0 * packed.R)
-            # each thread dequantizes and multiplies its own tiles (threads.parallel_for says why)
-            threads.parallel_for(tile, -(-G // per))
+            if gemm.HAS_AVX2:
+                self.packed.matmul(x, y, per, chunks, step)
+            else:
+                def item(i):                                        # one tile's share of tokens, on whichever thread is free
+                    g0, t0 = (i // chunks) * per, (i % chunks) * step
+                    gemm.product(self._strips(g0, min(G, g0 + per)), x[t0:t0 + step], y[t0:t0 + step], g0 * packed.R)
+                threads.parallel_for(item, n_tiles * chunks)        # BLAS in each thread (threads.parallel_for says why)
             return y if y.shape[1] == self.shape[0] else np.ascontiguousarray(y[:, :self.shape[0]])
         out, n = self.shape
         rows = max(16, TILE_BYTES // (4 * n))
@@ -282,6 +285,28 @@ class QuantTensor:
         else:
             ggml_kernels.gemm(int(self.qtype), self.data, self.table, a.qs, a.d, a.e, y)
         return y
+
+
+def tiling(n_groups, max_per, n_tokens, n_threads) -> tuple:
+    """How a prefill product is cut into work items -> (groups per tile, token parts per tile).
+
+    Each item dequantizes its tile and multiplies it by its part of the tokens; the threads take
+    equal runs of items, so the product ends when the busiest thread does: 11 tiles on 2 threads
+    is 6 against 5, 16 smaller ones 8 against 8. Costs in one group's multiply-adds for one
+    token: an item of p groups and T/c tokens costs p (T/c + 11), since dequantizing costs
+    ~0.28 ns a weight against ~0.025 ns a weight per token for the products (one core,
+    quant/gemm.py); a thread's share is ceil(items / threads) items. Parts are at least two
+    register tiles of tokens. Ties go to bigger tiles and fewer parts (fewer items)."""
+    best, best_cost = (max_per, 1), None
+    for per in range(max_per, 0, -1):
+        tiles = -(-n_groups // per)
+        for c in range(1, 5):
+            if c > 1 and n_tokens < c * 2 * gemm.TOKENS:
+                break
+            cost = -(-tiles * c // n_threads) * per * (n_tokens / c + 11.0)
+            if best_cost is None or cost < best_cost * 0.99:
+                best, best_cost = (per, c), cost
+    return best
 
 
 _local = threading.local()
