@@ -74,7 +74,8 @@ def scales_q(cfg):
     return cfg.arch in Q_SCALED_NODE
 
 
-def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32):
+def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32,
+                            last_only=False):
     """x: [B, T, d_model] (attn_norm output), pos: [T] absolute positions, allowed: [T, S] mask
     (None: nothing masked) -> out [B, T, d_model], AttnCache.
 
@@ -83,6 +84,8 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     rope: precomputed (cos, sin) for pos (the model computes them once per forward).
     packs: packed q/k/v buffers (model/packing.py) for one matmul instead of three.
         arith: model/arith.py's F32 or GGML (the norms, RoPE, KQ, softmax and KQV it computes).
+    last_only: attend from the last position only -> out [B, 1, d_model] (every position's k and v
+        still go to the cache).
     """
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
@@ -127,6 +130,9 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         kv.v[il][:B, :, n0:n0 + T] = v.transpose(0, 2, 1, 3)
         k_all = kv.k[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)                  # [B, S, Hkv, hd] view
         v_all = kv.v[il][:B, :, :n0 + T].transpose(0, 2, 1, 3)
+    if last_only:
+        q, T = q[:, -1:], 1
+        allowed = allowed[-1:] if allowed is not None else None
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
     S, qn = k_all.shape[1], (Q_SCALED_NODE[cfg.arch] if scales_q(cfg) else "Qcur") + f"-{il}"
     kq = hook("kq", arith.kq(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k

@@ -89,16 +89,23 @@ def _pre_norm_backward(dy, p, cfg, wname, cache):
     return norm_backward(dy, p, cfg, wname, cache) if cfg.pre_norm else (dy, {})
 
 
-def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32):
+def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32,
+                  last_only=False):
     """x: [B, T, d_model] -> [B, T, d_model], BlockCache
 
     pos/allowed: absolute positions [T] and the [T, S] attention mask (None: all visible);
     hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos;
-    packs: packed projections (model/packing.py)."""
+    packs: packed projections (model/packing.py).
+    last_only: -> [B, 1, d_model], the last position's output only (the model's last block when
+    only the last logits are wanted): every position's keys and values still go to the cache,
+    the queries, the attention output and the FFN run for the last position alone."""
     blk = f"blk.{il}."
     res1 = "sa_out" if cfg.arch in GRAPH_NAMES["sa_out"] else "ffn_inp"
     a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp", arith)
-    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs, arith)
+    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs, arith,
+                                            last_only)
+    if last_only:
+        x = x[:, -1:]
     pa_cache = None
     if cfg.post_attn_norm:
         a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out",

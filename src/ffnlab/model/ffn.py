@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.activations import ACTIVATIONS, sigmoid
+from ..ops.activations import ACTIVATIONS, GELU_TANH_COEF, SQRT_2_OVER_PI, sigmoid
+from ..ops.fastmath import glu_rows
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
 from .decode_kernels import glu1
@@ -101,20 +102,25 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arit
     if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
         return _fused_gate_up_forward(x, w, k, hook, gu, arith)
     gate = None
+    halves = (gu[..., :gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:]) if gu is not None else (None, None)
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
-        gate = gu[..., :gu.shape[-1] // 2] if gu is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
+        gate = halves[0] if gu is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
         gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
         if w.gate_b is not None:
             gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
-    up = gu[..., gu.shape[-1] // 2:] if gu is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
+    up = halves[1] if gu is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
     up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
     if w.up_b is not None:
         up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
-        act = _act(k.act, arith)(gate)                                    # [..., d_ff]
-        h = hook(k.node, act * up, k.op, ("ffn_gate_b" if w.gate_b is not None else "ffn_gate", up_src))
+        if gate is halves[0] and up is halves[1] and _compiled_glu(k.act, arith, gu):
+            act, h = _glu_halves(gu, k.act == "gelu_tanh")                 # one pass over the [gate, up] product
+        else:
+            act = _act(k.act, arith)(gate)                                # [..., d_ff]
+            h = act * up
+        h = hook(k.node, h, k.op, ("ffn_gate_b" if w.gate_b is not None else "ffn_gate", up_src))
     else:
         act = h = hook(k.node, _act(k.act, arith)(up), k.op, (up_src,))   # [..., d_ff]
     y = linear_forward(h, w.down, hook=hook, node="ffn_down" if w.down_b is not None else "ffn_out")   # [..., d_model]
@@ -124,6 +130,21 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arit
     else:
         y = hook("ffn_out", y, mm_op(w.down), ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
+
+
+def _compiled_glu(name, arith, gu):
+    """ops/fastmath.py's glu_rows computes this activation as the f32 arithmetic does"""
+    return (name in ("silu", "gelu_tanh") and (arith is None or arith.name == "f32") and gu.dtype == np.float32
+            and gu.size > 0 and gu.flags.c_contiguous)
+
+
+def _glu_halves(gu, gelu):
+    """gu [..., 2 d_ff] = [gate, up] -> act(gate), act(gate) * up, each [..., d_ff]"""
+    d = gu.shape[-1] // 2
+    g2 = gu.reshape(-1, 2 * d)
+    act, h = np.empty((g2.shape[0], d), np.float32), np.empty((g2.shape[0], d), np.float32)
+    glu_rows(g2, 0, g2, d, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
+    return act.reshape(*gu.shape[:-1], d), h.reshape(*gu.shape[:-1], d)
 
 
 def _act(name, arith):
@@ -160,8 +181,10 @@ def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
             gate = gate + w.gate_b
         if w.up_b is not None:
             up = up + w.up_b
-        if arith is None and k.act in ("silu", "gelu_tanh"):
-            h = glu1(gate, up, k.act == "gelu_tanh")                      # one compiled call
+        if w.gate_up is not None and w.gate_b is None and w.up_b is None and _compiled_glu(k.act, arith, gu):
+            h = _glu_halves(gu, k.act == "gelu_tanh")[1]                  # one compiled call
+        elif arith is None and k.act in ("silu", "gelu_tanh"):
+            h = glu1(gate, up, k.act == "gelu_tanh")
         else:
             h = _act(k.act, arith)(gate)
             h *= up                                                       # [d_ff] act(gate) * up

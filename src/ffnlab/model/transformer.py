@@ -55,6 +55,9 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     if pos0 + T > (kv.n_ctx if kv is not None else cfg.n_ctx):
         raise ValueError(f"{pos0 + T} positions exceed the context length {kv.n_ctx if kv is not None else cfg.n_ctx}")
     pos = np.arange(pos0, pos0 + T)
+    # only the last logits wanted, nothing to observe or edit: the last block computes its queries,
+    # attention output and FFN for the last position alone (the others feed no logit)
+    trim_last = last_only and not train and not hooks
     hooks = hooks or Hooks()
     hook = hooks.point(-1, pos)
     x = hook("embd", p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
@@ -79,7 +82,8 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
                 cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
-        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, arith)
+        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, arith,
+                             last_only=trim_last and il == cfg.n_layer - 1)
         if train:
             block_caches.append(c)
         del c                                  # inference: free this layer's activations before the next

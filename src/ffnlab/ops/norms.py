@@ -5,6 +5,10 @@ weight multiply (`attn_norm-L`, `ffn_norm-L`), and the backward needs it.
 """
 import numpy as np
 
+from .fastmath import rms_norm_rows
+
+_NO_W = np.zeros(0, np.float32)
+
 
 def layernorm_forward(x, w, b, eps):
     """x: [..., D], w/b: [D] -> y: [..., D], cache (x_hat, rstd)
@@ -42,6 +46,16 @@ def layernorm_backward(dy, w, cache, has_bias=True):
 
 def rmsnorm_forward(x, w, eps):
     """x: [..., D], w: [D] or None -> y: [..., D], cache (x_hat, rstd)"""
+    if x.dtype == np.float32 and x.size and (w is None or w.dtype == np.float32):
+        # one compiled pass per row (a Gemma 3 layer has six of these norms: ~0.15 ms each in
+        # NumPy's five passes for 100 tokens, ~0.03 compiled); the sum of squares in float64
+        x2 = np.ascontiguousarray(x).reshape(-1, x.shape[-1])             # q/k norms read a strided slice
+        x_hat = np.empty(x2.shape, np.float32)
+        y = np.empty(x2.shape, np.float32) if w is not None else x_hat
+        rstd = np.empty(x2.shape[0], np.float32)
+        rms_norm_rows(x2, w if w is not None else _NO_W, np.float32(eps), x_hat, y, rstd)
+        x_hat = x_hat.reshape(x.shape)
+        return (y.reshape(x.shape) if w is not None else x_hat), (x_hat, rstd.reshape(*x.shape[:-1], 1))
     # sum of squares as a dot product per row: one call instead of square + mean (np.mean's
     # Python wrapper, and einsum's, are most of an RMSNorm's cost when a token is decoded)
     ms = np.vecdot(x, x)[..., None] / x.shape[-1]        # [..., 1] mean square

@@ -10,6 +10,8 @@ Partial rotary (GPT-NeoX's rotary_pct, llama.cpp's n_rot < head_dim): angles for
 """
 import numpy as np
 
+from .fastmath import rope_rows
+
 
 def rope_angles(pos, head_dim, theta, scale=1.0, freq_factors=()):
     """pos: [T] -> cos, sin: [T, head_dim/2] (float64, cast by the caller)
@@ -50,6 +52,13 @@ def _split(x, pairing):
 def rope_forward(x, cos, sin, pairing="normal"):
     """x: [..., T, H, hd], cos/sin: [T, n_rot/2] -> [..., T, H, hd]; n_rot < hd rotates x[..., :n_rot] only"""
     n_rot = 2 * cos.shape[-1]
+    if x.dtype == np.float32 and x.ndim >= 3 and x.size and pairing in ("normal", "neox"):
+        # one compiled pass (a prefill's q and k: ~0.25 ms a layer in NumPy's passes, ~0.02 here)
+        x4 = np.ascontiguousarray(x).reshape(-1, *x.shape[-3:])              # [B, T, H, hd]
+        out = np.empty(x4.shape, np.float32)
+        rope_rows(x4, np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32),
+                  pairing == "neox", out)
+        return out.reshape(x.shape)
     if n_rot < x.shape[-1]:                                 # partial rotary: the tail passes through
         out = np.empty_like(x)
         out[..., n_rot:] = x[..., n_rot:]

@@ -9,6 +9,7 @@ floats asks for them: dequantize() for the whole matrix, w[ids] for some rows (t
 lookup reads only the tokens it needs). It never turns into a float array by accident:
 np.asarray(w) raises, so a float32 copy of a matrix is always a visible dequantize() call.
 """
+import functools
 import threading
 
 import numpy as np
@@ -287,6 +288,7 @@ class QuantTensor:
         return y
 
 
+@functools.lru_cache(maxsize=4096)
 def tiling(n_groups, max_per, n_tokens, n_threads) -> tuple:
     """How a prefill product is cut into work items -> (groups per tile, token parts per tile).
 
