@@ -13,6 +13,7 @@ from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
 from ..ops.rope import rope_backward
 from .arith import F32
+from .decode_kernels import attend_rows
 from .hooks import identity
 from .packing import packed
 
@@ -133,6 +134,32 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if last_only:
         q, T = q[:, -1:], 1
         allowed = allowed[-1:] if allowed is not None else None
+    if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32:
+        # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
+        out = np.empty((B, T, H, hd), np.float32)
+        window = cfg.sliding_window if cfg.is_sliding(il) else 0
+        attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out)
+        merged, probs, capped = out.reshape(B, T, H * hd), None, None
+    else:
+        merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)
+    wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
+    y = linear_forward(merged, p[wo], hook=hook, node="attn_out_w" if bo in p else "attn_out")   # [B, T, H*hd] -> [B, T, d_model]
+    # llama.cpp names the output projection attn_out only in its llama graph (other graphs
+    # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
+    if bo in p:
+        y = hook("attn_out_w", y, mm_op(p[wo]), (wo, "kqv_out"))
+        y = hook("attn_out", y + p[bo], "ADD", ("attn_out_w", bo))
+    else:
+        y = hook("attn_out", y, mm_op(p[wo]), (wo, "kqv_out"))
+    return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
+                        capped)
+
+
+def _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith):
+    """kq, softmax and kqv as llama.cpp's nodes -> merged heads [B, T, H*hd], probs [B, H, T, S],
+    the soft-capped tanh or None"""
+    B, T, H, hd = q.shape
+    Hkv = k_all.shape[2]
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
     S, qn = k_all.shape[1], (Q_SCALED_NODE[cfg.arch] if scales_q(cfg) else "Qcur") + f"-{il}"
     kq = hook("kq", arith.kq(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
@@ -146,17 +173,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
                ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
                   ((f"kqv-{il} (permuted)", (T, H, hd)),))
-    wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
-    y = linear_forward(merged, p[wo], hook=hook, node="attn_out_w" if bo in p else "attn_out")   # [B, T, H*hd] -> [B, T, d_model]
-    # llama.cpp names the output projection attn_out only in its llama graph (other graphs
-    # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
-    if bo in p:
-        y = hook("attn_out_w", y, mm_op(p[wo]), (wo, "kqv_out"))
-        y = hook("attn_out", y + p[bo], "ADD", ("attn_out_w", bo))
-    else:
-        y = hook("attn_out", y, mm_op(p[wo]), (wo, "kqv_out"))
-    return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
-                        capped)
+    return merged, probs, capped
 
 
 def _softcap(kq, scale, c, hook):

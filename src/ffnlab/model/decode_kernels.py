@@ -9,7 +9,9 @@ LLVM reorder the sums, which moves results by float32 rounding only: tests/test_
 compares against the full forward with float32 bounds).
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from ..ops.fastmath import exp32
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
 # raises ZeroDivisionError, e.g. on a model whose weights hold infinities)
@@ -40,6 +42,49 @@ def _rope(a, cos, sin, neox):
             x0, x1 = a[i, i0], a[i, i1]
             a[i, i0] = x0 * cos[j] - x1 * sin[j]
             a[i, i1] = x0 * sin[j] + x1 * cos[j]
+
+
+@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
+def attend_rows(q, K, V, p0, window, scale, out):
+    """A prompt's attention over a KV cache, every query at once (model/attention.py's f32 path with
+    nothing hooked): q [B, T, H, hd] as attended (normed, rotated, Gemma's scale applied), K, V
+    [B, Hkv, n_ctx, hd] holding the prompt's k and v already; the query at position p0 + t attends
+    to keys lo..p0 + t (lo = p0 + t - window + 1 with a sliding window, else 0) -> out [B, T, H, hd].
+    As ops/attention.py: scores (q . k) * scale, softmax less the row's max (e^ by exp32, the sum in
+    float64), the probabilities' weighted sum of v; the heads spread over the threads. The masked
+    keys are skipped rather than given -inf: e^-inf is 0, the same sum."""
+    B, T, H, hd = q.shape
+    group = H // K.shape[1]
+    for bh in prange(B * H):
+        b, h = bh // H, bh % H
+        kv = h // group
+        s = np.empty(p0 + T, np.float32)
+        for t in range(T):
+            pos = p0 + t
+            lo = max(0, pos - window + 1) if window > 0 else 0
+            qr = q[b, t, h]
+            top = np.float32(-np.inf)
+            for j in range(lo, pos + 1):
+                k = K[b, kv, j]
+                acc = np.float32(0.0)
+                for d in range(hd):
+                    acc += qr[d] * k[d]
+                acc *= scale
+                s[j] = acc
+                top = max(top, acc)
+            total = 0.0
+            for j in range(lo, pos + 1):
+                e = exp32(s[j] - top)
+                s[j] = e
+                total += e
+            norm = np.float32(total)
+            o = out[b, t, h]
+            o[:] = 0.0
+            for j in range(lo, pos + 1):
+                w = s[j] / norm
+                vr = V[b, kv, j]
+                for d in range(hd):
+                    o[d] += w * vr[d]
 
 
 @njit(**FAST)

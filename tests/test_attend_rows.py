@@ -1,0 +1,57 @@
+"""model/decode_kernels.py's attend_rows (a prompt's attention over the KV cache, compiled) against
+the same attention in float64 from ops/attention.py's definition: causal, sliding window, grouped
+KV heads, a prefix already in the cache, a batch of two.
+
+Bound: each output is a convex combination of v rows, sum_j p_j v_j with sum p_j = 1. A float32
+score q.k of hd terms is off by at most gamma_hd sum_d |q_d k_d| (Higham 3.1), here <~ gamma_hd hd
+(unit normals, scaled by 1/sqrt(hd) after); a score error e moves the probabilities by a relative
+~2e, plus exp32's 2e-7 (tests/test_fastmath.py); the S-term weighted sum adds gamma_S max|v|.
+Allowed: 4 (gamma_hd hd + gamma_S + 1e-6) max|v|, a worst-case bound with a factor 2 to spare.
+"""
+import numpy as np
+import pytest
+
+from ffnlab.model.decode_kernels import attend_rows
+from ffnlab.ops.attention import attention_forward, causal_mask
+
+U = 2.0 ** -24
+
+
+def _gamma(n):
+    return n * U / (1 - n * U)
+
+
+@pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0)])
+def test_attend_rows_matches_float64_attention(H, Hkv, window, p0):
+    rng = np.random.default_rng(H * 100 + Hkv * 10 + window + p0)
+    B, T, hd, n_ctx = 2, 9, 64, 32
+    S = p0 + T
+    q = rng.standard_normal((B, T, H, hd)).astype(np.float32)
+    K = np.zeros((B, Hkv, n_ctx, hd), np.float32)
+    V = np.zeros((B, Hkv, n_ctx, hd), np.float32)
+    K[:, :, :S] = rng.standard_normal((B, Hkv, S, hd))
+    V[:, :, :S] = rng.standard_normal((B, Hkv, S, hd))
+    scale = 1.0 / np.sqrt(hd)
+    out = np.empty((B, T, H, hd), np.float32)
+    attend_rows(q, K, V, p0, window, np.float32(scale), out)
+
+    k64 = K[:, :, :S].transpose(0, 2, 1, 3).astype(np.float64)        # [B, S, Hkv, hd]
+    v64 = V[:, :, :S].transpose(0, 2, 1, 3).astype(np.float64)
+    allowed = causal_mask(np.arange(p0, p0 + T), np.arange(S), window)
+    ref, _ = attention_forward(q.astype(np.float64), k64, v64, scale, allowed)   # [B, H, T, hd]
+    ref = ref.transpose(0, 2, 1, 3)                                    # [B, T, H, hd]
+    bound = 4 * (_gamma(hd) * hd + _gamma(S) + 1e-6) * np.abs(V).max()
+    assert np.abs(out - ref).max() <= bound
+
+
+def test_a_window_of_one_returns_the_own_value():
+    """window 1: each position sees itself alone, so the output is its own v exactly (p = 1)"""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4, 2, 16)).astype(np.float32)
+    K = rng.standard_normal((1, 1, 8, 16)).astype(np.float32)
+    V = rng.standard_normal((1, 1, 8, 16)).astype(np.float32)
+    out = np.empty((1, 4, 2, 16), np.float32)
+    attend_rows(q, K, V, 2, 1, np.float32(0.25), out)
+    for t in range(4):
+        for h in range(2):
+            np.testing.assert_array_equal(out[0, t, h], V[0, 0, 2 + t])
