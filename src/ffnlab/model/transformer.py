@@ -42,8 +42,9 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
     arith: model/arith.py's F32 or GGML (llama.cpp's CPU numerics); the weights' products
            follow the QuantTensors' own setting, made at load.
     """
-    # quantized weights: each thread dequantizes and multiplies its own tiles (threads.parallel_for), and
-    # BLAS stays on one thread for the whole forward, so that no idle BLAS thread spins beside them
+    # quantized weights: the products dequantize and multiply their tiles on numba's threads
+    # (quant/packed.py's Packed.matmul), and BLAS stays on one thread for the whole forward, so that
+    # no idle BLAS thread spins beside them
     with blas_single(any(isinstance(w, QuantTensor) for w in p.values())):
         return _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith)
 
