@@ -212,7 +212,8 @@ class QuantTensor:
 
     def matmul(self, x) -> np.ndarray:
         """x: [N, in] float32 -> x W^T: [N, out]. Tiles of rows are dequantized into a
-        cache-sized float32 buffer and multiplied by BLAS, so the float32 matrix never exists whole."""
+        cache-sized float32 buffer and multiplied there (packed: quant/gemm.py's kernel on numba's
+        threads; the file's blocks: BLAS), so the float32 matrix never exists whole."""
         x = np.ascontiguousarray(x, np.float32)
         if self.arith == "ggml":
             return self._ggml_matmul(x)

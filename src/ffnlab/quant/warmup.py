@@ -60,16 +60,30 @@ def compile_decode(model) -> float:
 
 
 def compile_prompt(model) -> float:
-    """The compiled calls a prompt makes besides the products (ops/fastmath.py: the softmax and
-    the FFN's activation in float32), on a few values: loaded here, not in the first timed
-    prefill, and before release_code(). -> seconds taken."""
-    from ..model.ffn import FFN_KINDS
+    """The compiled calls a prompt makes besides the products (ops/fastmath.py: the softmax, the
+    FFN's activation and gated product, RMSNorm and RoPE in float32; the cached attention of
+    model/decode_kernels.py), on a few values: loaded here, not in the first timed prefill, and
+    before release_code(). -> seconds taken."""
+    from ..model.decode_kernels import attend_rows
+    from ..model.ffn import FFN_KINDS, _glu_halves
     from ..ops.activations import ACTIVATIONS
+    from ..ops.norms import rmsnorm_forward
+    from ..ops.rope import rope_forward
     from ..ops.softmax import softmax_forward
     t0 = time.perf_counter()
     if model.arith.name == "f32" and model.params["token_embd.weight"].dtype == np.float32:
-        softmax_forward(np.zeros((1, 8), np.float32))
-        ACTIVATIONS[FFN_KINDS[model.config.ffn].act].forward(np.zeros(8, np.float32))
+        z = np.zeros((1, 8), np.float32)
+        softmax_forward(z)
+        act = FFN_KINDS[model.config.ffn].act
+        ACTIVATIONS[act].forward(np.zeros(8, np.float32))
+        if act in ("silu", "gelu_tanh"):
+            _glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
+        rmsnorm_forward(z, np.ones(8, np.float32), 1e-6)
+        rmsnorm_forward(z, None, 1e-6)
+        q = np.zeros((1, 1, 1, 8), np.float32)
+        rope_forward(q, np.ones((1, 4), np.float32), np.zeros((1, 4), np.float32), model.config.rope_pairing)
+        attend_rows(q, np.zeros((1, 1, 2, 8), np.float32), np.zeros((1, 1, 2, 8), np.float32), 0, 0,
+                    np.float32(1.0), np.empty_like(q))
     return time.perf_counter() - t0
 
 
