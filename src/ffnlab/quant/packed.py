@@ -272,11 +272,75 @@ def _block_sums(x, nb):
     return xsum
 
 
+@njit(**FAST)
+def _nib4_group(qs, d, m, zero, g, x, xsum, y):
+    """_nib_group for 4-bit codes without a fifth bit (Q4_0, Q4_1, Q4_K), in vector registers: the
+    64 rows' inner sums of a block are 8 registers of 8 lanes across its 16 positions (the loop
+    over an inner[64] array stores and reloads it at every position, and checks aliasing each
+    time: 1.2-1.6x slower, measured on one core). The same products (the high nibble shifted down
+    instead of masked and x / 16: both exact); the sums may round differently in the last bit."""
+    nb = qs.shape[1]
+    acc = np.zeros(R, np.float32)
+    has_m = m.shape[0] > 0
+    for b in range(nb):
+        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
+        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
+        xo = b * 32
+        q = (g * nb + b) * 16 * R
+        for k in range(16):
+            xl = simd.broadcast_load_f(x, xo + k)
+            xh = simd.broadcast_load_f(x, xo + 16 + k)
+            v = simd.widen8(qs, q)
+            i0 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i0); i0 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i0)
+            v = simd.widen8(qs, q + 8)
+            i1 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i1); i1 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i1)
+            v = simd.widen8(qs, q + 16)
+            i2 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i2); i2 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i2)
+            v = simd.widen8(qs, q + 24)
+            i3 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i3); i3 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i3)
+            v = simd.widen8(qs, q + 32)
+            i4 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i4); i4 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i4)
+            v = simd.widen8(qs, q + 40)
+            i5 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i5); i5 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i5)
+            v = simd.widen8(qs, q + 48)
+            i6 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i6); i6 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i6)
+            v = simd.widen8(qs, q + 56)
+            i7 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i7); i7 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i7)
+            q += R
+        sb = (g * nb + b) * R
+        if has_m:
+            xs = simd.broadcast_f(xsum[b])
+            _acc_m(acc, 0, d, m, sb, i0, xs); _acc_m(acc, 8, d, m, sb, i1, xs)
+            _acc_m(acc, 16, d, m, sb, i2, xs); _acc_m(acc, 24, d, m, sb, i3, xs)
+            _acc_m(acc, 32, d, m, sb, i4, xs); _acc_m(acc, 40, d, m, sb, i5, xs)
+            _acc_m(acc, 48, d, m, sb, i6, xs); _acc_m(acc, 56, d, m, sb, i7, xs)
+        else:
+            zx = simd.broadcast_f(-zero * xsum[b])
+            _acc_z(acc, 0, d, sb, i0, zx); _acc_z(acc, 8, d, sb, i1, zx)
+            _acc_z(acc, 16, d, sb, i2, zx); _acc_z(acc, 24, d, sb, i3, zx)
+            _acc_z(acc, 32, d, sb, i4, zx); _acc_z(acc, 40, d, sb, i5, zx)
+            _acc_z(acc, 48, d, sb, i6, zx); _acc_z(acc, 56, d, sb, i7, zx)
+    y[g * R:(g + 1) * R] = acc
+
+@njit(**FAST)
+def _acc_m(acc, o, d, m, sb, inner, xs):
+    """acc[o:o+8] += d * inner + m * xs"""
+    simd.store_f(acc, o, simd.add(simd.load_f(acc, o), simd.fma(simd.load_f(m, sb + o), xs, simd.mul(simd.load_f(d, sb + o), inner))))
+
+@njit(**FAST)
+def _acc_z(acc, o, d, sb, inner, zx):
+    """acc[o:o+8] += d * (inner - zero * xs)"""
+    simd.store_f(acc, o, simd.fma(simd.load_f(d, sb + o), simd.add(inner, zx), simd.load_f(acc, o)))
+
 @njit(parallel=True, **FAST)
 def matvec_nib(qs, qh, d, m, zero, x, y):
     xsum = _block_sums(x, qs.shape[1])
-    for g in prange(qs.shape[0]):
-        _nib_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
+    if qh.shape[0]:
+        for g in prange(qs.shape[0]):
+            _nib_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
+    else:
+        for g in prange(qs.shape[0]):
+            _nib4_group(qs, d, m, np.float32(zero), g, x, xsum, y)
 
 
 @njit(**FAST)
