@@ -21,10 +21,10 @@ def _gamma(n):
     return n * U / (1 - n * U)
 
 
-@pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0)])
+@pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0), (2, 1, 0, 30), (2, 2, 20, 33)])
 def test_attend_rows_matches_float64_attention(H, Hkv, window, p0):
     rng = np.random.default_rng(H * 100 + Hkv * 10 + window + p0)
-    B, T, hd, n_ctx = 2, 9, 64, 32
+    B, T, hd, n_ctx = 2, 9, 64, 48
     S = p0 + T
     q = rng.standard_normal((B, T, H, hd)).astype(np.float32)
     K = np.zeros((B, Hkv, n_ctx, hd), np.float32)
@@ -47,10 +47,10 @@ def test_attend_rows_matches_float64_attention(H, Hkv, window, p0):
 def test_a_window_of_one_returns_the_own_value():
     """window 1: each position sees itself alone, so the output is its own v exactly (p = 1)"""
     rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 4, 2, 16)).astype(np.float32)
-    K = rng.standard_normal((1, 1, 8, 16)).astype(np.float32)
-    V = rng.standard_normal((1, 1, 8, 16)).astype(np.float32)
-    out = np.empty((1, 4, 2, 16), np.float32)
+    q = rng.standard_normal((1, 4, 2, 32)).astype(np.float32)
+    K = rng.standard_normal((1, 1, 8, 32)).astype(np.float32)
+    V = rng.standard_normal((1, 1, 8, 32)).astype(np.float32)
+    out = np.empty((1, 4, 2, 32), np.float32)
     attend_rows(q, K, V, 2, 1, np.float32(0.25), out)
     for t in range(4):
         for h in range(2):

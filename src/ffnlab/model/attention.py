@@ -134,7 +134,8 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if last_only:
         q, T = q[:, -1:], 1
         allowed = allowed[-1:] if allowed is not None else None
-    if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32:
+    if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32 \
+            and hd % 16 == 0:
         # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
         out = np.empty((B, T, H, hd), np.float32)
         window = cfg.sliding_window if cfg.is_sliding(il) else 0

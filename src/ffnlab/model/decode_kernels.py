@@ -12,6 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.fastmath import exp32
+from ..quant.gemm import STRIP, gemm_strips
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
 # raises ZeroDivisionError, e.g. on a model whose weights hold infinities)
@@ -51,40 +52,48 @@ def attend_rows(q, K, V, p0, window, scale, out):
     [B, Hkv, n_ctx, hd] holding the prompt's k and v already; the query at position p0 + t attends
     to keys lo..p0 + t (lo = p0 + t - window + 1 with a sliding window, else 0) -> out [B, T, H, hd].
     As ops/attention.py: scores (q . k) * scale, softmax less the row's max (e^ by exp32, the sum in
-    float64), the probabilities' weighted sum of v; the heads spread over the threads. The masked
-    keys are skipped rather than given -inf: e^-inf is 0, the same sum."""
+    float64), the probabilities' weighted sum of v; a masked key gets probability 0, as e^-inf.
+    Both products are quant/gemm.py's register tiles (the scores q K^T over K laid out as strips
+    of 16 keys, the sum P V over V as strips of 16 dimensions); the heads spread over the threads.
+    hd must be a multiple of 16 (model/attention.py checks)."""
     B, T, H, hd = q.shape
     group = H // K.shape[1]
+    S = p0 + T
+    Sp = -(-S // STRIP) * STRIP
     for bh in prange(B * H):
         b, h = bh // H, bh % H
         kv = h // group
-        s = np.empty(p0 + T, np.float32)
+        qh = np.ascontiguousarray(q[b, :, h])                     # [T, hd]
+        ks = np.zeros((Sp // STRIP, hd, STRIP), np.float32)       # K as strips of 16 keys (zeros past S)
+        vs = np.empty((hd // STRIP, Sp, STRIP), np.float32)       # V^T as strips of 16 dimensions
+        for j in range(S):
+            for d in range(hd):
+                ks[j // STRIP, d, j % STRIP] = K[b, kv, j, d]
+                vs[d // STRIP, j, d % STRIP] = V[b, kv, j, d]
+        vs[:, S:] = 0.0
+        p = np.empty((T, Sp), np.float32)
+        gemm_strips(ks, qh, p, 0)                                 # raw scores q . k
         for t in range(T):
             pos = p0 + t
             lo = max(0, pos - window + 1) if window > 0 else 0
-            qr = q[b, t, h]
+            row = p[t]
             top = np.float32(-np.inf)
             for j in range(lo, pos + 1):
-                k = K[b, kv, j]
-                acc = np.float32(0.0)
-                for d in range(hd):
-                    acc += qr[d] * k[d]
-                acc *= scale
-                s[j] = acc
-                top = max(top, acc)
+                row[j] *= scale
+                top = max(top, row[j])
             total = 0.0
             for j in range(lo, pos + 1):
-                e = exp32(s[j] - top)
-                s[j] = e
+                e = exp32(row[j] - top)
+                row[j] = e
                 total += e
             norm = np.float32(total)
-            o = out[b, t, h]
-            o[:] = 0.0
+            row[:lo] = 0.0
             for j in range(lo, pos + 1):
-                w = s[j] / norm
-                vr = V[b, kv, j]
-                for d in range(hd):
-                    o[d] += w * vr[d]
+                row[j] = row[j] / norm
+            row[pos + 1:] = 0.0
+        o = np.empty((T, hd), np.float32)
+        gemm_strips(vs, p, o, 0)                                  # the probabilities' sum of v
+        out[b, :, h] = o
 
 
 @njit(**FAST)

@@ -80,9 +80,9 @@ def compile_prompt(model) -> float:
             _glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
         rmsnorm_forward(z, np.ones(8, np.float32), 1e-6)
         rmsnorm_forward(z, None, 1e-6)
-        q = np.zeros((1, 1, 1, 8), np.float32)
-        rope_forward(q, np.ones((1, 4), np.float32), np.zeros((1, 4), np.float32), model.config.rope_pairing)
-        attend_rows(q, np.zeros((1, 1, 2, 8), np.float32), np.zeros((1, 1, 2, 8), np.float32), 0, 0,
+        q = np.zeros((1, 1, 1, 32), np.float32)                 # attend_rows: head widths a multiple of 16
+        rope_forward(q, np.ones((1, 16), np.float32), np.zeros((1, 16), np.float32), model.config.rope_pairing)
+        attend_rows(q, np.zeros((1, 1, 2, 32), np.float32), np.zeros((1, 1, 2, 32), np.float32), 0, 0,
                     np.float32(1.0), np.empty_like(q))
     return time.perf_counter() - t0
 
