@@ -345,21 +345,32 @@ def matvec_nib(qs, qh, d, m, zero, x, y):
 
 @njit(**FAST)
 def _i8_group(qs, d, g, x, y):
-    nb, B, width = qs.shape[1], qs.shape[2], qs.shape[3]
-    acc = np.zeros(width, np.float32)
-    inner = np.empty(width, np.float32)
+    """I8 codes (Q8_0, Q6_K): acc[r] += d[r] * sum_k q[k, r] x[k] per block, the 64 rows' inner sums
+    in 8 vector registers across a block (as _nib4_group: 1.3x faster than an inner[64] array on
+    Gemma 3's [262144, 640] Q8_0 LM head, two threads)"""
+    nb, B = qs.shape[1], qs.shape[2]
+    acc = np.zeros(R, np.float32)
     for b in range(nb):
-        inner[:] = 0.0
-        xo = b * B
+        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
+        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
+        q = (g * nb + b) * B * R
         for k in range(B):
-            xk = x[xo + k]
-            q = qs[g, b, k]
-            for r in range(width):
-                inner[r] += np.float32(q[r]) * xk
-        db = d[g, b]
-        for r in range(width):
-            acc[r] += db[r] * inner[r]
-    y[g * width:(g + 1) * width] = acc
+            xk = simd.broadcast_load_f(x, b * B + k)
+            i0 = simd.fma(simd.to_float(simd.widen8(qs, q)), xk, i0)
+            i1 = simd.fma(simd.to_float(simd.widen8(qs, q + 8)), xk, i1)
+            i2 = simd.fma(simd.to_float(simd.widen8(qs, q + 16)), xk, i2)
+            i3 = simd.fma(simd.to_float(simd.widen8(qs, q + 24)), xk, i3)
+            i4 = simd.fma(simd.to_float(simd.widen8(qs, q + 32)), xk, i4)
+            i5 = simd.fma(simd.to_float(simd.widen8(qs, q + 40)), xk, i5)
+            i6 = simd.fma(simd.to_float(simd.widen8(qs, q + 48)), xk, i6)
+            i7 = simd.fma(simd.to_float(simd.widen8(qs, q + 56)), xk, i7)
+            q += R
+        sb = (g * nb + b) * R
+        _acc_z(acc, 0, d, sb, i0, simd.zeros_f()); _acc_z(acc, 8, d, sb, i1, simd.zeros_f())
+        _acc_z(acc, 16, d, sb, i2, simd.zeros_f()); _acc_z(acc, 24, d, sb, i3, simd.zeros_f())
+        _acc_z(acc, 32, d, sb, i4, simd.zeros_f()); _acc_z(acc, 40, d, sb, i5, simd.zeros_f())
+        _acc_z(acc, 48, d, sb, i6, simd.zeros_f()); _acc_z(acc, 56, d, sb, i7, simd.zeros_f())
+    y[g * R:(g + 1) * R] = acc
 
 
 @njit(parallel=True, **FAST)
