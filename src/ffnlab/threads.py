@@ -110,8 +110,9 @@ def parallel_for(fn, n_items):
     each taking the next i as it finishes one (items of uneven cost balance themselves);
     returns when all are done. While it runs, BLAS uses one thread per call.
 
-    Why: a prefill product dequantizes a tile of weights (a numba kernel, nogil) and hands it to
-    OpenBLAS. With numba and OpenBLAS each splitting its own step over the cores, each pool's
+    Why: on a CPU without AVX2 a prefill product dequantizes a tile of weights (a numba kernel,
+    nogil) and hands it to OpenBLAS (with AVX2 the whole product is one numba parallel region:
+    quant/packed.py's Packed.matmul). With numba and OpenBLAS each splitting its own step over the cores, each pool's
     idle threads spin while the other works, and two threads ran slower than one
     (bench/RESULTS.md, issue 12). Here each thread does both steps for its own tiles: one pool,
     nothing waits. fn must release the GIL for its long steps (NumPy's BLAS calls and nogil
