@@ -290,22 +290,14 @@ def _nib4_group(qs, d, m, zero, g, x, xsum, y):
         for k in range(16):
             xl = simd.broadcast_load_f(x, xo + k)
             xh = simd.broadcast_load_f(x, xo + 16 + k)
-            v = simd.widen8(qs, q)
-            i0 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i0); i0 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i0)
-            v = simd.widen8(qs, q + 8)
-            i1 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i1); i1 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i1)
-            v = simd.widen8(qs, q + 16)
-            i2 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i2); i2 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i2)
-            v = simd.widen8(qs, q + 24)
-            i3 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i3); i3 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i3)
-            v = simd.widen8(qs, q + 32)
-            i4 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i4); i4 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i4)
-            v = simd.widen8(qs, q + 40)
-            i5 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i5); i5 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i5)
-            v = simd.widen8(qs, q + 48)
-            i6 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i6); i6 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i6)
-            v = simd.widen8(qs, q + 56)
-            i7 = simd.fma(simd.to_float(simd.low_nibbles(v)), xl, i7); i7 = simd.fma(simd.to_float(simd.high_nibbles(v)), xh, i7)
+            i0 = _nibbles_fma(qs, q, xl, xh, i0)
+            i1 = _nibbles_fma(qs, q + 8, xl, xh, i1)
+            i2 = _nibbles_fma(qs, q + 16, xl, xh, i2)
+            i3 = _nibbles_fma(qs, q + 24, xl, xh, i3)
+            i4 = _nibbles_fma(qs, q + 32, xl, xh, i4)
+            i5 = _nibbles_fma(qs, q + 40, xl, xh, i5)
+            i6 = _nibbles_fma(qs, q + 48, xl, xh, i6)
+            i7 = _nibbles_fma(qs, q + 56, xl, xh, i7)
             q += R
         sb = (g * nb + b) * R
         if has_m:
@@ -322,15 +314,25 @@ def _nib4_group(qs, d, m, zero, g, x, xsum, y):
             _acc_z(acc, 48, d, sb, i6, zx); _acc_z(acc, 56, d, sb, i7, zx)
     y[g * R:(g + 1) * R] = acc
 
+
+@njit(**FAST)
+def _nibbles_fma(qs, q, xl, xh, inner):
+    """inner + low nibbles * xl + high nibbles * xh for the 8 code bytes at qs.flat[q] (8 rows)"""
+    v = simd.widen8(qs, q)
+    return simd.fma(simd.to_float(simd.high_nibbles(v)), xh, simd.fma(simd.to_float(simd.low_nibbles(v)), xl, inner))
+
+
 @njit(**FAST)
 def _acc_m(acc, o, d, m, sb, inner, xs):
     """acc[o:o+8] += d * inner + m * xs"""
     simd.store_f(acc, o, simd.add(simd.load_f(acc, o), simd.fma(simd.load_f(m, sb + o), xs, simd.mul(simd.load_f(d, sb + o), inner))))
 
+
 @njit(**FAST)
 def _acc_z(acc, o, d, sb, inner, zx):
     """acc[o:o+8] += d * (inner - zero * xs)"""
     simd.store_f(acc, o, simd.fma(simd.load_f(d, sb + o), simd.add(inner, zx), simd.load_f(acc, o)))
+
 
 @njit(parallel=True, **FAST)
 def matvec_nib(qs, qh, d, m, zero, x, y):
