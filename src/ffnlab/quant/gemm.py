@@ -12,9 +12,13 @@ that order, so the float32 weights are written once, into L2, and read from ther
   tile    16 rows x 6 tokens: 12 accumulators of 8 lanes (AVX2: 16 vector registers); per j, two
           loads of the strip, six broadcasts of x[t, j], twelve FMAs
 
-Measured on one core of the AMD EPYC (Zen 3), [100, 640] x [640, 384] and like shapes:
-35-41 G multiply-adds/s, OpenBLAS's sgemm over the same tile 29-33 (bench/RESULTS.md,
-issue 12). Wider tiles (32 rows x 3 tokens) need 17 registers and spill (18 G/s).
+Measured on one core of the AMD EPYC (Zen 3), [100, 640] x [640, 384] and like shapes
+(bench/bench_gemm.py, process CPU time): 38-41 G multiply-adds/s, 0.90-0.95x OpenBLAS's sgemm
+on the same float32 weights (peak: ~45). What it buys is the rest of the product: being numba
+code, a whole product (dequantize each tile, multiply it) is one parallel region on numba's
+threads, with no Python or BLAS call per tile (quant/packed.py's Packed.matmul; OpenBLAS called
+from inside such a region ran 20% slower per call). Wider tiles (32 rows x 3 tokens) need 17
+registers and spill (18 G/s).
 
 Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in
 order. BLAS's kernels sum the same way (its order of j varies by build); the error bound of a
