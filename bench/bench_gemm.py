@@ -10,7 +10,6 @@ are set to 1 before the imports.
 """
 import argparse
 import os
-import platform
 import time
 
 for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
@@ -19,6 +18,7 @@ for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from ffnlab.quant import gemm  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--tokens", type=int, default=100)
@@ -36,17 +36,6 @@ def cpu_median(f):
         f()
         times.append(time.process_time() - t)
     return float(np.median(times))
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 print(f"{cpu_model()}, 1 thread, {args.tokens} tokens, AVX2 kernel: {gemm.HAS_AVX2}")

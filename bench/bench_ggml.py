@@ -22,14 +22,7 @@ import numpy as np  # noqa: E402
 
 from ffnlab.formats.installed import resolve_model  # noqa: E402
 from ffnlab.formats.load import load  # noqa: E402
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
+from machine import cpu_model  # noqa: E402
 
 
 def cpu_time(f):

@@ -11,20 +11,11 @@ and the ratio to PEFT's.
 """
 import argparse
 import os
-import platform
 import time
 
 import numpy as np
 
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from machine import cpu_model
 
 
 def median_step(step, repeats):
@@ -99,7 +90,7 @@ def main():
     x = rng.integers(0, 49152, (a.batch, a.seq_len))
     y = rng.integers(0, 49152, (a.batch, a.seq_len))
     tokens = a.batch * a.seq_len
-    print(f"{cpu_name()}, load average {os.getloadavg()[0]:.1f}; one thread each; batch {a.batch} x {a.seq_len} "
+    print(f"{cpu_model()}, load average {os.getloadavg()[0]:.1f}; one thread each; batch {a.batch} x {a.seq_len} "
           f"tokens, r={a.r}; median of {a.repeats} steps")
     print("| targets | PEFT + torch tok/s | ffnlab float32 tok/s | ratio | ffnlab on the Q4_1 GGUF tok/s | ratio |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -16,7 +16,6 @@ thread count is set with threadpoolctl, ffnlab's own control (ffnlab/threads.py)
 """
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -24,18 +23,11 @@ import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+from machine import cpu_model
 
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--seconds", type=float, default=1.5, help="time per (op, threads, load) cell (default 1.5)")
 args = ap.parse_args()
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 rng = np.random.default_rng(0)
