@@ -19,20 +19,43 @@ def _bound(x, rows):
     return gamma * (np.abs(x.astype(np.float64)) @ np.abs(rows.astype(np.float64)).T)
 
 
-@pytest.mark.parametrize("T", [1, 5, 6, 7, 13, 100])
+KERNELS = {"avx2": gemm._gemm_y, "avx512": gemm._gemm_z}
+
+
+@pytest.mark.parametrize("kernel", ["avx2", "avx512"])
+@pytest.mark.parametrize("T", [1, 5, 6, 7, 8, 9, 13, 100])
 @pytest.mark.parametrize("S,n", [(1, 32), (3, 640), (8, 96)])
-def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n):
+def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n, kernel):
+    """both register tiles (each compiles on any x86-64 with AVX2: without AVX-512, LLVM splits
+    the 512-bit one in halves), odd strip counts (the 512-bit tile pairs strips) and token counts
+    around both tile widths (6 and 8)"""
     rng = np.random.default_rng(T * 1000 + S * 10 + n)
     P = rng.standard_normal((S, n, gemm.STRIP)).astype(np.float32)
     x = rng.standard_normal((T, n)).astype(np.float32)
     col0 = 16                                               # a column offset, as the tiles after the first have
     y = np.full((T, col0 + S * gemm.STRIP + 16), 7.0, np.float32)
-    gemm.gemm_strips(P, x, y, col0)
+    if kernel == "avx2" and not gemm.HAS_AVX2:
+        pytest.skip("the register tiles need AVX2 and FMA")
+    KERNELS[kernel](P, x, y, col0, 0, -1)
     rows = gemm.strips_to_rows(P)                           # [16 S, n]
     ref = x.astype(np.float64) @ rows.astype(np.float64).T
     got = y[:, col0:col0 + S * gemm.STRIP]
     assert np.all(np.abs(got - ref) <= _bound(x, rows))
     assert np.all(y[:, :col0] == 7.0) and np.all(y[:, col0 + S * gemm.STRIP:] == 7.0)   # nothing else written
+
+
+def test_gemm_strips_token_range_writes_only_its_tokens():
+    """t_lo..t_hi: the token parts Packed.matmul gives each thread"""
+    rng = np.random.default_rng(5)
+    P = rng.standard_normal((3, 64, gemm.STRIP)).astype(np.float32)
+    x = rng.standard_normal((20, 64)).astype(np.float32)
+    rows = gemm.strips_to_rows(P)
+    ref = x.astype(np.float64) @ rows.astype(np.float64).T
+    for kernel in KERNELS.values():
+        y = np.full((20, 48), 7.0, np.float32)
+        kernel(P, x, y, 0, 3, 14)
+        assert np.all(np.abs(y[3:14] - ref[3:14]) <= _bound(x, rows)[3:14])
+        assert np.all(y[:3] == 7.0) and np.all(y[14:] == 7.0)
 
 
 def test_strips_to_rows_is_the_strip_layout():

@@ -28,16 +28,28 @@ Tokens past T in the last 6-token tile read token T - 1 again and store nothing.
 import numpy as np
 from numba import njit
 
-from .simd import HAS_AVX2, broadcast_load_f, fma, load_f, store_f, zeros_f
+from .simd import (HAS_AVX2, HAS_AVX512, broadcast_load_f, broadcast_load_z, fma, fma_z, load_f, load_z, store_f,
+                   store_z, zeros_f, zeros_z)
 
 STRIP = 16                       # rows per strip
-TOKENS = 6                       # tokens per register tile
+TOKENS = 6                       # tokens per register tile (AVX2)
+TOKENS_Z = 8                     # tokens per register tile (AVX-512)
 
 
 @njit(cache=True, nogil=True)
 def gemm_strips(P, x, y, col0, t_lo=0, t_hi=-1):
     """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for tokens t_lo..t_hi (t_hi -1: all) and
-    every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous."""
+    every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous.
+    The 512-bit tiles where the CPU has AVX-512, else the 256-bit ones."""
+    if HAS_AVX512:
+        _gemm_z(P, x, y, col0, t_lo, t_hi)
+    else:
+        _gemm_y(P, x, y, col0, t_lo, t_hi)
+
+
+@njit(cache=True, nogil=True)
+def _gemm_y(P, x, y, col0, t_lo, t_hi):
+    """gemm_strips in 256-bit registers: 16 rows x 6 tokens"""
     S, n = P.shape[0], P.shape[1]
     T, ldy = (x.shape[0] if t_hi < 0 else t_hi), y.shape[1]
     for s in range(S):
@@ -81,6 +93,74 @@ def gemm_strips(P, x, y, col0, t_lo=0, t_hi=-1):
                 store_f(y, o + 4 * ldy, a40); store_f(y, o + 4 * ldy + 8, a41)
             if t0 + 5 < T:
                 store_f(y, o + 5 * ldy, a50); store_f(y, o + 5 * ldy + 8, a51)
+
+
+@njit(cache=True, nogil=True)
+def _gemm_z(P, x, y, col0, t_lo, t_hi):
+    """gemm_strips in 512-bit registers: a strip's 16 rows are one register, and a tile is two
+    strips (32 rows) x 8 tokens: 16 accumulators; per j, two loads and eight FMAs whose x[t, j]
+    is a broadcast memory operand. An odd last strip runs alone (16 rows x 8 tokens)."""
+    S, n = P.shape[0], P.shape[1]
+    T, ldy = (x.shape[0] if t_hi < 0 else t_hi), y.shape[1]
+    for s in range(0, S, 2):
+        pair = s + 1 < S
+        c = col0 + STRIP * s
+        p0, p1 = s * n * STRIP, (s + 1 if pair else s) * n * STRIP   # alone: the strip twice, stored once
+        for t0 in range(t_lo, T, TOKENS_Z):
+            o0 = t0 * n
+            o1 = min(t0 + 1, T - 1) * n
+            o2 = min(t0 + 2, T - 1) * n
+            o3 = min(t0 + 3, T - 1) * n
+            o4 = min(t0 + 4, T - 1) * n
+            o5 = min(t0 + 5, T - 1) * n
+            o6 = min(t0 + 6, T - 1) * n
+            o7 = min(t0 + 7, T - 1) * n
+            a00 = zeros_z(); a01 = zeros_z(); a10 = zeros_z(); a11 = zeros_z()
+            a20 = zeros_z(); a21 = zeros_z(); a30 = zeros_z(); a31 = zeros_z()
+            a40 = zeros_z(); a41 = zeros_z(); a50 = zeros_z(); a51 = zeros_z()
+            a60 = zeros_z(); a61 = zeros_z(); a70 = zeros_z(); a71 = zeros_z()
+            for j in range(n):
+                w0 = load_z(P, p0 + j * STRIP)
+                w1 = load_z(P, p1 + j * STRIP)
+                b = broadcast_load_z(x, o0 + j)
+                a00 = fma_z(w0, b, a00); a01 = fma_z(w1, b, a01)
+                b = broadcast_load_z(x, o1 + j)
+                a10 = fma_z(w0, b, a10); a11 = fma_z(w1, b, a11)
+                b = broadcast_load_z(x, o2 + j)
+                a20 = fma_z(w0, b, a20); a21 = fma_z(w1, b, a21)
+                b = broadcast_load_z(x, o3 + j)
+                a30 = fma_z(w0, b, a30); a31 = fma_z(w1, b, a31)
+                b = broadcast_load_z(x, o4 + j)
+                a40 = fma_z(w0, b, a40); a41 = fma_z(w1, b, a41)
+                b = broadcast_load_z(x, o5 + j)
+                a50 = fma_z(w0, b, a50); a51 = fma_z(w1, b, a51)
+                b = broadcast_load_z(x, o6 + j)
+                a60 = fma_z(w0, b, a60); a61 = fma_z(w1, b, a61)
+                b = broadcast_load_z(x, o7 + j)
+                a70 = fma_z(w0, b, a70); a71 = fma_z(w1, b, a71)
+            o = t0 * ldy + c
+            _store_pair(y, o, a00, a01, pair)
+            if t0 + 1 < T:
+                _store_pair(y, o + ldy, a10, a11, pair)
+            if t0 + 2 < T:
+                _store_pair(y, o + 2 * ldy, a20, a21, pair)
+            if t0 + 3 < T:
+                _store_pair(y, o + 3 * ldy, a30, a31, pair)
+            if t0 + 4 < T:
+                _store_pair(y, o + 4 * ldy, a40, a41, pair)
+            if t0 + 5 < T:
+                _store_pair(y, o + 5 * ldy, a50, a51, pair)
+            if t0 + 6 < T:
+                _store_pair(y, o + 6 * ldy, a60, a61, pair)
+            if t0 + 7 < T:
+                _store_pair(y, o + 7 * ldy, a70, a71, pair)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _store_pair(y, o, a0, a1, pair):
+    store_z(y, o, a0)
+    if pair:
+        store_z(y, o + STRIP, a1)
 
 
 def strips_to_rows(P) -> np.ndarray:

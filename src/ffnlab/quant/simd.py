@@ -7,6 +7,7 @@ types, kept in registers like any local, and each intrinsic writes the LLVM IR o
 
     m256i   <32 x i8>  (the bytes of a __m256i; read as 16 x i16 or 8 x i32 where an op says so)
     m256    <8 x float>
+    m512    <16 x float>  (AVX-512: the float GEMM's tile, quant/gemm.py; the *_z intrinsics)
 
     lanes_u8(a, b)   vpmaddubsw(a, b) then vpmaddwd(., 1): 8 exact int32 sums of 4 products
                      u8 a[4l..4l+3] x s8 b[4l..4l+3] (ggml's mul_sum_us8_pairs_float, less the
@@ -19,6 +20,9 @@ types, kept in registers like any local, and each intrinsic writes the LLVM IR o
 An intrinsic takes an array and a flat element index for its loads and stores (the array must be
 C-contiguous: the index is counted from its first element). They compile only on a host with
 AVX2 and FMA: HAS_AVX2 says so, decided once at import (FFNLAB_NO_AVX2=1: as if there were none).
+The *_z intrinsics use 512-bit registers; HAS_AVX512 says the CPU has them (AVX-512F; on a CPU
+without, LLVM would split each into two 256-bit halves: correct, not faster). FFNLAB_NO_AVX512=1
+keeps the 256-bit kernels (for comparisons and tests).
 """
 import os
 
@@ -40,11 +44,14 @@ def _host_has_avx2():
 
 
 HAS_AVX2 = _host_has_avx2()
+HAS_AVX512 = HAS_AVX2 and bool(binding.get_host_cpu_features().get("avx512f")) \
+    and os.environ.get("FFNLAB_NO_AVX512", "") in ("", "0")
 
 I8x32 = ir.VectorType(ir.IntType(8), 32)
 I16x16 = ir.VectorType(ir.IntType(16), 16)
 I32x8 = ir.VectorType(ir.IntType(32), 8)
 F32x8 = ir.VectorType(ir.FloatType(), 8)
+F32x16 = ir.VectorType(ir.FloatType(), 16)
 I32 = ir.IntType(32)
 
 
@@ -58,7 +65,12 @@ class M256(types.Type):
         super().__init__(name="m256")
 
 
-m256i, m256 = M256i(), M256()
+class M512(types.Type):
+    def __init__(self):
+        super().__init__(name="m512")
+
+
+m256i, m256, m512 = M256i(), M256(), M512()
 
 
 @register_model(M256i)
@@ -71,6 +83,12 @@ class _M256iModel(models.PrimitiveModel):
 class _M256Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, F32x8)
+
+
+@register_model(M512)
+class _M512Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, F32x16)
 
 
 def _contiguous(ary):
@@ -110,6 +128,7 @@ def _load(name, llty, result, doc):
 
 load_i = _load("load_i", I8x32, m256i, "32 bytes from ary.flat[index] -> m256i")
 load_f = _load("load_f", F32x8, m256, "8 float32 from ary.flat[index] -> m256")
+load_z = _load("load_z", F32x16, m512, "16 float32 from ary.flat[index] -> m512")
 
 
 @intrinsic
@@ -136,6 +155,17 @@ def store_f(typingctx, ary, index, v):
 
 
 @intrinsic
+def store_z(typingctx, ary, index, v):
+    """ary.flat[index : index + 16] = v (float32)"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        builder.store(args[2], _pointer(context, builder, sig.args[0], args[0], args[1], F32x16), align=1)
+        return context.get_dummy_value()
+    return types.none(ary, index, v), codegen
+
+
+@intrinsic
 def broadcast_f(typingctx, value):
     """a float32 in each lane"""
     def codegen(context, builder, sig, args):
@@ -153,6 +183,24 @@ def broadcast_load_f(typingctx, ary, index):
         v = builder.load(_pointer(context, builder, sig.args[0], *args, ir.FloatType()), align=4)
         return _splat(builder, v, F32x8)
     return m256(ary, index), codegen
+
+
+@intrinsic
+def broadcast_load_z(typingctx, ary, index):
+    """the float32 at ary.flat[index] in each of 16 lanes (an FMA's {1to16} memory operand)"""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_pointer(context, builder, sig.args[0], *args, ir.FloatType()), align=4)
+        return _splat(builder, v, F32x16)
+    return m512(ary, index), codegen
+
+
+@intrinsic
+def zeros_z(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(F32x16, [0.0] * 16)
+    return m512(), codegen
 
 
 @intrinsic
@@ -310,6 +358,14 @@ def fma(typingctx, a, b, c):
     def codegen(context, builder, sig, args):
         return _call(builder, "llvm.fma.v8f32", F32x8, list(args))
     return m256(a, b, c), codegen
+
+
+@intrinsic
+def fma_z(typingctx, a, b, c):
+    """a * b + c in 16 lanes, one rounding (vfmadd on zmm registers)"""
+    def codegen(context, builder, sig, args):
+        return _call(builder, "llvm.fma.v16f32", F32x16, list(args))
+    return m512(a, b, c), codegen
 
 
 @intrinsic
