@@ -21,10 +21,12 @@ def _gamma(n):
     return n * U / (1 - n * U)
 
 
+@pytest.mark.parametrize("T", [9, 61])          # 61: queries in runs (attend_rows.QUERY_PART), the last one short
 @pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0), (2, 1, 0, 30), (2, 2, 20, 33)])
-def test_attend_rows_matches_float64_attention(H, Hkv, window, p0):
-    rng = np.random.default_rng(H * 100 + Hkv * 10 + window + p0)
-    B, T, hd, n_ctx = 2, 9, 64, 48
+def test_attend_rows_matches_float64_attention(H, Hkv, window, p0, T):
+    rng = np.random.default_rng(H * 100 + Hkv * 10 + window + p0 + T)
+    B, hd = 2, 64
+    n_ctx = p0 + T + 7
     S = p0 + T
     q = rng.standard_normal((B, T, H, hd)).astype(np.float32)
     K = np.zeros((B, Hkv, n_ctx, hd), np.float32)

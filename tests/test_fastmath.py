@@ -88,3 +88,44 @@ def test_softmax_rows():
     assert np.all(np.abs(got[ok] - want[ok]) <= bound[ok] * want[ok]) and np.all(got[~ok] < 1e-30)
     assert np.all(got[0, 0, 100:] == 0)
     np.testing.assert_allclose(got.sum(-1), 1.0, rtol=4 * EPS * 513 ** 0.5)
+
+
+def test_row_kernels_spread_over_threads_give_the_serial_values():
+    """rms_norm_rows, rope_rows and glu_rows run a prompt's rows on numba's threads past
+    PARALLEL_MIN values: each row's arithmetic is the serial kernel's, so the values are the same
+    bits; and both agree with float64 (a row's norm: a few float32 roundings, relative 1e-6)"""
+    rng = np.random.default_rng(7)
+    rows, D = 64, 1024                                       # 64k values: the parallel variants
+    assert rows * D >= fastmath.PARALLEL_MIN
+    x = rng.standard_normal((rows, D)).astype(np.float32)
+    w = rng.standard_normal(D).astype(np.float32)
+    out = {}
+    for name, f in (("serial", fastmath._rms_norm_serial), ("parallel", fastmath._rms_norm_parallel)):
+        x_hat, y, rstd = np.empty_like(x), np.empty_like(x), np.empty(rows, np.float32)
+        f(x, w, np.float32(1e-6), x_hat, y, rstd)
+        out[name] = y
+    assert np.array_equal(out["serial"], out["parallel"])
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + 1e-6) * w
+    assert np.abs(out["parallel"] - ref).max() <= 1e-5 * np.abs(ref).max()
+
+    xr = rng.standard_normal((1, 40, 4, 64)).astype(np.float32)
+    ang = rng.uniform(-3, 3, (40, 32))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    for neox in (False, True):
+        a, b = np.empty_like(xr), np.empty_like(xr)
+        fastmath._rope_serial(xr, cos, sin, neox, a)
+        fastmath._rope_parallel(xr, cos, sin, neox, b)
+        assert np.array_equal(a, b)
+
+    gu = rng.standard_normal((rows, 2 * D)).astype(np.float32)
+    for gelu in (False, True):
+        res = []
+        for f in (fastmath._glu_serial, fastmath._glu_parallel):
+            act, h = np.empty((rows, D), np.float32), np.empty((rows, D), np.float32)
+            f(gu, 0, gu, D, gelu, np.float32(0.7978845608028654), np.float32(0.044715), act, h)
+            res.append(h)
+        assert np.array_equal(res[0], res[1])
+        g, u = gu[:, :D].astype(np.float64), gu[:, D:].astype(np.float64)
+        act64 = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3))) if gelu else g / (1 + np.exp(-g))
+        assert np.abs(res[1] - act64 * u).max() <= 1e-5 * np.abs(act64 * u).max()

@@ -23,12 +23,12 @@ KERNELS = {"avx2": gemm._gemm_y, "avx512": gemm._gemm_z}
 
 
 @pytest.mark.parametrize("kernel", ["avx2", "avx512"])
-@pytest.mark.parametrize("T", [1, 5, 6, 7, 8, 9, 13, 100])
-@pytest.mark.parametrize("S,n", [(1, 32), (3, 640), (8, 96)])
+@pytest.mark.parametrize("T", [1, 5, 6, 7, 8, 9, 10, 11, 13, 100])
+@pytest.mark.parametrize("S,n", [(1, 32), (3, 640), (8, 96), (2, 600)])
 def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n, kernel):
     """both register tiles (each compiles on any x86-64 with AVX2: without AVX-512, LLVM splits
     the 512-bit one in halves), odd strip counts (the 512-bit tile pairs strips) and token counts
-    around both tile widths (6 and 8)"""
+    around both tile widths (6 and 10) and lengths past the 512-bit tile's blocks of j (256)"""
     rng = np.random.default_rng(T * 1000 + S * 10 + n)
     P = rng.standard_normal((S, n, gemm.STRIP)).astype(np.float32)
     x = rng.standard_normal((T, n)).astype(np.float32)

@@ -45,7 +45,11 @@ def _rope(a, cos, sin, neox):
             a[i, i1] = x0 * sin[j] + x1 * cos[j]
 
 
-@njit(parallel=True, cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
+ATTEND = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
+QUERY_PART = 20                  # queries per work item at least (two of the GEMM's 10-token tiles)
+
+
+@njit(parallel=True, **ATTEND)
 def attend_rows(q, K, V, p0, window, scale, out):
     """A prompt's attention over a KV cache, every query at once (model/attention.py's f32 path with
     nothing hooked): q [B, T, H, hd] as attended (normed, rotated, Gemma's scale applied), K, V
@@ -54,29 +58,41 @@ def attend_rows(q, K, V, p0, window, scale, out):
     As ops/attention.py: scores (q . k) * scale, softmax less the row's max (e^ by exp32, the sum in
     float64), the probabilities' weighted sum of v; a masked key gets probability 0, as e^-inf.
     Both products are quant/gemm.py's register tiles (the scores q K^T over K laid out as strips
-    of 16 keys, the sum P V over V as strips of 16 dimensions); the heads spread over the threads.
+    of 16 keys, the sum P V over V as strips of 16 dimensions). Each KV head's strips are laid out
+    once (the query heads of a group share them); then each (head, run of queries) is one work
+    item on numba's threads, its scores computed for the keys up to its last query only.
     hd must be a multiple of 16 (model/attention.py checks)."""
     B, T, H, hd = q.shape
-    group = H // K.shape[1]
+    Hkv = K.shape[1]
+    group = H // Hkv
     S = p0 + T
     Sp = -(-S // STRIP) * STRIP
-    for bh in prange(B * H):
-        b, h = bh // H, bh % H
-        kv = h // group
-        qh = np.ascontiguousarray(q[b, :, h])                     # [T, hd]
-        ks = np.zeros((Sp // STRIP, hd, STRIP), np.float32)       # K as strips of 16 keys (zeros past S)
-        vs = np.empty((hd // STRIP, Sp, STRIP), np.float32)       # V^T as strips of 16 dimensions
+    ks = np.zeros((B * Hkv, Sp // STRIP, hd, STRIP), np.float32)     # K as strips of 16 keys (zeros past S)
+    vs = np.zeros((B * Hkv, hd // STRIP, Sp, STRIP), np.float32)     # V^T as strips of 16 dimensions
+    for bk in prange(B * Hkv):
+        b, kv = bk // Hkv, bk % Hkv
         for j in range(S):
             for d in range(hd):
-                ks[j // STRIP, d, j % STRIP] = K[b, kv, j, d]
-                vs[d // STRIP, j, d % STRIP] = V[b, kv, j, d]
-        vs[:, S:] = 0.0
-        p = np.empty((T, Sp), np.float32)
-        gemm_strips(ks, qh, p, 0)                                 # raw scores q . k
-        for t in range(T):
+                ks[bk, j // STRIP, d, j % STRIP] = K[b, kv, j, d]
+                vs[bk, d // STRIP, j, d % STRIP] = V[b, kv, j, d]
+    parts = max(1, min(4, T // QUERY_PART))
+    step = -(-T // parts)
+    for item in prange(B * H * parts):
+        bh, c = item // parts, item % parts
+        b, h = bh // H, bh % H
+        bk = b * Hkv + h // group
+        t0, t1 = c * step, min(T, (c + 1) * step)
+        if t0 >= t1:
+            continue
+        n_keys = -(-(p0 + t1) // STRIP) * STRIP                   # keys past the last query's: masked
+        qh = np.ascontiguousarray(q[b, t0:t1, h])                 # [Tc, hd]
+        p = np.empty((t1 - t0, n_keys), np.float32)
+        gemm_strips(ks[bk, :n_keys // STRIP], qh, p, 0)           # raw scores q . k
+        probs = np.zeros((t1 - t0, Sp), np.float32)
+        for t in range(t0, t1):
             pos = p0 + t
             lo = max(0, pos - window + 1) if window > 0 else 0
-            row = p[t]
+            row, pr = p[t - t0], probs[t - t0]
             top = np.float32(-np.inf)
             for j in range(lo, pos + 1):
                 row[j] *= scale
@@ -87,13 +103,11 @@ def attend_rows(q, K, V, p0, window, scale, out):
                 row[j] = e
                 total += e
             norm = np.float32(total)
-            row[:lo] = 0.0
             for j in range(lo, pos + 1):
-                row[j] = row[j] / norm
-            row[pos + 1:] = 0.0
-        o = np.empty((T, hd), np.float32)
-        gemm_strips(vs, p, o, 0)                                  # the probabilities' sum of v
-        out[b, :, h] = o
+                pr[j] = row[j] / norm
+        o = np.empty((t1 - t0, hd), np.float32)
+        gemm_strips(vs[bk], probs, o, 0)                          # the probabilities' sum of v
+        out[b, t0:t1, h] = o
 
 
 @njit(**FAST)

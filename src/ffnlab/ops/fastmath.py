@@ -26,7 +26,7 @@ pass over the [gate, up] product (model/ffn.py).
 """
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 F = np.float32
@@ -39,6 +39,7 @@ X_MIN = F(-86.64339)                                             # ln(2^-125): 2
 P0, P1, P2 = F(1.9875691500e-4), F(1.3981999507e-3), F(8.3334519073e-3)
 P3, P4, P5 = F(4.1665795894e-2), F(1.6666665459e-1), F(5.0000001201e-1)
 ONE, HALF, TWO = F(1.0), F(0.5), F(2.0)
+PARALLEL_MIN = 1 << 15               # values from which a row-wise kernel spreads its rows over the threads
 
 
 @intrinsic
@@ -115,65 +116,115 @@ def _sum_squares(row):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def rms_norm_rows(x, w, eps, x_hat, y, rstd):
-    """x [rows, D] float32 -> x_hat = x rstd, y = x_hat w (w empty: no weight), rstd [rows]; each
-    product rounded once, as NumPy's steps; the mean square rounded to float32 before + eps"""
-    rows, D = x.shape
-    for i in range(rows):
-        r = np.float32(1.0) / np.sqrt(np.float32(_sum_squares(x[i]) / D) + eps)
-        rstd[i] = r
+def _rms_norm_row(x, w, eps, x_hat, y, rstd, i):
+    D = x.shape[1]
+    r = np.float32(1.0) / np.sqrt(np.float32(_sum_squares(x[i]) / D) + eps)
+    rstd[i] = r
+    for d in range(D):
+        x_hat[i, d] = x[i, d] * r
+    if w.shape[0]:
         for d in range(D):
-            x_hat[i, d] = x[i, d] * r
-        if w.shape[0]:
-            for d in range(D):
-                y[i, d] = x_hat[i, d] * w[d]
+            y[i, d] = x_hat[i, d] * w[d]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _rms_norm_serial(x, w, eps, x_hat, y, rstd):
+    for i in range(x.shape[0]):
+        _rms_norm_row(x, w, eps, x_hat, y, rstd, i)
+
+
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _rms_norm_parallel(x, w, eps, x_hat, y, rstd):
+    for i in prange(x.shape[0]):
+        _rms_norm_row(x, w, eps, x_hat, y, rstd, i)
+
+
+def rms_norm_rows(x, w, eps, x_hat, y, rstd):
+    """x [rows, D] float32 -> x_hat = x rstd, y = x_hat w (w empty: no weight), rstd [rows]; each
+    product rounded once, as NumPy's steps; the mean square rounded to float32 before + eps.
+    Rows are independent: a prompt's rows are spread over numba's threads (the same values)."""
+    (_rms_norm_parallel if _spread(x) else _rms_norm_serial)(x, w, eps, x_hat, y, rstd)
+
+
+def _spread(x) -> bool:
+    """worth a parallel region (~5 us to start): more than one row and ~32k values or more"""
+    return x.shape[0] > 1 and x.size >= PARALLEL_MIN
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rope_token(x, cos, sin, neox, out, b, t):
+    H, hd = x.shape[2], x.shape[3]
+    half = cos.shape[1]
+    c, s = cos[t], sin[t]
+    for h in range(H):
+        v, o = x[b, t, h], out[b, t, h]
+        if neox:
+            for i in range(half):
+                x0, x1 = v[i], v[i + half]
+                o[i] = x0 * c[i] - x1 * s[i]
+                o[i + half] = x0 * s[i] + x1 * c[i]
+        else:
+            for i in range(half):
+                x0, x1 = v[2 * i], v[2 * i + 1]
+                o[2 * i] = x0 * c[i] - x1 * s[i]
+                o[2 * i + 1] = x0 * s[i] + x1 * c[i]
+        for i in range(2 * half, hd):
+            o[i] = v[i]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rope_serial(x, cos, sin, neox, out):
+    for bt in range(x.shape[0] * x.shape[1]):
+        _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
+
+
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _rope_parallel(x, cos, sin, neox, out):
+    for bt in prange(x.shape[0] * x.shape[1]):
+        _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
+
+
 def rope_rows(x, cos, sin, neox, out):
     """x, out [B, T, H, hd] float32, cos / sin [T, n_rot / 2]: each head's pairs rotated by its
     position's angles, (x0 cos - x1 sin, x0 sin + x1 cos), each product rounded once as
     ops/rope.py's NumPy steps; the pairs are (2i, 2i + 1) or, neox, (i, i + n_rot / 2); past
-    n_rot the values pass through"""
-    B, T, H, hd = x.shape
-    half = cos.shape[1]
-    for b in range(B):
-        for t in range(T):
-            c, s = cos[t], sin[t]
-            for h in range(H):
-                v, o = x[b, t, h], out[b, t, h]
-                if neox:
-                    for i in range(half):
-                        x0, x1 = v[i], v[i + half]
-                        o[i] = x0 * c[i] - x1 * s[i]
-                        o[i + half] = x0 * s[i] + x1 * c[i]
-                else:
-                    for i in range(half):
-                        x0, x1 = v[2 * i], v[2 * i + 1]
-                        o[2 * i] = x0 * c[i] - x1 * s[i]
-                        o[2 * i + 1] = x0 * s[i] + x1 * c[i]
-                for i in range(2 * half, hd):
-                    o[i] = v[i]
+    n_rot the values pass through. A prompt's tokens are spread over numba's threads."""
+    (_rope_parallel if x.shape[0] * x.shape[1] > 1 and x.size >= PARALLEL_MIN else _rope_serial)(x, cos, sin, neox, out)
 
 
 @njit(**FLAGS)
+def _glu_row(g, g_off, u, u_off, gelu, c, a, act, h, i):
+    n = act.shape[1]
+    gr, ur, ar, hr = g[i, g_off:g_off + n], u[i, u_off:u_off + n], act[i], h[i]   # rows: 1.5x faster than 2-D indexing
+    if gelu:
+        for j in range(n):
+            v = gr[j]
+            y = v / (exp32(-TWO * (c * v * (ONE + a * v * v))) + ONE)
+            ar[j] = y
+            hr[j] = y * ur[j]
+    else:
+        for j in range(n):
+            v = gr[j]
+            y = (ONE / (exp32(-v) + ONE)) * v
+            ar[j] = y
+            hr[j] = y * ur[j]
+
+
+@njit(**FLAGS)
+def _glu_serial(g, g_off, u, u_off, gelu, c, a, act, h):
+    for i in range(act.shape[0]):
+        _glu_row(g, g_off, u, u_off, gelu, c, a, act, h, i)
+
+
+@njit(parallel=True, **FLAGS)
+def _glu_parallel(g, g_off, u, u_off, gelu, c, a, act, h):
+    for i in prange(act.shape[0]):
+        _glu_row(g, g_off, u, u_off, gelu, c, a, act, h, i)
+
+
 def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
     """a gated FFN's activation and product in one pass: act[i, j] = act(g[i, g_off + j]) and
     h[i, j] = act[i, j] u[i, u_off + j] (a [gate, up] product's two halves: g = u, the offsets
     0 and d_ff). act: GELU's x sigmoid(2u) as gelu_tanh_into (c, a its constants), or SiLU as
-    ops/activations.py: the sigmoid, then times x"""
-    rows, n = act.shape
-    for i in range(rows):
-        gr, ur, ar, hr = g[i, g_off:g_off + n], u[i, u_off:u_off + n], act[i], h[i]   # rows: 1.5x faster than 2-D indexing
-        if gelu:
-            for j in range(n):
-                v = gr[j]
-                y = v / (exp32(-TWO * (c * v * (ONE + a * v * v))) + ONE)
-                ar[j] = y
-                hr[j] = y * ur[j]
-        else:
-            for j in range(n):
-                v = gr[j]
-                y = (ONE / (exp32(-v) + ONE)) * v
-                ar[j] = y
-                hr[j] = y * ur[j]
+    ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads."""
+    (_glu_parallel if _spread(act) else _glu_serial)(g, g_off, u, u_off, gelu, c, a, act, h)

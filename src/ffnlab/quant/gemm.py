@@ -33,7 +33,8 @@ from .simd import (HAS_AVX2, HAS_AVX512, broadcast_load_f, broadcast_load_z, fma
 
 STRIP = 16                       # rows per strip
 TOKENS = 6                       # tokens per register tile (AVX2)
-TOKENS_Z = 8                     # tokens per register tile (AVX-512)
+TOKENS_Z = 10                    # tokens per register tile (AVX-512)
+KC_Z = 256                       # weight positions per block of the AVX-512 tile (two strips' block: 32 KB, in L1)
 
 
 @njit(cache=True, nogil=True)
@@ -98,62 +99,88 @@ def _gemm_y(P, x, y, col0, t_lo, t_hi):
 @njit(cache=True, nogil=True)
 def _gemm_z(P, x, y, col0, t_lo, t_hi):
     """gemm_strips in 512-bit registers: a strip's 16 rows are one register, and a tile is two
-    strips (32 rows) x 8 tokens: 16 accumulators; per j, two loads and eight FMAs whose x[t, j]
-    is a broadcast memory operand. An odd last strip runs alone (16 rows x 8 tokens)."""
+    strips (32 rows) x 10 tokens: 20 accumulators; per j, two loads and twenty FMAs whose x[t, j]
+    is broadcast from memory. j runs in blocks of KC_Z, so a block of the two strips (32 KB) stays
+    in L1 while every token tile reads it; a tile's sums go to y after a block and come back for
+    the next, so each sum still runs over j in order (the same float32 result as one pass).
+    An odd last strip runs alone (its partner is itself, stored once)."""
     S, n = P.shape[0], P.shape[1]
     T, ldy = (x.shape[0] if t_hi < 0 else t_hi), y.shape[1]
     for s in range(0, S, 2):
         pair = s + 1 < S
         c = col0 + STRIP * s
-        p0, p1 = s * n * STRIP, (s + 1 if pair else s) * n * STRIP   # alone: the strip twice, stored once
-        for t0 in range(t_lo, T, TOKENS_Z):
-            o0 = t0 * n
-            o1 = min(t0 + 1, T - 1) * n
-            o2 = min(t0 + 2, T - 1) * n
-            o3 = min(t0 + 3, T - 1) * n
-            o4 = min(t0 + 4, T - 1) * n
-            o5 = min(t0 + 5, T - 1) * n
-            o6 = min(t0 + 6, T - 1) * n
-            o7 = min(t0 + 7, T - 1) * n
-            a00 = zeros_z(); a01 = zeros_z(); a10 = zeros_z(); a11 = zeros_z()
-            a20 = zeros_z(); a21 = zeros_z(); a30 = zeros_z(); a31 = zeros_z()
-            a40 = zeros_z(); a41 = zeros_z(); a50 = zeros_z(); a51 = zeros_z()
-            a60 = zeros_z(); a61 = zeros_z(); a70 = zeros_z(); a71 = zeros_z()
-            for j in range(n):
-                w0 = load_z(P, p0 + j * STRIP)
-                w1 = load_z(P, p1 + j * STRIP)
-                b = broadcast_load_z(x, o0 + j)
-                a00 = fma_z(w0, b, a00); a01 = fma_z(w1, b, a01)
-                b = broadcast_load_z(x, o1 + j)
-                a10 = fma_z(w0, b, a10); a11 = fma_z(w1, b, a11)
-                b = broadcast_load_z(x, o2 + j)
-                a20 = fma_z(w0, b, a20); a21 = fma_z(w1, b, a21)
-                b = broadcast_load_z(x, o3 + j)
-                a30 = fma_z(w0, b, a30); a31 = fma_z(w1, b, a31)
-                b = broadcast_load_z(x, o4 + j)
-                a40 = fma_z(w0, b, a40); a41 = fma_z(w1, b, a41)
-                b = broadcast_load_z(x, o5 + j)
-                a50 = fma_z(w0, b, a50); a51 = fma_z(w1, b, a51)
-                b = broadcast_load_z(x, o6 + j)
-                a60 = fma_z(w0, b, a60); a61 = fma_z(w1, b, a61)
-                b = broadcast_load_z(x, o7 + j)
-                a70 = fma_z(w0, b, a70); a71 = fma_z(w1, b, a71)
-            o = t0 * ldy + c
-            _store_pair(y, o, a00, a01, pair)
-            if t0 + 1 < T:
-                _store_pair(y, o + ldy, a10, a11, pair)
-            if t0 + 2 < T:
-                _store_pair(y, o + 2 * ldy, a20, a21, pair)
-            if t0 + 3 < T:
-                _store_pair(y, o + 3 * ldy, a30, a31, pair)
-            if t0 + 4 < T:
-                _store_pair(y, o + 4 * ldy, a40, a41, pair)
-            if t0 + 5 < T:
-                _store_pair(y, o + 5 * ldy, a50, a51, pair)
-            if t0 + 6 < T:
-                _store_pair(y, o + 6 * ldy, a60, a61, pair)
-            if t0 + 7 < T:
-                _store_pair(y, o + 7 * ldy, a70, a71, pair)
+        p0, p1 = s * n * STRIP, (s + 1 if pair else s) * n * STRIP
+        for k0 in range(0, n, KC_Z):
+            k1 = min(n, k0 + KC_Z)
+            for t0 in range(t_lo, T, TOKENS_Z):
+                # rows of x and y for the ten tokens; past the last token, the last one (not stored)
+                r0 = t0
+                r1 = min(t0 + 1, T - 1)
+                r2 = min(t0 + 2, T - 1)
+                r3 = min(t0 + 3, T - 1)
+                r4 = min(t0 + 4, T - 1)
+                r5 = min(t0 + 5, T - 1)
+                r6 = min(t0 + 6, T - 1)
+                r7 = min(t0 + 7, T - 1)
+                r8 = min(t0 + 8, T - 1)
+                r9 = min(t0 + 9, T - 1)
+                a00, a01 = _sums(y, r0 * ldy + c, k0, pair)
+                a10, a11 = _sums(y, r1 * ldy + c, k0, pair)
+                a20, a21 = _sums(y, r2 * ldy + c, k0, pair)
+                a30, a31 = _sums(y, r3 * ldy + c, k0, pair)
+                a40, a41 = _sums(y, r4 * ldy + c, k0, pair)
+                a50, a51 = _sums(y, r5 * ldy + c, k0, pair)
+                a60, a61 = _sums(y, r6 * ldy + c, k0, pair)
+                a70, a71 = _sums(y, r7 * ldy + c, k0, pair)
+                a80, a81 = _sums(y, r8 * ldy + c, k0, pair)
+                a90, a91 = _sums(y, r9 * ldy + c, k0, pair)
+                for j in range(k0, k1):
+                    w0 = load_z(P, p0 + j * STRIP)
+                    w1 = load_z(P, p1 + j * STRIP)
+                    a00, a01 = _fma_pair(w0, w1, x, r0 * n + j, a00, a01)
+                    a10, a11 = _fma_pair(w0, w1, x, r1 * n + j, a10, a11)
+                    a20, a21 = _fma_pair(w0, w1, x, r2 * n + j, a20, a21)
+                    a30, a31 = _fma_pair(w0, w1, x, r3 * n + j, a30, a31)
+                    a40, a41 = _fma_pair(w0, w1, x, r4 * n + j, a40, a41)
+                    a50, a51 = _fma_pair(w0, w1, x, r5 * n + j, a50, a51)
+                    a60, a61 = _fma_pair(w0, w1, x, r6 * n + j, a60, a61)
+                    a70, a71 = _fma_pair(w0, w1, x, r7 * n + j, a70, a71)
+                    a80, a81 = _fma_pair(w0, w1, x, r8 * n + j, a80, a81)
+                    a90, a91 = _fma_pair(w0, w1, x, r9 * n + j, a90, a91)
+                _store_pair(y, r0 * ldy + c, a00, a01, pair)
+                if t0 + 1 < T:
+                    _store_pair(y, r1 * ldy + c, a10, a11, pair)
+                if t0 + 2 < T:
+                    _store_pair(y, r2 * ldy + c, a20, a21, pair)
+                if t0 + 3 < T:
+                    _store_pair(y, r3 * ldy + c, a30, a31, pair)
+                if t0 + 4 < T:
+                    _store_pair(y, r4 * ldy + c, a40, a41, pair)
+                if t0 + 5 < T:
+                    _store_pair(y, r5 * ldy + c, a50, a51, pair)
+                if t0 + 6 < T:
+                    _store_pair(y, r6 * ldy + c, a60, a61, pair)
+                if t0 + 7 < T:
+                    _store_pair(y, r7 * ldy + c, a70, a71, pair)
+                if t0 + 8 < T:
+                    _store_pair(y, r8 * ldy + c, a80, a81, pair)
+                if t0 + 9 < T:
+                    _store_pair(y, r9 * ldy + c, a90, a91, pair)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sums(y, o, k0, pair):
+    """a tile row's two accumulators: zeros for the first block of j, else the sums stored in y"""
+    if k0 == 0:
+        return zeros_z(), zeros_z()
+    return load_z(y, o), (load_z(y, o + STRIP) if pair else zeros_z())
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fma_pair(w0, w1, x, i, a0, a1):
+    """a0 + w0 x.flat[i], a1 + w1 x.flat[i] (x.flat[i] broadcast to every lane)"""
+    b = broadcast_load_z(x, i)
+    return fma_z(w0, b, a0), fma_z(w1, b, a1)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -84,7 +84,21 @@ def compile_prompt(model) -> float:
         rope_forward(q, np.ones((1, 16), np.float32), np.zeros((1, 16), np.float32), model.config.rope_pairing)
         attend_rows(q, np.zeros((1, 1, 2, 32), np.float32), np.zeros((1, 1, 2, 32), np.float32), 0, 0,
                     np.float32(1.0), np.empty_like(q))
+        _warm_parallel_rows(act)
     return time.perf_counter() - t0
+
+
+def _warm_parallel_rows(act):
+    """the parallel variants of the row kernels above (a prompt of more than a few rows takes them)"""
+    from ..ops import fastmath
+    x = np.zeros((2, 16), np.float32)
+    fastmath._rms_norm_parallel(x, np.ones(16, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
+    fastmath._rms_norm_parallel(x, np.zeros(0, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
+    q = np.zeros((1, 2, 1, 32), np.float32)
+    fastmath._rope_parallel(q, np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32), False, q.copy())
+    if act in ("silu", "gelu_tanh"):
+        fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
+                               np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
 
 
 def _kind(value):
