@@ -15,6 +15,7 @@ from quant_blocks import offset_bound, random_blocks
 
 from ffnlab.ops.linear import linear_forward
 from ffnlab.quant import KERNEL_TYPES, QuantTensor
+from ffnlab.quant import gemm, packed
 from ffnlab.quant import tensor as quant_tensor
 
 EPS32 = np.finfo(np.float32).eps
@@ -152,3 +153,22 @@ def test_blocks_that_do_not_fill_the_shape_are_refused():
         QuantTensor(data[:3], T.Q4_0, (4, 256))
     with pytest.raises(ValueError, match="whole number"):
         QuantTensor(data, T.Q4_K, (4, 100))
+
+
+@pytest.mark.parametrize("qtype", [t.name for t in KERNEL_TYPES if int(t) in packed.PACKED_TYPES])
+def test_both_strip_dequantizations_are_gguf_bit_for_bit(qtype):
+    """quant/packed.py's strips in 512-bit registers (AVX-512) and in 256-bit halves: gguf-py's
+    values exactly, whichever this CPU runs (both compile on any x86-64 with AVX2)"""
+    w, ref, _ = make(qtype, 130, 512, layout="packed")
+    P = w.packed
+    G = P.qs.shape[0]
+    want = np.zeros((G * packed.R, 512), np.float32)
+    want[:130] = ref
+    for name in ("_z", "_y"):
+        out = np.empty((4 * G, 512, gemm.STRIP), np.float32)
+        if P.kind == "nib":
+            getattr(packed, "_dequant_nib" + name)(P.qs, P.qh, P.d, P.m, np.float32(P.zero), P.qh.shape[0] > 0,
+                                                   P.m.shape[0] > 0, 0, G, out)
+        else:
+            getattr(packed, "_dequant_i8" + name)(P.qs, P.d, 0, G, out)
+        np.testing.assert_array_equal(gemm.strips_to_rows(out), want, err_msg=name)

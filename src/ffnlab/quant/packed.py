@@ -432,6 +432,49 @@ def _matmul_i8(qs, d, x, y, per, chunks, step, scratch):
 
 @njit(**EXACT)
 def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out):
+    """dequant_nib_strips: a strip's 16 rows in one 512-bit register where the CPU has AVX-512,
+    else in two 256-bit halves (the same operations, the same values)"""
+    if simd.HAS_AVX512:
+        _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out)
+    else:
+        _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out)
+
+
+@njit(**EXACT)
+def _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out):
+    nb, n = qs.shape[1], qs.shape[1] * 32
+    minus_z = simd.broadcast_z(-zero)
+    m0 = simd.broadcast_z(0.0)
+    for g in range(g0, g1):
+        for h in range(R // 16):
+            o = ((g - g0) * (R // 16) + h) * n * 16              # strip (g - g0, h), position 0
+            for b in range(nb):
+                i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
+                d0 = simd.load_z(d, i)
+                if has_m:
+                    m0 = simd.load_z(m, i)
+                for k in range(16):
+                    v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
+                    lo = simd.to_float_z(simd.low_nibbles_z(v))
+                    hi = simd.to_float_z(simd.high_nibbles_z(v))
+                    if five:
+                        bit = 1 << (k & 7)
+                        unit = simd.broadcast_z(np.float32(16.0) / np.float32(bit))
+                        ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
+                        lo = simd.add_z(lo, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql), bit)), unit))
+                        hi = simd.add_z(hi, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql + 2 * R), bit)),
+                                                       unit))
+                    if has_m:
+                        lo, hi = simd.add_z(simd.mul_z(d0, lo), m0), simd.add_z(simd.mul_z(d0, hi), m0)
+                    else:
+                        lo, hi = simd.mul_z(d0, simd.add_z(lo, minus_z)), simd.mul_z(d0, simd.add_z(hi, minus_z))
+                    w = o + (b * 32 + k) * 16
+                    simd.store_z(out, w, lo)
+                    simd.store_z(out, w + 256, hi)                 # weight k + 16: 16 positions on
+
+
+@njit(**EXACT)
+def _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out):
     nb, n = qs.shape[1], qs.shape[1] * 32
     minus_z = simd.broadcast_f(-zero)
     m0 = m1 = simd.zeros_f()
@@ -500,7 +543,30 @@ def _rows_i8(qs, d, ids, out):
 @njit(**EXACT)
 def dequant_i8_strips(qs, d, g0, g1, out):
     """out[4 (g - g0) + r // 16, j, r % 16] = weight j of row g * R + r (as dequant_nib_strips):
-    d * q, q sign-extended to int32 and converted"""
+    d * q, q sign-extended to int32 and converted (16 rows a register with AVX-512, else 8)"""
+    if simd.HAS_AVX512:
+        _dequant_i8_z(qs, d, g0, g1, out)
+    else:
+        _dequant_i8_y(qs, d, g0, g1, out)
+
+
+@njit(**EXACT)
+def _dequant_i8_z(qs, d, g0, g1, out):
+    nb, B = qs.shape[1], qs.shape[2]
+    n = nb * B
+    for g in range(g0, g1):
+        for h in range(R // 16):
+            o = ((g - g0) * (R // 16) + h) * n * 16
+            for b in range(nb):
+                i = (g * nb + b) * R + 16 * h
+                d0 = simd.load_z(d, i)
+                for k in range(B):
+                    q = ((g * nb + b) * B + k) * R + 16 * h
+                    simd.store_z(out, o + (b * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
+
+
+@njit(**EXACT)
+def _dequant_i8_y(qs, d, g0, g1, out):
     nb, B = qs.shape[1], qs.shape[2]
     n = nb * B
     for g in range(g0, g1):

@@ -8,6 +8,7 @@ types, kept in registers like any local, and each intrinsic writes the LLVM IR o
     m256i   <32 x i8>  (the bytes of a __m256i; read as 16 x i16 or 8 x i32 where an op says so)
     m256    <8 x float>
     m512    <16 x float>  (AVX-512: the float GEMM's tile, quant/gemm.py; the *_z intrinsics)
+    m512i   <16 x i32>    (AVX-512: 16 rows' codes, widened, in quant/packed.py's dequantization)
 
     lanes_u8(a, b)   vpmaddubsw(a, b) then vpmaddwd(., 1): 8 exact int32 sums of 4 products
                      u8 a[4l..4l+3] x s8 b[4l..4l+3] (ggml's mul_sum_us8_pairs_float, less the
@@ -70,7 +71,13 @@ class M512(types.Type):
         super().__init__(name="m512")
 
 
-m256i, m256, m512 = M256i(), M256(), M512()
+class M512i(types.Type):
+    def __init__(self):
+        super().__init__(name="m512i")
+
+
+m256i, m256, m512, m512i = M256i(), M256(), M512(), M512i()
+I32x16 = ir.VectorType(ir.IntType(32), 16)
 
 
 @register_model(M256i)
@@ -89,6 +96,12 @@ class _M256Model(models.PrimitiveModel):
 class _M512Model(models.PrimitiveModel):
     def __init__(self, dmm, fe_type):
         super().__init__(dmm, fe_type, F32x16)
+
+
+@register_model(M512i)
+class _M512iModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, I32x16)
 
 
 def _contiguous(ary):
@@ -366,6 +379,74 @@ def fma_z(typingctx, a, b, c):
     def codegen(context, builder, sig, args):
         return _call(builder, "llvm.fma.v16f32", F32x16, list(args))
     return m512(a, b, c), codegen
+
+
+@intrinsic
+def widen16_z(typingctx, ary, index):
+    """16 bytes at ary.flat[index] -> 16 int32 (sign-extended from int8, zero-extended from uint8)"""
+    _contiguous(ary)
+    signed = ary.dtype.signed
+
+    def codegen(context, builder, sig, args):
+        v = builder.load(_pointer(context, builder, sig.args[0], *args, ir.VectorType(ir.IntType(8), 16)), align=1)
+        return (builder.sext if signed else builder.zext)(v, I32x16)
+    return m512i(ary, index), codegen
+
+
+@intrinsic
+def low_nibbles_z(typingctx, a):
+    """each int32 lane & 15"""
+    def codegen(context, builder, sig, args):
+        return builder.and_(args[0], ir.Constant(I32x16, [15] * 16))
+    return m512i(a), codegen
+
+
+@intrinsic
+def high_nibbles_z(typingctx, a):
+    """each int32 lane >> 4 (lanes holding one byte: its high nibble)"""
+    def codegen(context, builder, sig, args):
+        return builder.lshr(args[0], ir.Constant(I32x16, [4] * 16))
+    return m512i(a), codegen
+
+
+@intrinsic
+def and_splat_z(typingctx, a, value):
+    """each int32 lane & value"""
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[1], sig.args[1], types.int32)
+        return builder.and_(args[0], _splat(builder, v, I32x16))
+    return m512i(a, value), codegen
+
+
+@intrinsic
+def to_float_z(typingctx, a):
+    """16 int32 lanes -> float32 (exact below 2^24)"""
+    def codegen(context, builder, sig, args):
+        return builder.sitofp(args[0], F32x16)
+    return m512(a), codegen
+
+
+@intrinsic
+def broadcast_z(typingctx, value):
+    """a float32 in each of 16 lanes"""
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        return _splat(builder, v, F32x16)
+    return m512(value), codegen
+
+
+@intrinsic
+def mul_z(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fmul(args[0], args[1])
+    return m512(a, b), codegen
+
+
+@intrinsic
+def add_z(typingctx, a, b):
+    def codegen(context, builder, sig, args):
+        return builder.fadd(args[0], args[1])
+    return m512(a, b), codegen
 
 
 @intrinsic
