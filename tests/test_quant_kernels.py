@@ -75,11 +75,12 @@ def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q6_K"])
-@pytest.mark.parametrize("T", [7, 30])
+@pytest.mark.parametrize("T", [7, 40])
 def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, monkeypatch):
     """The packed prefill path on two threads: every tile, and every part of the tokens a tile
     is split into, computed once into its own place (130 rows: three row groups, the last partial;
-    30 tokens: one tile of the three groups in two parts of 18 and 12 tokens)"""
+    40 tokens: one tile of the three groups in two parts of 20 tokens, a part being at least two
+    register tiles of tokens, 6 or 10)"""
     import numba
     from ffnlab import threads
     from ffnlab.quant.tensor import tiling
@@ -89,7 +90,7 @@ def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, monkeypat
     try:
         w, ref, data = make(qtype, 130, 768, layout="packed")
         assert w._tile_groups() == 3                                   # 3 groups of 64 rows x 768 x 4 bytes < 1 MB
-        assert tiling(3, 3, T, 2) == {7: (2, 1), 30: (3, 2)}[T]
+        assert tiling(3, 3, T, 2) == {7: (2, 1), 40: (3, 2)}[T]
         x = np.random.default_rng(3).normal(0, 1, (T, 768)).astype(np.float32)
         y = w.matmul(x)                                               # [T, 130]
     finally:

@@ -20,8 +20,13 @@ threads, with no Python or BLAS call per tile (quant/packed.py's Packed.matmul; 
 from inside such a region ran 20% slower per call). Wider tiles (32 rows x 3 tokens) need 17
 registers and spill (18 G/s).
 
+With AVX-512 (quant/simd.py HAS_AVX512) the tile is 32 rows x 10 tokens in 512-bit registers
+(`_gemm_z`: a strip's 16 rows are one register), over blocks of 256 positions that stay in L1;
+on the Intel Xeon VM of bench/RESULTS.md (session 9) 71-78 G multiply-adds/s a core against 36-58
+for the 256-bit tile (`_gemm_y`), which every other x86-64 CPU with AVX2 and FMA runs.
+
 Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in
-order. BLAS's kernels sum the same way (its order of j varies by build); the error bound of a
+order (both tiles; the 512-bit one stores a tile's sums after a block of j and reloads them). BLAS's kernels sum the same way (its order of j varies by build); the error bound of a
 length-n float32 dot product holds for both (tests/test_quant_gemm.py checks it against float64).
 Tokens past T in the last 6-token tile read token T - 1 again and store nothing.
 """

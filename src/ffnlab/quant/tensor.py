@@ -304,7 +304,7 @@ def tiling(n_groups, max_per, n_tokens, n_threads) -> tuple:
     for per in range(max_per, 0, -1):
         tiles = -(-n_groups // per)
         for c in range(1, 5):
-            if c > 1 and n_tokens < c * 2 * gemm.TOKENS:
+            if c > 1 and n_tokens < c * 2 * (gemm.TOKENS_Z if gemm.HAS_AVX512 else gemm.TOKENS):
                 break
             cost = -(-tiles * c // n_threads) * per * (n_tokens / c + 11.0)
             if best_cost is None or cost < best_cost * 0.99:
