@@ -89,13 +89,18 @@ class Packed:
         """y[:, :G * R] = x W^T for x [T, n]: tiles of `per` groups, each dequantized into strips
         in a buffer of its thread's and multiplied by quant/gemm.py's kernel; each tile split into
         `chunks` parts of `step` tokens (tensor.token_chunks), one work item each, over numba's
-        threads (a parallel region costs ~3 us to start, a Python thread pool's hand-off ~120)."""
+        threads (a parallel region costs ~3 us to start, a Python thread pool's hand-off ~120).
+        Each thread draws the next item when it is done with one (an atomic counter), so a thread
+        slowed by something else on the machine takes fewer items instead of holding up the product."""
         n_items = -(-self.qs.shape[0] // per) * chunks
-        scratch = _scratch(min(n_items, numba.get_num_threads()), 4 * per * self.n * 16)
+        threads = numba.get_num_threads()
+        scratch = _scratch(threads, 4 * per * self.n * 16)
+        workers = min(n_items, threads)
         if self.kind == "nib":
-            _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch)
+            _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch,
+                        workers)
         else:
-            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch)
+            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch, workers)
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
@@ -406,28 +411,40 @@ def _scratch(n_threads, size) -> np.ndarray:
 
 
 @njit(parallel=True, **EXACT)
-def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch):
+def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
     five, has_m = qh.shape[0] > 0, m.shape[0] > 0
-    for i in prange(-(-G // per) * chunks):
-        g0, t0 = (i // chunks) * per, (i % chunks) * step
-        g1 = min(G, g0 + per)
-        S = (g1 - g0) * (R // 16)
-        buf = scratch[numba.get_thread_id()][:S * n * 16].reshape((S, n, 16))
-        _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
-        gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+    n_items = -(-G // per) * chunks
+    counter = np.zeros(1, np.int64)
+    for _ in prange(workers):                             # one worker a thread, drawing items until none are left
+        buf0 = scratch[numba.get_thread_id()]
+        i = simd.fetch_add(counter, 0, 1)
+        while i < n_items:
+            g0, t0 = (i // chunks) * per, (i % chunks) * step
+            g1 = min(G, g0 + per)
+            S = (g1 - g0) * (R // 16)
+            buf = buf0[:S * n * 16].reshape((S, n, 16))
+            _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
+            gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+            i = simd.fetch_add(counter, 0, 1)
 
 
 @njit(parallel=True, **EXACT)
-def _matmul_i8(qs, d, x, y, per, chunks, step, scratch):
+def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
-    for i in prange(-(-G // per) * chunks):
-        g0, t0 = (i // chunks) * per, (i % chunks) * step
-        g1 = min(G, g0 + per)
-        S = (g1 - g0) * (R // 16)
-        buf = scratch[numba.get_thread_id()][:S * n * 16].reshape((S, n, 16))
-        dequant_i8_strips(qs, d, g0, g1, buf)
-        gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+    n_items = -(-G // per) * chunks
+    counter = np.zeros(1, np.int64)
+    for _ in prange(workers):
+        buf0 = scratch[numba.get_thread_id()]
+        i = simd.fetch_add(counter, 0, 1)
+        while i < n_items:
+            g0, t0 = (i // chunks) * per, (i % chunks) * step
+            g1 = min(G, g0 + per)
+            S = (g1 - g0) * (R // 16)
+            buf = buf0[:S * n * 16].reshape((S, n, 16))
+            dequant_i8_strips(qs, d, g0, g1, buf)
+            gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+            i = simd.fetch_add(counter, 0, 1)
 
 
 @njit(**EXACT)

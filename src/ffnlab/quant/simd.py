@@ -223,6 +223,21 @@ def zeros_f(typingctx):
     return m256(), codegen
 
 
+@intrinsic
+def fetch_add(typingctx, ary, index, value):
+    """atomically ary.flat[index] += value (an int64 array) -> the value before: a work counter
+    that threads draw items from (LLVM's atomicrmw add, sequentially consistent)"""
+    _contiguous(ary)
+    if ary.dtype != types.int64:
+        raise numba.core.errors.TypingError(f"an int64 array, not {ary}")
+
+    def codegen(context, builder, sig, args):
+        ptr = _pointer(context, builder, sig.args[0], args[0], args[1], ir.IntType(64))
+        v = context.cast(builder, args[2], sig.args[2], types.int64)
+        return builder.atomic_rmw("add", ptr, v, "seq_cst")
+    return types.int64(ary, index, value), codegen
+
+
 # ---- integer lanes ----------------------------------------------------------------------------
 
 @intrinsic
