@@ -13,6 +13,7 @@ import pytest
 
 from ffnlab.model.decode_kernels import attend_rows
 from ffnlab.ops.attention import attention_forward, causal_mask
+from ffnlab.quant.simd import HAS_AVX2, HAS_AVX512
 
 U = 2.0 ** -24
 
@@ -21,9 +22,12 @@ def _gamma(n):
     return n * U / (1 - n * U)
 
 
+@pytest.mark.parametrize("wide", [False, True])   # quant/gemm.py's 256- and 512-bit tiles: both run on any AVX2 CPU
 @pytest.mark.parametrize("T", [9, 61])          # 61: queries in runs (attend_rows.QUERY_PART), the last one short
 @pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0), (2, 1, 0, 30), (2, 2, 20, 33)])
-def test_attend_rows_matches_float64_attention(H, Hkv, window, p0, T):
+def test_attend_rows_matches_float64_attention(H, Hkv, window, p0, T, wide):
+    if not HAS_AVX2:
+        pytest.skip("the register tiles need AVX2 and FMA")
     rng = np.random.default_rng(H * 100 + Hkv * 10 + window + p0 + T)
     B, hd = 2, 64
     n_ctx = p0 + T + 7
@@ -35,7 +39,7 @@ def test_attend_rows_matches_float64_attention(H, Hkv, window, p0, T):
     V[:, :, :S] = rng.standard_normal((B, Hkv, S, hd))
     scale = 1.0 / np.sqrt(hd)
     out = np.empty((B, T, H, hd), np.float32)
-    attend_rows(q, K, V, p0, window, np.float32(scale), out)
+    attend_rows(q, K, V, p0, window, np.float32(scale), out, wide)
 
     k64 = K[:, :, :S].transpose(0, 2, 1, 3).astype(np.float64)        # [B, S, Hkv, hd]
     v64 = V[:, :, :S].transpose(0, 2, 1, 3).astype(np.float64)
@@ -53,7 +57,7 @@ def test_a_window_of_one_returns_the_own_value():
     K = rng.standard_normal((1, 1, 8, 32)).astype(np.float32)
     V = rng.standard_normal((1, 1, 8, 32)).astype(np.float32)
     out = np.empty((1, 4, 2, 32), np.float32)
-    attend_rows(q, K, V, 2, 1, np.float32(0.25), out)
+    attend_rows(q, K, V, 2, 1, np.float32(0.25), out, HAS_AVX512)
     for t in range(4):
         for h in range(2):
             np.testing.assert_array_equal(out[0, t, h], V[0, 0, 2 + t])

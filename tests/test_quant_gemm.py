@@ -19,10 +19,18 @@ def _bound(x, rows):
     return gamma * (np.abs(x.astype(np.float64)) @ np.abs(rows.astype(np.float64)).T)
 
 
-KERNELS = {"avx2": gemm._gemm_y, "avx512": gemm._gemm_z}
+def _gemm_z(P, x, y, col0, t_lo, t_hi):
+    gemm._gemm_z(P, gemm.pack_tokens(x, gemm.TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi)
 
 
-@pytest.mark.parametrize("kernel", ["avx2", "avx512"])
+def _this_cpu(P, x, y, col0, t_lo, t_hi):
+    gemm.gemm_strips(P, x, y, col0, t_lo, t_hi, gemm.HAS_AVX512)
+
+
+KERNELS = {"avx2": gemm._gemm_y, "avx512": _gemm_z, "this CPU's": _this_cpu}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("T", [1, 5, 6, 7, 8, 9, 10, 11, 13, 100])
 @pytest.mark.parametrize("S,n", [(1, 32), (3, 640), (8, 96), (2, 600)])
 def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n, kernel):
@@ -34,7 +42,7 @@ def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n, kerne
     x = rng.standard_normal((T, n)).astype(np.float32)
     col0 = 16                                               # a column offset, as the tiles after the first have
     y = np.full((T, col0 + S * gemm.STRIP + 16), 7.0, np.float32)
-    if kernel == "avx2" and not gemm.HAS_AVX2:
+    if kernel != "this CPU's" and not gemm.HAS_AVX2:
         pytest.skip("the register tiles need AVX2 and FMA")
     KERNELS[kernel](P, x, y, col0, 0, -1)
     rows = gemm.strips_to_rows(P)                           # [16 S, n]
@@ -45,17 +53,18 @@ def test_gemm_strips_matches_float64_within_the_dot_product_bound(T, S, n, kerne
 
 
 def test_gemm_strips_token_range_writes_only_its_tokens():
-    """t_lo..t_hi: the token parts Packed.matmul gives each thread"""
+    """t_lo..t_hi: the token parts Packed.matmul gives each thread (t_lo a multiple of the tile's
+    tokens, as tensor.py's parts are; 30 is one for both tiles)"""
     rng = np.random.default_rng(5)
     P = rng.standard_normal((3, 64, gemm.STRIP)).astype(np.float32)
-    x = rng.standard_normal((20, 64)).astype(np.float32)
+    x = rng.standard_normal((50, 64)).astype(np.float32)
     rows = gemm.strips_to_rows(P)
     ref = x.astype(np.float64) @ rows.astype(np.float64).T
     for kernel in KERNELS.values():
-        y = np.full((20, 48), 7.0, np.float32)
-        kernel(P, x, y, 0, 3, 14)
-        assert np.all(np.abs(y[3:14] - ref[3:14]) <= _bound(x, rows)[3:14])
-        assert np.all(y[:3] == 7.0) and np.all(y[14:] == 7.0)
+        y = np.full((50, 48), 7.0, np.float32)
+        kernel(P, x, y, 0, 30, 44)
+        assert np.all(np.abs(y[30:44] - ref[30:44]) <= _bound(x, rows)[30:44])
+        assert np.all(y[:30] == 7.0) and np.all(y[44:] == 7.0)
 
 
 def test_strips_to_rows_is_the_strip_layout():

@@ -12,6 +12,7 @@ from ..ops.attention import attention_backward
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
 from ..ops.rope import rope_backward
+from ..quant.simd import HAS_AVX512
 from .arith import F32
 from .decode_kernels import attend_rows
 from .hooks import identity
@@ -139,7 +140,8 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
         out = np.empty((B, T, H, hd), np.float32)
         window = cfg.sliding_window if cfg.is_sliding(il) else 0
-        attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out)
+        attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out,
+                    HAS_AVX512)
         merged, probs, capped = out.reshape(B, T, H * hd), None, None
     else:
         merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)

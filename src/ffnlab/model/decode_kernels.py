@@ -50,7 +50,7 @@ QUERY_PART = 20                  # queries per work item at least (two of the GE
 
 
 @njit(parallel=True, **ATTEND)
-def attend_rows(q, K, V, p0, window, scale, out):
+def attend_rows(q, K, V, p0, window, scale, out, wide):
     """A prompt's attention over a KV cache, every query at once (model/attention.py's f32 path with
     nothing hooked): q [B, T, H, hd] as attended (normed, rotated, Gemma's scale applied), K, V
     [B, Hkv, n_ctx, hd] holding the prompt's k and v already; the query at position p0 + t attends
@@ -61,7 +61,8 @@ def attend_rows(q, K, V, p0, window, scale, out):
     of 16 keys, the sum P V over V as strips of 16 dimensions). Each KV head's strips are laid out
     once (the query heads of a group share them); then each (head, run of queries) is one work
     item on numba's threads, its scores computed for the keys up to its last query only.
-    hd must be a multiple of 16 (model/attention.py checks)."""
+    hd must be a multiple of 16 (model/attention.py checks). wide: quant/gemm.py's 512-bit tiles
+    (pass quant.simd.HAS_AVX512)."""
     B, T, H, hd = q.shape
     Hkv = K.shape[1]
     group = H // Hkv
@@ -87,7 +88,7 @@ def attend_rows(q, K, V, p0, window, scale, out):
         n_keys = -(-(p0 + t1) // STRIP) * STRIP                   # keys past the last query's: masked
         qh = np.ascontiguousarray(q[b, t0:t1, h])                 # [Tc, hd]
         p = np.empty((t1 - t0, n_keys), np.float32)
-        gemm_strips(ks[bk, :n_keys // STRIP], qh, p, 0)           # raw scores q . k
+        gemm_strips(ks[bk, :n_keys // STRIP], qh, p, 0, 0, -1, wide)   # raw scores q . k
         probs = np.zeros((t1 - t0, Sp), np.float32)
         for t in range(t0, t1):
             pos = p0 + t
@@ -106,7 +107,7 @@ def attend_rows(q, K, V, p0, window, scale, out):
             for j in range(lo, pos + 1):
                 pr[j] = row[j] / norm
         o = np.empty((t1 - t0, hd), np.float32)
-        gemm_strips(vs[bk], probs, o, 0)                          # the probabilities' sum of v
+        gemm_strips(vs[bk], probs, o, 0, 0, -1, wide)             # the probabilities' sum of v
         out[b, t0:t1, h] = o
 
 

@@ -43,14 +43,40 @@ KC_Z = 256                       # weight positions per block of the AVX-512 til
 
 
 @njit(cache=True, nogil=True)
-def gemm_strips(P, x, y, col0, t_lo=0, t_hi=-1):
+def gemm_strips(P, x, y, col0, t_lo, t_hi, wide):
     """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for tokens t_lo..t_hi (t_hi -1: all) and
-    every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous.
-    The 512-bit tiles where the CPU has AVX-512, else the 256-bit ones."""
-    if HAS_AVX512:
-        _gemm_z(P, x, y, col0, t_lo, t_hi)
+    every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous;
+    t_lo a multiple of tile_tokens() (the 512-bit tile reads x in tiles of 10 tokens).
+    wide: the 512-bit tiles (pass HAS_AVX512), else the 256-bit ones. An argument, not the global
+    read here: numba's disk cache would keep the value a kernel was first compiled with, so
+    FFNLAB_NO_AVX512=1 would run a stale choice."""
+    if wide:
+        _gemm_z(P, pack_tokens(x, TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi)
     else:
         _gemm_y(P, x, y, col0, t_lo, t_hi)
+
+
+@njit(cache=True, nogil=True)
+def gemm_packed(P, x, xp, y, col0, t_lo, t_hi, wide):
+    """gemm_strips for a caller that multiplies x by many tiles: xp = tokens_for_tiles(x, wide), made once"""
+    if wide:
+        _gemm_z(P, xp, y, col0, t_lo, t_hi)
+    else:
+        _gemm_y(P, x, y, col0, t_lo, t_hi)
+
+
+@njit(cache=True, nogil=True)
+def tokens_for_tiles(x, wide):
+    """x as the register tile reads it: pack_tokens(x, TOKENS_Z) for the 512-bit one (wide), else
+    nothing (the 256-bit tile reads x itself)"""
+    if wide:
+        return pack_tokens(x, TOKENS_Z)
+    return np.empty((0, 0, 0), np.float32)
+
+
+def tile_tokens() -> int:
+    """tokens per register tile on this CPU"""
+    return TOKENS_Z if HAS_AVX512 else TOKENS
 
 
 @njit(cache=True, nogil=True)
@@ -102,15 +128,34 @@ def _gemm_y(P, x, y, col0, t_lo, t_hi):
 
 
 @njit(cache=True, nogil=True)
-def _gemm_z(P, x, y, col0, t_lo, t_hi):
-    """gemm_strips in 512-bit registers: a strip's 16 rows are one register, and a tile is two
-    strips (32 rows) x 10 tokens: 20 accumulators; per j, two loads and twenty FMAs whose x[t, j]
-    is broadcast from memory. j runs in blocks of KC_Z, so a block of the two strips (32 KB) stays
-    in L1 while every token tile reads it; a tile's sums go to y after a block and come back for
-    the next, so each sum still runs over j in order (the same float32 result as one pass).
-    An odd last strip runs alone (its partner is itself, stored once)."""
+def pack_tokens(x, width):
+    """x [T, n] -> [ceil(T / width), n, width]: tile i holds tokens i*width.. side by side at each
+    position j (past the last token, the last token again), so a register tile's broadcasts of
+    x[t, j] are consecutive floats behind one pointer"""
+    T, n = x.shape
+    nt = -(-T // width)
+    xp = np.empty((nt, n, width), np.float32)
+    for i in range(nt):
+        for t in range(width):
+            src = min(i * width + t, T - 1)
+            for j in range(n):
+                xp[i, j, t] = x[src, j]
+    return xp
+
+
+@njit(cache=True, nogil=True)
+def _gemm_z(P, xp, y, col0, t_lo, t_hi):
+    """gemm_strips in 512-bit registers, over x packed by pack_tokens(x, TOKENS_Z) (t_hi: the
+    number of tokens, not -1). A strip's 16 rows are one register, and a tile is two strips
+    (32 rows) x 10 tokens: 20 accumulators; per j, two loads of weights and ten broadcasts of
+    x[t, j], which lie side by side (one pointer for x: with x as [T, n], ten row pointers left too
+    few registers, two reloads from the stack and ten increments a position, 5-8% slower). j runs
+    in blocks of KC_Z, so a block of the two strips (32 KB) stays in L1 while every token tile
+    reads it; a tile's sums go to y after a block and come back for the next, so each sum still
+    runs over j in order (the same float32 result as one pass). An odd last strip runs alone (its
+    partner is itself, stored once)."""
     S, n = P.shape[0], P.shape[1]
-    T, ldy = (x.shape[0] if t_hi < 0 else t_hi), y.shape[1]
+    T, ldy = t_hi, y.shape[1]
     for s in range(0, S, 2):
         pair = s + 1 < S
         c = col0 + STRIP * s
@@ -118,59 +163,51 @@ def _gemm_z(P, x, y, col0, t_lo, t_hi):
         for k0 in range(0, n, KC_Z):
             k1 = min(n, k0 + KC_Z)
             for t0 in range(t_lo, T, TOKENS_Z):
-                # rows of x and y for the ten tokens; past the last token, the last one (not stored)
-                r0 = t0
-                r1 = min(t0 + 1, T - 1)
-                r2 = min(t0 + 2, T - 1)
-                r3 = min(t0 + 3, T - 1)
-                r4 = min(t0 + 4, T - 1)
-                r5 = min(t0 + 5, T - 1)
-                r6 = min(t0 + 6, T - 1)
-                r7 = min(t0 + 7, T - 1)
-                r8 = min(t0 + 8, T - 1)
-                r9 = min(t0 + 9, T - 1)
-                a00, a01 = _sums(y, r0 * ldy + c, k0, pair)
-                a10, a11 = _sums(y, r1 * ldy + c, k0, pair)
-                a20, a21 = _sums(y, r2 * ldy + c, k0, pair)
-                a30, a31 = _sums(y, r3 * ldy + c, k0, pair)
-                a40, a41 = _sums(y, r4 * ldy + c, k0, pair)
-                a50, a51 = _sums(y, r5 * ldy + c, k0, pair)
-                a60, a61 = _sums(y, r6 * ldy + c, k0, pair)
-                a70, a71 = _sums(y, r7 * ldy + c, k0, pair)
-                a80, a81 = _sums(y, r8 * ldy + c, k0, pair)
-                a90, a91 = _sums(y, r9 * ldy + c, k0, pair)
+                xb = (t0 // TOKENS_Z) * n * TOKENS_Z
+                o = t0 * ldy + c
+                a00, a01 = _sums(y, o, k0, pair)
+                a10, a11 = _sums(y, o + min(1, T - 1 - t0) * ldy, k0, pair)
+                a20, a21 = _sums(y, o + min(2, T - 1 - t0) * ldy, k0, pair)
+                a30, a31 = _sums(y, o + min(3, T - 1 - t0) * ldy, k0, pair)
+                a40, a41 = _sums(y, o + min(4, T - 1 - t0) * ldy, k0, pair)
+                a50, a51 = _sums(y, o + min(5, T - 1 - t0) * ldy, k0, pair)
+                a60, a61 = _sums(y, o + min(6, T - 1 - t0) * ldy, k0, pair)
+                a70, a71 = _sums(y, o + min(7, T - 1 - t0) * ldy, k0, pair)
+                a80, a81 = _sums(y, o + min(8, T - 1 - t0) * ldy, k0, pair)
+                a90, a91 = _sums(y, o + min(9, T - 1 - t0) * ldy, k0, pair)
                 for j in range(k0, k1):
                     w0 = load_z(P, p0 + j * STRIP)
                     w1 = load_z(P, p1 + j * STRIP)
-                    a00, a01 = _fma_pair(w0, w1, x, r0 * n + j, a00, a01)
-                    a10, a11 = _fma_pair(w0, w1, x, r1 * n + j, a10, a11)
-                    a20, a21 = _fma_pair(w0, w1, x, r2 * n + j, a20, a21)
-                    a30, a31 = _fma_pair(w0, w1, x, r3 * n + j, a30, a31)
-                    a40, a41 = _fma_pair(w0, w1, x, r4 * n + j, a40, a41)
-                    a50, a51 = _fma_pair(w0, w1, x, r5 * n + j, a50, a51)
-                    a60, a61 = _fma_pair(w0, w1, x, r6 * n + j, a60, a61)
-                    a70, a71 = _fma_pair(w0, w1, x, r7 * n + j, a70, a71)
-                    a80, a81 = _fma_pair(w0, w1, x, r8 * n + j, a80, a81)
-                    a90, a91 = _fma_pair(w0, w1, x, r9 * n + j, a90, a91)
-                _store_pair(y, r0 * ldy + c, a00, a01, pair)
+                    xj = xb + j * TOKENS_Z
+                    a00, a01 = _fma_pair(w0, w1, xp, xj, a00, a01)
+                    a10, a11 = _fma_pair(w0, w1, xp, xj + 1, a10, a11)
+                    a20, a21 = _fma_pair(w0, w1, xp, xj + 2, a20, a21)
+                    a30, a31 = _fma_pair(w0, w1, xp, xj + 3, a30, a31)
+                    a40, a41 = _fma_pair(w0, w1, xp, xj + 4, a40, a41)
+                    a50, a51 = _fma_pair(w0, w1, xp, xj + 5, a50, a51)
+                    a60, a61 = _fma_pair(w0, w1, xp, xj + 6, a60, a61)
+                    a70, a71 = _fma_pair(w0, w1, xp, xj + 7, a70, a71)
+                    a80, a81 = _fma_pair(w0, w1, xp, xj + 8, a80, a81)
+                    a90, a91 = _fma_pair(w0, w1, xp, xj + 9, a90, a91)
+                _store_pair(y, o, a00, a01, pair)
                 if t0 + 1 < T:
-                    _store_pair(y, r1 * ldy + c, a10, a11, pair)
+                    _store_pair(y, o + ldy, a10, a11, pair)
                 if t0 + 2 < T:
-                    _store_pair(y, r2 * ldy + c, a20, a21, pair)
+                    _store_pair(y, o + 2 * ldy, a20, a21, pair)
                 if t0 + 3 < T:
-                    _store_pair(y, r3 * ldy + c, a30, a31, pair)
+                    _store_pair(y, o + 3 * ldy, a30, a31, pair)
                 if t0 + 4 < T:
-                    _store_pair(y, r4 * ldy + c, a40, a41, pair)
+                    _store_pair(y, o + 4 * ldy, a40, a41, pair)
                 if t0 + 5 < T:
-                    _store_pair(y, r5 * ldy + c, a50, a51, pair)
+                    _store_pair(y, o + 5 * ldy, a50, a51, pair)
                 if t0 + 6 < T:
-                    _store_pair(y, r6 * ldy + c, a60, a61, pair)
+                    _store_pair(y, o + 6 * ldy, a60, a61, pair)
                 if t0 + 7 < T:
-                    _store_pair(y, r7 * ldy + c, a70, a71, pair)
+                    _store_pair(y, o + 7 * ldy, a70, a71, pair)
                 if t0 + 8 < T:
-                    _store_pair(y, r8 * ldy + c, a80, a81, pair)
+                    _store_pair(y, o + 8 * ldy, a80, a81, pair)
                 if t0 + 9 < T:
-                    _store_pair(y, r9 * ldy + c, a90, a91, pair)
+                    _store_pair(y, o + 9 * ldy, a90, a91, pair)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -204,7 +241,7 @@ def product(P, x, y, col0):
     """y[:, col0:col0 + 16 S] = x @ the strips' rows^T: the compiled tile where the CPU has AVX2
     and FMA, else BLAS over the strips laid out as [n, rows]. y must be C-contiguous."""
     if HAS_AVX2:
-        gemm_strips(P, x, y, col0)
+        gemm_strips(P, x, y, col0, 0, -1, HAS_AVX512)
     else:
         S, n = P.shape[0], P.shape[1]
         np.matmul(x, P.transpose(1, 0, 2).reshape(n, S * STRIP), out=y[:, col0:col0 + S * STRIP])

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .gemm import gemm_strips
+from .gemm import gemm_packed, tokens_for_tiles
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
@@ -98,9 +98,9 @@ class Packed:
         workers = min(n_items, threads)
         if self.kind == "nib":
             _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch,
-                        workers)
+                        workers, simd.HAS_AVX512)
         else:
-            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch, workers)
+            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch, workers, simd.HAS_AVX512)
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
@@ -108,7 +108,7 @@ class Packed:
         if self.kind == "nib":
             dequant_nib_strips(self.qs, self.qh, self.d, self.m, self.zero, g0, g1, out)
         else:
-            dequant_i8_strips(self.qs, self.d, g0, g1, out)
+            dequant_i8_strips(self.qs, self.d, g0, g1, out, simd.HAS_AVX512)
 
 
 def pack(qtype, data, table, n) -> Packed:
@@ -395,7 +395,7 @@ def dequant_nib_strips(qs, qh, d, m, zero, g0, g1, out):
     converted to float, then gguf-py's own steps, d * (q - zero) or d * q + m, each rounded once
     as there (a product, then a sum: no FMA), so the weights are the same values bit for bit.
     The fifth bit is (byte & 2^i) * (16 / 2^i), exactly 0 or 16."""
-    _dequant_nib(qs, qh, d, m, np.float32(zero), qh.shape[0] > 0, m.shape[0] > 0, g0, g1, out)
+    _dequant_nib(qs, qh, d, m, np.float32(zero), qh.shape[0] > 0, m.shape[0] > 0, g0, g1, out, simd.HAS_AVX512)
 
 
 _scratch_buf = np.empty((0, 0), np.float32)
@@ -411,10 +411,11 @@ def _scratch(n_threads, size) -> np.ndarray:
 
 
 @njit(parallel=True, **EXACT)
-def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers):
+def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers, wide):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
     five, has_m = qh.shape[0] > 0, m.shape[0] > 0
     n_items = -(-G // per) * chunks
+    xp = tokens_for_tiles(x, wide)                        # x as the register tile reads it, once for all tiles
     counter = np.zeros(1, np.int64)
     for _ in prange(workers):                             # one worker a thread, drawing items until none are left
         buf0 = scratch[numba.get_thread_id()]
@@ -424,15 +425,16 @@ def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers):
             g1 = min(G, g0 + per)
             S = (g1 - g0) * (R // 16)
             buf = buf0[:S * n * 16].reshape((S, n, 16))
-            _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
-            gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+            _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf, wide)
+            gemm_packed(buf, x, xp, y, g0 * R, t0, min(T, t0 + step), wide)
             i = simd.fetch_add(counter, 0, 1)
 
 
 @njit(parallel=True, **EXACT)
-def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers):
+def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers, wide):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
     n_items = -(-G // per) * chunks
+    xp = tokens_for_tiles(x, wide)                        # x as the register tile reads it, once for all tiles
     counter = np.zeros(1, np.int64)
     for _ in prange(workers):
         buf0 = scratch[numba.get_thread_id()]
@@ -442,16 +444,16 @@ def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers):
             g1 = min(G, g0 + per)
             S = (g1 - g0) * (R // 16)
             buf = buf0[:S * n * 16].reshape((S, n, 16))
-            dequant_i8_strips(qs, d, g0, g1, buf)
-            gemm_strips(buf, x, y, g0 * R, t0, min(T, t0 + step))
+            dequant_i8_strips(qs, d, g0, g1, buf, wide)
+            gemm_packed(buf, x, xp, y, g0 * R, t0, min(T, t0 + step), wide)
             i = simd.fetch_add(counter, 0, 1)
 
 
 @njit(**EXACT)
-def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out):
-    """dequant_nib_strips: a strip's 16 rows in one 512-bit register where the CPU has AVX-512,
-    else in two 256-bit halves (the same operations, the same values)"""
-    if simd.HAS_AVX512:
+def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out, wide):
+    """dequant_nib_strips: a strip's 16 rows in one 512-bit register (wide: simd.HAS_AVX512,
+    passed in as gemm.gemm_strips says why), else in two 256-bit halves (the same values)"""
+    if wide:
         _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out)
     else:
         _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out)
@@ -558,10 +560,10 @@ def _rows_i8(qs, d, ids, out):
 
 
 @njit(**EXACT)
-def dequant_i8_strips(qs, d, g0, g1, out):
+def dequant_i8_strips(qs, d, g0, g1, out, wide):
     """out[4 (g - g0) + r // 16, j, r % 16] = weight j of row g * R + r (as dequant_nib_strips):
-    d * q, q sign-extended to int32 and converted (16 rows a register with AVX-512, else 8)"""
-    if simd.HAS_AVX512:
+    d * q, q sign-extended to int32 and converted (16 rows a register when wide, else 8)"""
+    if wide:
         _dequant_i8_z(qs, d, g0, g1, out)
     else:
         _dequant_i8_y(qs, d, g0, g1, out)

@@ -222,7 +222,8 @@ class QuantTensor:
             G = self.packed.qs.shape[0]
             per, chunks = tiling(G, self._tile_groups(), x.shape[0], n_threads)
             n_tiles = -(-G // per)
-            step = -(-x.shape[0] // (chunks * gemm.TOKENS)) * gemm.TOKENS  # tokens per part: whole register tiles
+            width = gemm.tile_tokens()
+            step = -(-x.shape[0] // (chunks * width)) * width           # tokens per part: whole register tiles
             y = np.empty((x.shape[0], G * packed.R), np.float32)     # whole groups: the last one's padding rows too
             if gemm.HAS_AVX2:
                 self.packed.matmul(x, y, per, chunks, step)
@@ -304,7 +305,7 @@ def tiling(n_groups, max_per, n_tokens, n_threads) -> tuple:
     for per in range(max_per, 0, -1):
         tiles = -(-n_groups // per)
         for c in range(1, 5):
-            if c > 1 and n_tokens < c * 2 * (gemm.TOKENS_Z if gemm.HAS_AVX512 else gemm.TOKENS):
+            if c > 1 and n_tokens < c * 2 * gemm.tile_tokens():
                 break
             cost = -(-tiles * c // n_threads) * per * (n_tokens / c + 11.0)
             if best_cost is None or cost < best_cost * 0.99:

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from .packed import R
+from .simd import HAS_AVX512
 from .tensor import QuantTensor
 
 
@@ -83,7 +84,7 @@ def compile_prompt(model) -> float:
         q = np.zeros((1, 1, 1, 32), np.float32)                 # attend_rows: head widths a multiple of 16
         rope_forward(q, np.ones((1, 16), np.float32), np.zeros((1, 16), np.float32), model.config.rope_pairing)
         attend_rows(q, np.zeros((1, 1, 2, 32), np.float32), np.zeros((1, 1, 2, 32), np.float32), 0, 0,
-                    np.float32(1.0), np.empty_like(q))
+                    np.float32(1.0), np.empty_like(q), HAS_AVX512)
         _warm_parallel_rows(act)
     return time.perf_counter() - t0
 
