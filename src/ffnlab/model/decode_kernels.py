@@ -46,7 +46,7 @@ def _rope(a, cos, sin, neox):
 
 
 ATTEND = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
-QUERY_PART = 20                  # queries per work item at least (two of the GEMM's 10-token tiles)
+QUERY_PART = 20                  # queries per work item: a multiple of two of the GEMM's 10-token tiles
 
 
 @njit(parallel=True, **ATTEND)
@@ -76,8 +76,8 @@ def attend_rows(q, K, V, p0, window, scale, out, wide):
             for d in range(hd):
                 ks[bk, j // STRIP, d, j % STRIP] = K[b, kv, j, d]
                 vs[bk, d // STRIP, j, d % STRIP] = V[b, kv, j, d]
-    parts = max(1, min(4, T // QUERY_PART))
-    step = -(-T // parts)
+    step = max(QUERY_PART, -(-T // (8 * QUERY_PART)) * QUERY_PART)   # whole 10-token tiles, up to 8 runs
+    parts = -(-T // step)
     for item in prange(B * H * parts):
         bh, c = item // parts, item % parts
         b, h = bh // H, bh % H
