@@ -129,3 +129,28 @@ def test_row_kernels_spread_over_threads_give_the_serial_values():
         g, u = gu[:, :D].astype(np.float64), gu[:, D:].astype(np.float64)
         act64 = 0.5 * g * (1 + np.tanh(0.7978845608028654 * (g + 0.044715 * g ** 3))) if gelu else g / (1 + np.exp(-g))
         assert np.abs(res[1] - act64 * u).max() <= 1e-5 * np.abs(act64 * u).max()
+
+
+@pytest.mark.parametrize("norm,neox,scaled", [(True, False, True), (True, True, False), (False, False, False), (False, True, True)])
+def test_qk_rows_gives_the_three_steps_values(norm, neox, scaled):
+    """fastmath.qk_rows (the unhooked inference path's q/k) against the steps it replaces:
+    ops/norms.rmsnorm_forward, ops/rope.rope_forward, a float32 multiply; on a strided slice of a
+    q/k/v product, serial (one token) and parallel (many); the same bits"""
+    from ffnlab.ops.norms import rmsnorm_forward
+    from ffnlab.ops.rope import rope_angles, rope_forward
+    rng = np.random.default_rng(11)
+    for T, B in ((1, 1), (37, 2)):
+        H, hd, n_rot = 8, 64, 48         # a partial rotary (the tail passes through); 37 x 2 tokens: the parallel variant
+        qkv = rng.standard_normal((B, T, 3 * H * hd)).astype(np.float32)
+        a = qkv[..., H * hd:2 * H * hd].reshape(B, T, H, hd)    # k's slice: strided rows
+        w = rng.standard_normal(hd).astype(np.float32)
+        cos, sin = (c.astype(np.float32) for c in rope_angles(np.arange(5, 5 + T), n_rot, 10000.0))
+        scale = np.float32(0.125)
+        want = rmsnorm_forward(a, w, 1e-6)[0] if norm else a
+        want = rope_forward(want, cos, sin, "neox" if neox else "normal")
+        if scaled:
+            want = want * scale
+        out = np.empty((B * T, H, hd), np.float32)
+        fastmath.qk_rows(a.reshape(B * T, H, hd), w if norm else np.zeros(0, np.float32), np.float32(1e-6), norm,
+                         cos, sin, neox, scale, scaled, out, T)
+        np.testing.assert_array_equal(out.reshape(B, T, H, hd), want)

@@ -11,6 +11,7 @@ import numpy as np
 from ..ops.attention import attention_backward
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
+from ..ops.fastmath import qk_rows
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512
 from .arith import F32
@@ -63,6 +64,7 @@ class AttnCache(NamedTuple):
 
 
 NODE = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
+_NO_W = np.zeros(0, np.float32)
 
 
 # llama.cpp graphs that multiply q by the attention scale right after RoPE, and the name they give it
@@ -104,6 +106,8 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     elif buf is not None:
         parts = _split_qkv(linear_forward(x, buf), cfg)                                # one matmul for q, k, v
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
+    fast_qk = (kv is not None and hook is identity and arith is F32 and cos is not None and x.dtype == np.float32
+               and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
     for which in qkv_order(cfg):
         name = NODE[which]
         if cfg.fused_qkv:
@@ -115,6 +119,9 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
             if not (cfg.qk_norm_full and which != "v"):   # OLMoE norms q/k first; its reshape is unnamed
                 a = hook(name, a, "RESHAPE", (name,))
         pre, ncache = a, None
+        if fast_qk and which != "v":      # nothing observes the steps: norm, RoPE and scale in one pass
+            t[which] = (pre, None, _qk_fast(a, p, cfg, blk, which, cos, sin))
+            continue
         if cfg.qk_norm and which != "v":
             a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook, arith)
         if cos is not None and which != "v":
@@ -200,6 +207,21 @@ def _head_norm(a, p, cfg, w, name, hook, arith=F32):
     if x_hat is not ncache[0]:                 # a hook replaced the unscaled norm: scale what it gave
         a, ncache = x_hat * p[w], (x_hat, ncache[1])
     return hook(name + "_normed", a, "MUL", ("norm", w)).reshape(shape), ncache
+
+
+def _qk_fast(a, p, cfg, blk, which, cos, sin):
+    """q or k [B, T, h, hd] as attended, for inference with nothing hooked: ops/fastmath.py's
+    qk_rows does the head norm (qk_norm), RoPE and Gemma's q scale in one pass, with the values
+    of _head_norm, arith.rope and the scale step"""
+    B, T, h, hd = a.shape
+    w = p[blk + f"attn_{which}_norm.weight"] if cfg.qk_norm else _NO_W
+    if w.dtype != np.float32:
+        w = w.astype(np.float32)
+    out = np.empty((B * T, h, hd), np.float32)
+    qk_rows(a.reshape(B * T, h, hd), w, np.float32(cfg.norm_eps), cfg.qk_norm, np.ascontiguousarray(cos, np.float32),
+            np.ascontiguousarray(sin, np.float32), cfg.rope_pairing == "neox", np.float32(cfg.scale),
+            which == "q" and scales_q(cfg), out, T)
+    return out.reshape(B, T, h, hd)
 
 
 def _split_qkv(qkv, cfg):

@@ -228,3 +228,55 @@ def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
     0 and d_ff). act: GELU's x sigmoid(2u) as gelu_tanh_into (c, a its constants), or SiLU as
     ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads."""
     (_glu_parallel if _spread(act) else _glu_serial)(g, g_off, u, u_off, gelu, c, a, act, h)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _qk_token(a, w, eps, norm, cos, sin, neox, scale, scaled, out, bt, t):
+    H, hd = a.shape[1], a.shape[2]
+    half = cos.shape[1]
+    c, s = cos[t], sin[t]
+    for h in range(H):
+        v, o = a[bt, h], out[bt, h]
+        for d in range(hd):
+            o[d] = v[d]
+        if norm:             # summed from the contiguous copy: the very _sum_squares rms_norm_rows runs
+            r = np.float32(1.0) / np.sqrt(np.float32(_sum_squares(o) / hd) + eps)
+            for d in range(hd):
+                x_hat = o[d] * r
+                o[d] = x_hat * w[d]
+        if neox:
+            for i in range(half):
+                x0, x1 = o[i], o[i + half]
+                o[i] = x0 * c[i] - x1 * s[i]
+                o[i + half] = x0 * s[i] + x1 * c[i]
+        else:
+            for i in range(half):
+                x0, x1 = o[2 * i], o[2 * i + 1]
+                o[2 * i] = x0 * c[i] - x1 * s[i]
+                o[2 * i + 1] = x0 * s[i] + x1 * c[i]
+        if scaled:
+            for d in range(hd):
+                o[d] = o[d] * scale
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _qk_serial(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T):
+    for bt in range(a.shape[0]):
+        _qk_token(a, w, eps, norm, cos, sin, neox, scale, scaled, out, bt, bt % T)
+
+
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _qk_parallel(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T):
+    for bt in prange(a.shape[0]):
+        _qk_token(a, w, eps, norm, cos, sin, neox, scale, scaled, out, bt, bt % T)
+
+
+def qk_rows(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T):
+    """The attention's q or k heads as the unhooked float32 path needs them, one pass instead of
+    three: a [B*T, H, hd] (any strides: a slice of the q/k/v product) -> out [B*T, H, hd] =
+    each head RMS-normed with weight w (norm: Gemma 3, Qwen3), rotated by its position's angles
+    (cos / sin [T, n_rot / 2], pairs as rope_rows), times scale (scaled: Gemma's q). Each step
+    rounds as rms_norm_rows, rope_rows and NumPy's multiply do, in the same order, so the values
+    are those of the three steps bit for bit (tests/test_fastmath.py)."""
+    f = _qk_parallel if a.shape[0] > 1 and a.size >= PARALLEL_MIN else _qk_serial
+    f(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T)

@@ -90,13 +90,19 @@ def compile_prompt(model) -> float:
 
 
 def _warm_parallel_rows(act):
-    """the parallel variants of the row kernels above (a prompt of more than a few rows takes them)"""
+    """the parallel variants of the row kernels above (a prompt of more than a few rows takes them),
+    and the q/k pass of model/attention.py's unhooked path (fastmath.qk_rows), both variants"""
     from ..ops import fastmath
     x = np.zeros((2, 16), np.float32)
     fastmath._rms_norm_parallel(x, np.ones(16, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
     fastmath._rms_norm_parallel(x, np.zeros(0, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
     q = np.zeros((1, 2, 1, 32), np.float32)
     fastmath._rope_parallel(q, np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32), False, q.copy())
+    for a in (np.zeros((2, 1, 16), np.float32), np.zeros((2, 1, 32), np.float32)[:, :, :16]):   # C, and a slice
+        for kernel in (fastmath._qk_serial, fastmath._qk_parallel):
+            for w in (np.ones(16, np.float32), np.zeros(0, np.float32)):
+                kernel(a, w, np.float32(1e-6), w.shape[0] > 0, np.ones((2, 8), np.float32), np.zeros((2, 8), np.float32),
+                       False, np.float32(1.0), False, np.zeros((2, 1, 16), np.float32), 2)
     if act in ("silu", "gelu_tanh"):
         fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
                                np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
