@@ -68,14 +68,22 @@ def attend_rows(q, K, V, p0, window, scale, out, wide):
     group = H // Hkv
     S = p0 + T
     Sp = -(-S // STRIP) * STRIP
-    ks = np.zeros((B * Hkv, Sp // STRIP, hd, STRIP), np.float32)     # K as strips of 16 keys (zeros past S)
-    vs = np.zeros((B * Hkv, hd // STRIP, Sp, STRIP), np.float32)     # V^T as strips of 16 dimensions
-    for bk in prange(B * Hkv):
+    nk, nv = Sp // STRIP, hd // STRIP
+    ks = np.empty((B * Hkv, nk, hd, STRIP), np.float32)              # K as strips of 16 keys (zeros past S)
+    vs = np.empty((B * Hkv, nv, Sp, STRIP), np.float32)              # V^T as strips of 16 dimensions
+    for item in prange(B * Hkv * (nk + nv)):                          # one strip an item: Gemma has one KV head
+        bk, r = item // (nk + nv), item % (nk + nv)
         b, kv = bk // Hkv, bk % Hkv
-        for j in range(S):
+        if r < nk:                                                    # keys 16r..16r+15
             for d in range(hd):
-                ks[bk, j // STRIP, d, j % STRIP] = K[b, kv, j, d]
-                vs[bk, d // STRIP, j, d % STRIP] = V[b, kv, j, d]
+                for c in range(STRIP):
+                    j = r * STRIP + c
+                    ks[bk, r, d, c] = K[b, kv, j, d] if j < S else np.float32(0.0)
+        else:                                                         # dimensions 16(r - nk)..
+            d0 = (r - nk) * STRIP
+            for j in range(Sp):
+                for c in range(STRIP):
+                    vs[bk, r - nk, j, c] = V[b, kv, j, d0 + c] if j < S else np.float32(0.0)
     step = max(QUERY_PART, -(-T // (8 * QUERY_PART)) * QUERY_PART)   # whole 10-token tiles, up to 8 runs
     parts = -(-T // step)
     for item in prange(B * H * parts):
