@@ -21,7 +21,7 @@ from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
-from ..quant.pages import release_code, release_pages
+from ..quant.pages import release_code, release_pages, trim_heap
 from ..quant.warmup import compile_decode, compile_kernels, compile_prompt
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
@@ -146,6 +146,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         # their neighbours (fault-around, read-only file huge pages: ~57 MB of Gemma 3's file
         # stayed resident beside its packed weights); a later read faults them in again
         release_pages(reader.data)
+    trim_heap()
     m.load_seconds = time.perf_counter() - t0
     m.file_type = file_type_name(reader)
     return m

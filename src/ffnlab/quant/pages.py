@@ -27,20 +27,49 @@ def release_pages(a) -> int:
 
 
 def release_code(library="libllvmlite") -> int:
-    """Drop this process's resident pages of a shared library's machine code (its r-xp mappings
-    in /proc/self/maps). Code pages are never written, so the next call into the library faults
-    the same bytes back from the page cache; no other mapping (data, relocated tables) is touched.
-    Called once a model's kernels are loaded, so LLVM's code does not count towards the peak
-    resident memory of generation. -> bytes advised away (0 where not possible)"""
+    """Drop this process's resident pages of a shared library's machine code and read-only data:
+    its r-xp and r--p mappings in /proc/self/smaps that hold no private (copy-on-write) page.
+    Those pages are never written, so the next call into the library faults the same bytes back
+    from the page cache; a mapping with private pages (the relocated tables, written at load, then
+    made read-only) or a writable one is left alone. Called once a model's kernels are loaded, so
+    LLVM's code and tables (~50 MB resident once numba has loaded a model's kernels; 17 MB of
+    them read-only data) do not count towards the peak resident memory of generation.
+    -> bytes advised away (0 where not possible)"""
     if not hasattr(mmap, "MADV_DONTNEED"):
         return 0
+    spans, span = [], None
     try:
-        with open("/proc/self/maps") as f:
-            spans = [line.split()[0] for line in f
-                     if line.split()[1:2] == ["r-xp"] and line.rstrip().endswith(".so") and library in line]
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                fields = line.split()
+                if fields and "-" in fields[0] and ":" not in fields[0]:       # a mapping's header line
+                    mine = (len(fields) > 5 and fields[1] in ("r-xp", "r--p") and fields[5].endswith(".so")
+                            and library in fields[5])
+                    span = fields[0] if mine else None
+                elif span is not None and fields[0] == "Anonymous:":
+                    if fields[1] == "0":                                      # no private page: all the file's
+                        spans.append(span)
+                    span = None
     except OSError:
         return 0
     return sum(_dontneed(*(int(x, 16) for x in span.split("-"))) for span in spans)
+
+
+def trim_heap() -> bool:
+    """Give the C heap's free memory back to the OS (glibc's malloc_trim): what a load freed (the
+    tokenizer's build, the metadata's Python objects) stays resident otherwise, under the weights
+    the first forward pages in. -> whether it ran (False where there is no glibc)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        trim = _libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim(0)
+    return True
 
 
 def _dontneed(lo, hi) -> int:
