@@ -26,9 +26,10 @@ on the Intel Xeon VM of bench/RESULTS.md (session 9) 71-78 G multiply-adds/s a c
 for the 256-bit tile (`_gemm_y`), which every other x86-64 CPU with AVX2 and FMA runs.
 
 Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in
-order (both tiles; the 512-bit one stores a tile's sums after a block of j and reloads them). BLAS's kernels sum the same way (its order of j varies by build); the error bound of a
-length-n float32 dot product holds for both (tests/test_quant_gemm.py checks it against float64).
-Tokens past T in the last 6-token tile read token T - 1 again and store nothing.
+order (both tiles; the 512-bit one stores a tile's sums after a block of j and reloads them).
+BLAS's kernels sum the same way (its order of j varies by build); the error bound of a length-n
+float32 dot product holds for both (tests/test_quant_gemm.py checks it against float64). Tokens
+past T in the last register tile read token T - 1 again and store nothing.
 """
 import numpy as np
 from numba import njit
