@@ -158,18 +158,26 @@ def _rope_token(x, cos, sin, neox, out, b, t):
     c, s = cos[t], sin[t]
     for h in range(H):
         v, o = x[b, t, h], out[b, t, h]
-        if neox:
-            for i in range(half):
-                x0, x1 = v[i], v[i + half]
-                o[i] = x0 * c[i] - x1 * s[i]
-                o[i + half] = x0 * s[i] + x1 * c[i]
-        else:
-            for i in range(half):
-                x0, x1 = v[2 * i], v[2 * i + 1]
-                o[2 * i] = x0 * c[i] - x1 * s[i]
-                o[2 * i + 1] = x0 * s[i] + x1 * c[i]
+        _rotate(v, o, c, s, neox)
         for i in range(2 * half, hd):
             o[i] = v[i]
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rotate(v, o, c, s, neox):
+    """o's first 2 len(c) values = v's pairs rotated by the angles (cos c, sin s): (i, i + half)
+    or, not neox, (2i, 2i + 1); each product rounded once, then the sum (no FMA). o may be v."""
+    half = c.shape[0]
+    if neox:
+        for i in range(half):
+            x0, x1 = v[i], v[i + half]
+            o[i] = x0 * c[i] - x1 * s[i]
+            o[i + half] = x0 * s[i] + x1 * c[i]
+    else:
+        for i in range(half):
+            x0, x1 = v[2 * i], v[2 * i + 1]
+            o[2 * i] = x0 * c[i] - x1 * s[i]
+            o[2 * i + 1] = x0 * s[i] + x1 * c[i]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -233,7 +241,6 @@ def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
 @njit(cache=True, nogil=True, error_model="numpy")
 def _qk_token(a, w, eps, norm, cos, sin, neox, scale, scaled, out, bt, t):
     H, hd = a.shape[1], a.shape[2]
-    half = cos.shape[1]
     c, s = cos[t], sin[t]
     for h in range(H):
         v, o = a[bt, h], out[bt, h]
@@ -244,16 +251,7 @@ def _qk_token(a, w, eps, norm, cos, sin, neox, scale, scaled, out, bt, t):
             for d in range(hd):
                 x_hat = o[d] * r
                 o[d] = x_hat * w[d]
-        if neox:
-            for i in range(half):
-                x0, x1 = o[i], o[i + half]
-                o[i] = x0 * c[i] - x1 * s[i]
-                o[i + half] = x0 * s[i] + x1 * c[i]
-        else:
-            for i in range(half):
-                x0, x1 = o[2 * i], o[2 * i + 1]
-                o[2 * i] = x0 * c[i] - x1 * s[i]
-                o[2 * i + 1] = x0 * s[i] + x1 * c[i]
+        _rotate(o, o, c, s, neox)
         if scaled:
             for d in range(hd):
                 o[d] = o[d] * scale
