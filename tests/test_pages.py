@@ -3,6 +3,8 @@
 release_code() advises away a library's clean read-only mappings (code and constants); the
 relocated tables, written at load (private copy-on-write pages), must be left alone or the next
 call would read the unrelocated bytes of the file. After it, LLVM must still compile correctly."""
+import os
+
 import numpy as np
 import pytest
 
@@ -28,9 +30,7 @@ def _mappings(library):
 
 def test_release_code_drops_clean_read_only_pages_and_llvm_still_works():
     numba = pytest.importorskip("numba")
-    try:
-        before = _mappings("libllvmlite")
-    except OSError:
+    if not os.path.exists("/proc/self/smaps"):
         pytest.skip("no /proc/self/smaps")
 
     @numba.njit

@@ -59,12 +59,8 @@ def trim_heap() -> bool:
     """Give the C heap's free memory back to the OS (glibc's malloc_trim): what a load freed (the
     tokenizer's build, the metadata's Python objects) stays resident otherwise, under the weights
     the first forward pages in. -> whether it ran (False where there is no glibc)."""
-    global _libc
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-        trim = _libc.malloc_trim
+        trim = _c().malloc_trim
     except (OSError, AttributeError, TypeError):
         return False
     trim.argtypes = (ctypes.c_size_t,)
@@ -72,14 +68,19 @@ def trim_heap() -> bool:
     return True
 
 
-def _dontneed(lo, hi) -> int:
+def _c():
+    """the C library, loaded once"""
     global _libc
-    if hi <= lo:
-        return 0
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
         _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return hi - lo if _libc.madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0 else 0
+    return _libc
+
+
+def _dontneed(lo, hi) -> int:
+    if hi <= lo:
+        return 0
+    return hi - lo if _c().madvise(lo, hi - lo, mmap.MADV_DONTNEED) == 0 else 0
 
 
 def _on_read_only_file(a) -> bool:
