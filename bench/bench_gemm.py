@@ -38,7 +38,7 @@ def cpu_median(f):
     return float(np.median(times))
 
 
-print(f"{cpu_model()}, 1 thread, {args.tokens} tokens, AVX2 kernel: {gemm.HAS_AVX2}")
+print(f"{cpu_model()}, 1 thread, {args.tokens} tokens, AVX2 kernel: {gemm.HAS_AVX2}, AVX-512 kernel: {gemm.HAS_AVX512}")
 print("| n x rows | OpenBLAS G MAC/s | gemm_strips G MAC/s | ratio |")
 print("|---|---:|---:|---:|")
 rng = np.random.default_rng(0)
@@ -50,7 +50,7 @@ for n, rows in SHAPES:
     y = np.empty((args.tokens, rows), np.float32)
     macs = args.tokens * n * rows
     t_blas = cpu_median(lambda: np.matmul(x, w, out=y))
-    t_ours = cpu_median(lambda: gemm.gemm_strips(strips, x, y, 0))
+    t_ours = cpu_median(lambda: gemm.gemm_strips(strips, x, y, 0, 0, -1, gemm.HAS_AVX512))
     ratios.append(t_blas / t_ours)
     print(f"| {n} x {rows} | {macs / t_blas / 1e9:.1f} | {macs / t_ours / 1e9:.1f} | {t_blas / t_ours:.2f}x |")
 print(f"\nmedian speed-up over OpenBLAS: {np.median(ratios):.2f}x")

@@ -76,14 +76,22 @@ def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q5_0", "Q6_K"])
 @pytest.mark.parametrize("T", [7, 40])
-def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, monkeypatch):
+@pytest.mark.parametrize("wide", [False, True])
+def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, wide, monkeypatch):
     """The packed prefill path on two threads: every tile, and every part of the tokens a tile
     is split into, computed once into its own place (130 rows: three row groups, the last partial;
     40 tokens: one tile of the three groups in two parts of 20 tokens, a part being at least two
-    register tiles of tokens, 6 or 10)"""
+    register tiles of tokens, 6 or 10). Both products: 512-bit (a block of 32 rows x 256
+    positions dequantized into L1 at a time) and 256-bit (a whole tile dequantized, then multiplied)."""
     import numba
     from ffnlab import threads
+    from ffnlab.quant import gemm, simd
     from ffnlab.quant.tensor import tiling
+    if wide and not simd.HAS_AVX512:
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setattr(simd, "HAS_AVX512", wide)
+    monkeypatch.setattr(gemm, "HAS_AVX512", wide)
+    tiling.cache_clear()                                               # its parts depend on the tile's width
     monkeypatch.setattr(threads, "threads", lambda: 2)
     n_threads = numba.get_num_threads()
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
@@ -95,6 +103,7 @@ def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, monkeypat
         y = w.matmul(x)                                               # [T, 130]
     finally:
         numba.set_num_threads(n_threads)
+        tiling.cache_clear()
     err = np.abs(y - x.astype(np.float64) @ ref.T)
     assert (err <= bound(qtype, data, ref, x).T).all(), f"max err {err.max():.3g}"
 

@@ -152,63 +152,70 @@ def _gemm_z(P, xp, y, col0, t_lo, t_hi):
     x[t, j], which lie side by side (one pointer for x: with x as [T, n], ten row pointers left too
     few registers, two reloads from the stack and ten increments a position, 5-8% slower). j runs
     in blocks of KC_Z, so a block of the two strips (32 KB) stays in L1 while every token tile
-    reads it; a tile's sums go to y after a block and come back for the next, so each sum still
-    runs over j in order (the same float32 result as one pass). An odd last strip runs alone (its
-    partner is itself, stored once)."""
+    reads it (block_z). An odd last strip runs alone (its partner is itself, stored once)."""
     S, n = P.shape[0], P.shape[1]
-    T, ldy = t_hi, y.shape[1]
     for s in range(0, S, 2):
         pair = s + 1 < S
-        c = col0 + STRIP * s
         p0, p1 = s * n * STRIP, (s + 1 if pair else s) * n * STRIP
         for k0 in range(0, n, KC_Z):
-            k1 = min(n, k0 + KC_Z)
-            for t0 in range(t_lo, T, TOKENS_Z):
-                xb = (t0 // TOKENS_Z) * n * TOKENS_Z
-                o = t0 * ldy + c
-                a00, a01 = _sums(y, o, k0, pair)
-                a10, a11 = _sums(y, o + min(1, T - 1 - t0) * ldy, k0, pair)
-                a20, a21 = _sums(y, o + min(2, T - 1 - t0) * ldy, k0, pair)
-                a30, a31 = _sums(y, o + min(3, T - 1 - t0) * ldy, k0, pair)
-                a40, a41 = _sums(y, o + min(4, T - 1 - t0) * ldy, k0, pair)
-                a50, a51 = _sums(y, o + min(5, T - 1 - t0) * ldy, k0, pair)
-                a60, a61 = _sums(y, o + min(6, T - 1 - t0) * ldy, k0, pair)
-                a70, a71 = _sums(y, o + min(7, T - 1 - t0) * ldy, k0, pair)
-                a80, a81 = _sums(y, o + min(8, T - 1 - t0) * ldy, k0, pair)
-                a90, a91 = _sums(y, o + min(9, T - 1 - t0) * ldy, k0, pair)
-                for j in range(k0, k1):
-                    w0 = load_z(P, p0 + j * STRIP)
-                    w1 = load_z(P, p1 + j * STRIP)
-                    xj = xb + j * TOKENS_Z
-                    a00, a01 = _fma_pair(w0, w1, xp, xj, a00, a01)
-                    a10, a11 = _fma_pair(w0, w1, xp, xj + 1, a10, a11)
-                    a20, a21 = _fma_pair(w0, w1, xp, xj + 2, a20, a21)
-                    a30, a31 = _fma_pair(w0, w1, xp, xj + 3, a30, a31)
-                    a40, a41 = _fma_pair(w0, w1, xp, xj + 4, a40, a41)
-                    a50, a51 = _fma_pair(w0, w1, xp, xj + 5, a50, a51)
-                    a60, a61 = _fma_pair(w0, w1, xp, xj + 6, a60, a61)
-                    a70, a71 = _fma_pair(w0, w1, xp, xj + 7, a70, a71)
-                    a80, a81 = _fma_pair(w0, w1, xp, xj + 8, a80, a81)
-                    a90, a91 = _fma_pair(w0, w1, xp, xj + 9, a90, a91)
-                _store_pair(y, o, a00, a01, pair)
-                if t0 + 1 < T:
-                    _store_pair(y, o + ldy, a10, a11, pair)
-                if t0 + 2 < T:
-                    _store_pair(y, o + 2 * ldy, a20, a21, pair)
-                if t0 + 3 < T:
-                    _store_pair(y, o + 3 * ldy, a30, a31, pair)
-                if t0 + 4 < T:
-                    _store_pair(y, o + 4 * ldy, a40, a41, pair)
-                if t0 + 5 < T:
-                    _store_pair(y, o + 5 * ldy, a50, a51, pair)
-                if t0 + 6 < T:
-                    _store_pair(y, o + 6 * ldy, a60, a61, pair)
-                if t0 + 7 < T:
-                    _store_pair(y, o + 7 * ldy, a70, a71, pair)
-                if t0 + 8 < T:
-                    _store_pair(y, o + 8 * ldy, a80, a81, pair)
-                if t0 + 9 < T:
-                    _store_pair(y, o + 9 * ldy, a90, a91, pair)
+            block_z(P, p0, p1, xp, y, col0 + STRIP * s, k0, min(n, k0 + KC_Z), t_lo, t_hi, pair)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def block_z(P, p0, p1, xp, y, c, k0, k1, t_lo, T, pair):
+    """y[t, c:c + 32] (+)= sum over j in k0..k1 of x[t, j] (P.flat[p0 + 16 j:+16], P.flat[p1 + 16 j:+16])
+    for tokens t_lo..T: one block of two strips against every register tile of tokens. The
+    first block (k0 == 0) starts from zero, later ones from the sums stored in y, so each sum
+    runs over j in order (the same float32 result as one pass). The strips' rows can come from
+    anywhere in P: a whole dequantized matrix ([S, n, 16], as _gemm_z) or one block of it
+    dequantized just before (quant/packed.py's products, with p0 and p1 offset by -16 k0)."""
+    ldy = y.shape[1]
+    for t0 in range(t_lo, T, TOKENS_Z):
+        xb = (t0 // TOKENS_Z) * xp.shape[1] * TOKENS_Z
+        o = t0 * ldy + c
+        a00, a01 = _sums(y, o, k0, pair)
+        a10, a11 = _sums(y, o + min(1, T - 1 - t0) * ldy, k0, pair)
+        a20, a21 = _sums(y, o + min(2, T - 1 - t0) * ldy, k0, pair)
+        a30, a31 = _sums(y, o + min(3, T - 1 - t0) * ldy, k0, pair)
+        a40, a41 = _sums(y, o + min(4, T - 1 - t0) * ldy, k0, pair)
+        a50, a51 = _sums(y, o + min(5, T - 1 - t0) * ldy, k0, pair)
+        a60, a61 = _sums(y, o + min(6, T - 1 - t0) * ldy, k0, pair)
+        a70, a71 = _sums(y, o + min(7, T - 1 - t0) * ldy, k0, pair)
+        a80, a81 = _sums(y, o + min(8, T - 1 - t0) * ldy, k0, pair)
+        a90, a91 = _sums(y, o + min(9, T - 1 - t0) * ldy, k0, pair)
+        for j in range(k0, k1):
+            w0 = load_z(P, p0 + j * STRIP)
+            w1 = load_z(P, p1 + j * STRIP)
+            xj = xb + j * TOKENS_Z
+            a00, a01 = _fma_pair(w0, w1, xp, xj, a00, a01)
+            a10, a11 = _fma_pair(w0, w1, xp, xj + 1, a10, a11)
+            a20, a21 = _fma_pair(w0, w1, xp, xj + 2, a20, a21)
+            a30, a31 = _fma_pair(w0, w1, xp, xj + 3, a30, a31)
+            a40, a41 = _fma_pair(w0, w1, xp, xj + 4, a40, a41)
+            a50, a51 = _fma_pair(w0, w1, xp, xj + 5, a50, a51)
+            a60, a61 = _fma_pair(w0, w1, xp, xj + 6, a60, a61)
+            a70, a71 = _fma_pair(w0, w1, xp, xj + 7, a70, a71)
+            a80, a81 = _fma_pair(w0, w1, xp, xj + 8, a80, a81)
+            a90, a91 = _fma_pair(w0, w1, xp, xj + 9, a90, a91)
+        _store_pair(y, o, a00, a01, pair)
+        if t0 + 1 < T:
+            _store_pair(y, o + ldy, a10, a11, pair)
+        if t0 + 2 < T:
+            _store_pair(y, o + 2 * ldy, a20, a21, pair)
+        if t0 + 3 < T:
+            _store_pair(y, o + 3 * ldy, a30, a31, pair)
+        if t0 + 4 < T:
+            _store_pair(y, o + 4 * ldy, a40, a41, pair)
+        if t0 + 5 < T:
+            _store_pair(y, o + 5 * ldy, a50, a51, pair)
+        if t0 + 6 < T:
+            _store_pair(y, o + 6 * ldy, a60, a61, pair)
+        if t0 + 7 < T:
+            _store_pair(y, o + 7 * ldy, a70, a71, pair)
+        if t0 + 8 < T:
+            _store_pair(y, o + 8 * ldy, a80, a81, pair)
+        if t0 + 9 < T:
+            _store_pair(y, o + 9 * ldy, a90, a91, pair)
 
 
 @njit(cache=True, nogil=True, inline="always")

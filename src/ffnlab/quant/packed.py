@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .gemm import gemm_packed, tokens_for_tiles
+from .gemm import KC_Z, STRIP, block_z, gemm_packed, tokens_for_tiles
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
@@ -87,14 +87,15 @@ class Packed:
 
     def matmul(self, x, y, per, chunks, step):
         """y[:, :G * R] = x W^T for x [T, n]: tiles of `per` groups, each dequantized into strips
-        in a buffer of its thread's and multiplied by quant/gemm.py's kernel; each tile split into
+        in a buffer of its thread's and multiplied by quant/gemm.py's kernel (with AVX-512, a
+        block of 32 rows x 256 positions at a time: _block_product); each tile split into
         `chunks` parts of `step` tokens (tensor.token_chunks), one work item each, over numba's
         threads (a parallel region costs ~3 us to start, a Python thread pool's hand-off ~120).
         Each thread draws the next item when it is done with one (an atomic counter), so a thread
         slowed by something else on the machine takes fewer items instead of holding up the product."""
         n_items = -(-self.qs.shape[0] // per) * chunks
         threads = numba.get_num_threads()
-        scratch = _scratch(threads, 4 * per * self.n * 16)
+        scratch = _scratch(threads, 2 * KC_Z * STRIP if simd.HAS_AVX512 else 4 * per * self.n * STRIP)
         workers = min(n_items, threads)
         if self.kind == "nib":
             _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch,
@@ -422,17 +423,28 @@ def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers, w
         i = simd.fetch_add(counter, 0, 1)
         while i < n_items:
             g0, t0 = (i // chunks) * per, (i % chunks) * step
-            g1 = min(G, g0 + per)
-            S = (g1 - g0) * (R // 16)
-            buf = buf0[:S * n * 16].reshape((S, n, 16))
-            _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, buf, wide)
-            gemm_packed(buf, x, xp, y, g0 * R, t0, min(T, t0 + step), wide)
+            g1, t1 = min(G, g0 + per), min(T, t0 + step)
+            if wide:                                      # a block of two strips at a time, into L1 (_block_product)
+                for g in range(g0, g1):
+                    for h in range(0, R // STRIP, 2):
+                        for k0 in range(0, n, KC_Z):
+                            k1 = min(n, k0 + KC_Z)
+                            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, k0 // 32, k1 // 32, buf0, 0)
+                            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h + 1, k0 // 32, k1 // 32, buf0,
+                                         KC_Z * STRIP)
+                            _block_product(buf0, xp, y, g * R + STRIP * h, k0, k1, t0, t1)
+            else:
+                S = (g1 - g0) * (R // STRIP)
+                buf = buf0[:S * n * STRIP].reshape((S, n, STRIP))
+                _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
+                gemm_packed(buf, x, xp, y, g0 * R, t0, t1, wide)
             i = simd.fetch_add(counter, 0, 1)
 
 
 @njit(parallel=True, **EXACT)
 def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers, wide):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
+    B = qs.shape[2]
     n_items = -(-G // per) * chunks
     xp = tokens_for_tiles(x, wide)                        # x as the register tile reads it, once for all tiles
     counter = np.zeros(1, np.int64)
@@ -441,12 +453,33 @@ def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers, wide):
         i = simd.fetch_add(counter, 0, 1)
         while i < n_items:
             g0, t0 = (i // chunks) * per, (i % chunks) * step
-            g1 = min(G, g0 + per)
-            S = (g1 - g0) * (R // 16)
-            buf = buf0[:S * n * 16].reshape((S, n, 16))
-            dequant_i8_strips(qs, d, g0, g1, buf, wide)
-            gemm_packed(buf, x, xp, y, g0 * R, t0, min(T, t0 + step), wide)
+            g1, t1 = min(G, g0 + per), min(T, t0 + step)
+            if wide:
+                for g in range(g0, g1):
+                    for h in range(0, R // STRIP, 2):
+                        for k0 in range(0, n, KC_Z):
+                            k1 = min(n, k0 + KC_Z)
+                            _i8_strip_z(qs, d, g, h, k0 // B, k1 // B, buf0, 0)
+                            _i8_strip_z(qs, d, g, h + 1, k0 // B, k1 // B, buf0, KC_Z * STRIP)
+                            _block_product(buf0, xp, y, g * R + STRIP * h, k0, k1, t0, t1)
+            else:
+                S = (g1 - g0) * (R // STRIP)
+                buf = buf0[:S * n * STRIP].reshape((S, n, STRIP))
+                _dequant_i8_y(qs, d, g0, g1, buf)
+                gemm_packed(buf, x, xp, y, g0 * R, t0, t1, wide)
             i = simd.fetch_add(counter, 0, 1)
+
+
+@njit(**EXACT)
+def _block_product(buf, xp, y, c, k0, k1, t0, t1):
+    """y[t0:t1, c:c + 32] (+)= x[t0:t1, k0:k1] times the two strips of weights at positions k0..k1
+    just dequantized into buf (strip one at 0, strip two at KC_Z * 16 floats). The 512-bit
+    products dequantize a block of 32 rows x KC_Z positions (32 KB, in L1) right before the
+    register tiles read it, instead of a whole ~1 MB tile into L2 first (0.3-0.4 ns a weight,
+    mostly stores to L2, against 0.13 for a 256 KB tile; one-thread products 1.04-1.21x faster,
+    bench/RESULTS.md). Each weight is still dequantized once per item, and each sum still runs
+    over j in order (gemm.block_z): the same float32 results bit for bit."""
+    block_z(buf, -STRIP * k0, STRIP * (KC_Z - k0), xp, y, c, k0, k1, t0, t1, True)
 
 
 @njit(**EXACT)
@@ -462,34 +495,41 @@ def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out, wide):
 @njit(**EXACT)
 def _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out):
     nb, n = qs.shape[1], qs.shape[1] * 32
-    minus_z = simd.broadcast_z(-zero)
-    m0 = simd.broadcast_z(0.0)
     for g in range(g0, g1):
         for h in range(R // 16):
-            o = ((g - g0) * (R // 16) + h) * n * 16              # strip (g - g0, h), position 0
-            for b in range(nb):
-                i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
-                d0 = simd.load_z(d, i)
-                if has_m:
-                    m0 = simd.load_z(m, i)
-                for k in range(16):
-                    v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
-                    lo = simd.to_float_z(simd.low_nibbles_z(v))
-                    hi = simd.to_float_z(simd.high_nibbles_z(v))
-                    if five:
-                        bit = 1 << (k & 7)
-                        unit = simd.broadcast_z(np.float32(16.0) / np.float32(bit))
-                        ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
-                        lo = simd.add_z(lo, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql), bit)), unit))
-                        hi = simd.add_z(hi, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql + 2 * R), bit)),
-                                                       unit))
-                    if has_m:
-                        lo, hi = simd.add_z(simd.mul_z(d0, lo), m0), simd.add_z(simd.mul_z(d0, hi), m0)
-                    else:
-                        lo, hi = simd.mul_z(d0, simd.add_z(lo, minus_z)), simd.mul_z(d0, simd.add_z(hi, minus_z))
-                    w = o + (b * 32 + k) * 16
-                    simd.store_z(out, w, lo)
-                    simd.store_z(out, w + 256, hi)                 # weight k + 16: 16 positions on
+            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, 0, nb, out, ((g - g0) * (R // 16) + h) * n * 16)
+
+
+@njit(**EXACT)
+def _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, b0, b1, out, o):
+    """blocks b0..b1 of strip h of group g (rows g R + 16 h ..+16): out.flat[o + 16 (32 (b - b0) + k) + c]
+    = weight 32 b + k of row g R + 16 h + c"""
+    nb = qs.shape[1]
+    minus_z = simd.broadcast_z(-zero)
+    m0 = simd.broadcast_z(0.0)
+    for b in range(b0, b1):
+        i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
+        d0 = simd.load_z(d, i)
+        if has_m:
+            m0 = simd.load_z(m, i)
+        for k in range(16):
+            v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
+            lo = simd.to_float_z(simd.low_nibbles_z(v))
+            hi = simd.to_float_z(simd.high_nibbles_z(v))
+            if five:
+                bit = 1 << (k & 7)
+                unit = simd.broadcast_z(np.float32(16.0) / np.float32(bit))
+                ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
+                lo = simd.add_z(lo, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql), bit)), unit))
+                hi = simd.add_z(hi, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql + 2 * R), bit)),
+                                               unit))
+            if has_m:
+                lo, hi = simd.add_z(simd.mul_z(d0, lo), m0), simd.add_z(simd.mul_z(d0, hi), m0)
+            else:
+                lo, hi = simd.mul_z(d0, simd.add_z(lo, minus_z)), simd.mul_z(d0, simd.add_z(hi, minus_z))
+            w = o + ((b - b0) * 32 + k) * 16
+            simd.store_z(out, w, lo)
+            simd.store_z(out, w + 256, hi)                 # weight k + 16: 16 positions on
 
 
 @njit(**EXACT)
@@ -572,16 +612,21 @@ def dequant_i8_strips(qs, d, g0, g1, out, wide):
 @njit(**EXACT)
 def _dequant_i8_z(qs, d, g0, g1, out):
     nb, B = qs.shape[1], qs.shape[2]
-    n = nb * B
     for g in range(g0, g1):
         for h in range(R // 16):
-            o = ((g - g0) * (R // 16) + h) * n * 16
-            for b in range(nb):
-                i = (g * nb + b) * R + 16 * h
-                d0 = simd.load_z(d, i)
-                for k in range(B):
-                    q = ((g * nb + b) * B + k) * R + 16 * h
-                    simd.store_z(out, o + (b * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
+            _i8_strip_z(qs, d, g, h, 0, nb, out, ((g - g0) * (R // 16) + h) * nb * B * 16)
+
+
+@njit(**EXACT)
+def _i8_strip_z(qs, d, g, h, b0, b1, out, o):
+    """blocks b0..b1 of strip h of group g: out.flat[o + 16 (B (b - b0) + k) + c] = weight B b + k
+    of row g R + 16 h + c (B weights a block)"""
+    nb, B = qs.shape[1], qs.shape[2]
+    for b in range(b0, b1):
+        d0 = simd.load_z(d, (g * nb + b) * R + 16 * h)
+        for k in range(B):
+            q = ((g * nb + b) * B + k) * R + 16 * h
+            simd.store_z(out, o + ((b - b0) * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
 
 
 @njit(**EXACT)
