@@ -90,3 +90,20 @@ def test_product_without_avx2_is_the_same_product(monkeypatch):
         gemm.product(P, x, y, 32)
         assert np.all(np.abs(y[:, 32:] - ref) <= _bound(x, rows))
         assert np.all(y[:, :32] == 0)
+
+
+@pytest.mark.parametrize("width", [gemm.TOKENS, gemm.TOKENS_Z])
+def test_pack_tokens_lays_out_each_tile_of_tokens_by_position(width):
+    """pack_tokens (ten tokens: a transpose in registers, 16 positions at a time, each store's
+    spare lanes overwritten by the next) against the layout written out one float at a time, for
+    counts of tokens and positions that leave partial tiles and partial blocks of 16"""
+    rng = np.random.default_rng(7)
+    for T in (1, 7, 10, 23, 100):
+        for n in (5, 16, 17, 32, 47, 640):
+            x = rng.standard_normal((T, n)).astype(np.float32)
+            nt = -(-T // width)
+            ref = np.empty((nt, n, width), np.float32)
+            for i in range(nt):
+                for t in range(width):
+                    ref[i, :, t] = x[min(i * width + t, T - 1)]
+            assert np.array_equal(gemm.pack_tokens(x, width), ref), (T, n)

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
-from .gemm import KC_Z, STRIP, block_z, gemm_packed, tokens_for_tiles
+from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, token_tiles
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
@@ -416,7 +416,9 @@ def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers, w
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
     five, has_m = qh.shape[0] > 0, m.shape[0] > 0
     n_items = -(-G // per) * chunks
-    xp = tokens_for_tiles(x, wide)                        # x as the register tile reads it, once for all tiles
+    xp = token_tiles(x, wide)                             # x as the register tile reads it, once for all tiles,
+    for t in prange(xp.shape[0]):                         # packed on both threads (a parallel region of its own)
+        pack_tile(x, xp, t)
     counter = np.zeros(1, np.int64)
     for _ in prange(workers):                             # one worker a thread, drawing items until none are left
         buf0 = scratch[numba.get_thread_id()]
@@ -446,7 +448,9 @@ def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers, wide):
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
     B = qs.shape[2]
     n_items = -(-G // per) * chunks
-    xp = tokens_for_tiles(x, wide)                        # x as the register tile reads it, once for all tiles
+    xp = token_tiles(x, wide)                             # x as the register tile reads it, once for all tiles,
+    for t in prange(xp.shape[0]):                         # packed on both threads (a parallel region of its own)
+        pack_tile(x, xp, t)
     counter = np.zeros(1, np.int64)
     for _ in prange(workers):
         buf0 = scratch[numba.get_thread_id()]

@@ -238,6 +238,28 @@ def fetch_add(typingctx, ary, index, value):
     return types.int64(ary, index, value), codegen
 
 
+@intrinsic
+def transpose10_z(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+    """ten 16-float vectors (rows t = 0..9) -> sixteen: out[k] lane t = a_t lane k for t < 10,
+    lanes 10..15 zero (quant/gemm.py's pack_tokens: ten tokens' x for 16 positions, turned to
+    16 positions' ten tokens). A 16 x 16 transpose in four butterfly stages of shuffles (rows
+    10..15 zero): at stage s, rows i and i + s (i & s == 0) swap their lanes l & s != 0 / == 0."""
+    def codegen(context, builder, sig, args):
+        zero = ir.Constant(F32x16, [0.0] * 16)
+        a = list(args) + [zero] * 6
+        for s in (8, 4, 2, 1):
+            lo = ir.Constant(ir.VectorType(I32, 16), [l if l & s == 0 else 16 + l - s for l in range(16)])
+            hi = ir.Constant(ir.VectorType(I32, 16), [l + s if l & s == 0 else 16 + l for l in range(16)])
+            b = list(a)
+            for i in range(16):
+                if i & s == 0:
+                    b[i] = builder.shuffle_vector(a[i], a[i + s], lo)
+                    b[i + s] = builder.shuffle_vector(a[i], a[i + s], hi)
+            a = b
+        return context.make_tuple(builder, sig.return_type, a)
+    return types.UniTuple(m512, 16)(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9), codegen
+
+
 # ---- integer lanes ----------------------------------------------------------------------------
 
 @intrinsic
