@@ -134,3 +134,27 @@ def test_a_type_without_a_kernel_is_dequantized_at_load_with_one_line(tmp_path, 
     assert isinstance(m.params["blk.0.ffn_up.weight"], np.ndarray)           # zero blocks -> zeros
     assert not m.params["blk.0.ffn_up.weight"].any()
     assert isinstance(m.params["blk.0.ffn_down.weight"], QuantTensor)
+
+
+def test_q_and_k_are_stacked_when_v_has_another_type(tmp_path):
+    """Gemma 3's Q4_K_M has Q5_0 q and k beside a Q8_0 or Q6_K v: q and k are then one stacked
+    product ("qk"), which gives each row exactly the sums of the separate products (a row's dot
+    product does not depend on the rows beside it), prompt and one-token decode alike."""
+    from ffnlab.config import ModelConfig
+    from models import TINY
+    cfg = dict(SHAPE)
+    matrices = [n for n, s in param_shapes(ModelConfig(**{**TINY, **cfg})).items() if len(s) == 2]
+    types = {n: T.Q8_0 if n.endswith("attn_v.weight") else T.Q5_0 for n in matrices}
+    path = fill_random_blocks(tiny_gguf(tmp_path / "qk.gguf", tensor_types=types, **cfg))
+    stacked, apart = ffnlab.load(path), ffnlab.load(path)
+    n_layer = stacked.config.n_layer
+    assert {k for k in stacked.packs if k[1] in ("qkv", "qk")} == {(il, "qk") for il in range(n_layer)}
+    for il in range(n_layer):
+        stack, (q, k) = stacked.packs[(il, "qk")]
+        assert q is stacked.params[f"blk.{il}.attn_q.weight"] and q.stack is stack and k.stack is stack
+        del apart.packs[(il, "qk")]                                   # this model multiplies q and k apart
+    ids = np.array([0, 5, 70, 200, 9, 33, 101, 7, 64, 3])
+    assert np.array_equal(stacked.forward(ids), apart.forward(ids))
+    kv_s, kv_a = stacked.new_cache(), apart.new_cache()
+    for i in range(len(ids)):
+        assert np.array_equal(stacked.forward_last(ids[i:i + 1], kv_s), apart.forward_last(ids[i:i + 1], kv_a))

@@ -101,10 +101,15 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         cos = sin = None
     qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]
     buf = None if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_w)
+    qk_buf = None if cfg.fused_qkv or buf is not None else packed(packs, p, il, "qk", qkv_w[:2])
+    parts = {}
     if cfg.fused_qkv:
         parts = _split_qkv(_fused_qkv(x, p, blk, hook), cfg)                          # [B, T, q_dim + 2*kv_dim]
     elif buf is not None:
         parts = _split_qkv(linear_forward(x, buf), cfg)                                # one matmul for q, k, v
+    elif qk_buf is not None:                                                           # one for q and k (v apart)
+        qk = linear_forward(x, qk_buf)
+        parts = {"q": qk[..., :cfg.q_dim], "k": qk[..., cfg.q_dim:]}
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
     fast_qk = (kv is not None and hook is identity and arith is F32 and cos is not None and x.dtype == np.float32
                and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
@@ -114,7 +119,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
             a = hook(name, parts[which].reshape(B, T, heads[which], hd), "VIEW",
                      ("wqkv_b" if blk + "attn_qkv.bias" in p else "wqkv",))
         else:
-            a = _proj(x, p, blk, which, name, hook, parts[which] if buf is not None else None)
+            a = _proj(x, p, blk, which, name, hook, parts.get(which))
             a = a.reshape(B, T, heads[which], hd)                                       # [B, T, h, hd]
             if not (cfg.qk_norm_full and which != "v"):   # OLMoE norms q/k first; its reshape is unnamed
                 a = hook(name, a, "RESHAPE", (name,))

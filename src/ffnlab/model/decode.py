@@ -39,7 +39,7 @@ class Layer(NamedTuple):
     attn_norm: tuple                 # (weight, bias or None)
     qkv: np.ndarray | None           # [q_dim + 2*kv_dim, d_model]: packed or GPT-2's fused matrix
     q: np.ndarray | None             # the separate projections when there is no qkv matrix
-    k: np.ndarray | None
+    k: np.ndarray | None             # (None where q is the packed q/k stack: v's type differs)
     v: np.ndarray | None
     qkv_b: np.ndarray | None         # [q_dim + 2*kv_dim] biases (Qwen2, GPT-2)
     q_norm: np.ndarray | None        # [hd] Gemma 3 per-head norms
@@ -83,10 +83,12 @@ def make_plan(p, cfg, packs=None) -> Plan:
                                     for b, d in zip(biases, dims)])
         else:
             qkv_b = None
+        qk = None if qkv is not None or cfg.fused_qkv else packed(packs, p, il, "qk", qkv_names[:2])
         gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
         layers.append(Layer(
             attn_norm=norm(blk + "attn_norm"), qkv=qkv,
-            q=None if qkv is not None else p[qkv_names[0]], k=None if qkv is not None else p[qkv_names[1]],
+            q=None if qkv is not None else _first(qk, p[qkv_names[0]]),
+            k=None if qkv is not None or qk is not None else p[qkv_names[1]],
             v=None if qkv is not None else p[qkv_names[2]], qkv_b=qkv_b,
             q_norm=p.get(blk + "attn_q_norm.weight"), k_norm=p.get(blk + "attn_k_norm.weight"),
             wo=_first(packed(packs, p, il, "attn_output", (blk + "attn_output.weight",)), p[blk + "attn_output.weight"]),
@@ -162,7 +164,7 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
     if L.qkv is not None:
         qkv = linear_forward(x, L.qkv)                                # [q_dim + 2*kv_dim]: one product
     else:
-        qkv = np.concatenate([linear_forward(x, L.q), linear_forward(x, L.k), linear_forward(x, L.v)])
+        qkv = np.concatenate([linear_forward(x, w) for w in (L.q, L.k, L.v) if w is not None])
     if L.qkv_b is not None:
         qkv += L.qkv_b
     qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads

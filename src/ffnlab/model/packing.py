@@ -86,13 +86,17 @@ def pack(params, cfg) -> dict:
 
 def pack_quantized(params, cfg) -> dict:
     """Lay out every quantized matrix for its kernels (QuantTensor.pack), q/k/v and gate/up of a
-    layer stacked into one matrix each. -> {(layer, "qkv"|"gate_up"): (stacked, part views)}.
+    layer stacked into one matrix each. -> {(layer, "qkv"|"qk"|"gate_up"): (stacked, part views)}.
+    Where v's type differs from q's and k's (Gemma 3's Q4_K_M: Q8_0 or Q6_K v beside Q5_0 q
+    and k), q and k are stacked alone ("qk"): one product instead of two.
     Called again on packed params (load_gguf packs while the tokenizer is built), it finds the
     stacks it made: each part remembers its stack."""
     from ..quant import QuantTensor
     packs = {}
     for il in range(cfg.n_layer):
-        for key, parts in (("qkv", QKV), ("gate_up", GATE_UP)):
+        for key, parts in (("qkv", QKV), ("qk", QKV[:2]), ("gate_up", GATE_UP)):
+            if key == "qk" and (il, "qkv") in packs:
+                continue
             names = [f"blk.{il}.{n}" for n in parts]
             if all(isinstance(params.get(n), QuantTensor) for n in names):
                 views = tuple(params[n] for n in names)
