@@ -227,45 +227,66 @@ def _pack_i8(qtype, data, table, qs, d):
 # ---- products (decode) ------------------------------------------------------------------------
 
 @njit(**FAST)
-def _nib_group(qs, qh, d, m, zero, g, x, xsum, y):
-    nb, width = qs.shape[1], qs.shape[3]
-    acc = np.zeros(width, np.float32)
-    inner = np.empty(width, np.float32)
-    sixteenth = np.float32(0.0625)                        # a high nibble as (byte & 0xF0) / 16: 32-bit lanes
+def _nib5_group(qs, qh, d, m, zero, g, x, xsum, y):
+    """_nib4_group for codes with a fifth bit (Q5_0, Q5_1, Q5_K): the 64 rows' inner sums in 8
+    registers of 8 lanes as there. The fifth bit of weight k is bit k % 8 of byte k // 8 of qh;
+    (byte & 2^(k % 8)) is 0 or 2^(k % 8), converted and multiplied by x * 16 / 2^(k % 8) (exact
+    powers of two): a shift by k % 8 would widen the lanes to 64 bits. An array of 64 inner sums
+    (the loop LLVM vectorized by itself) ran 5.8 G weights/s on Gemma 3's [4096, 640] Q5_0
+    gate/up, a third of the 4-bit kernel's rate (bench/RESULTS.md)."""
+    nb = qs.shape[1]
+    acc = np.zeros(R, np.float32)
+    has_m = m.shape[0] > 0
     for b in range(nb):
-        inner[:] = 0.0
+        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
+        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
         xo = b * 32
-        if qh.shape[0]:
-            # the fifth bit of weight k is bit k % 8 of byte k // 8; (byte & bit) is 0 or 2^(k % 8),
-            # so it is scaled by 16 / 2^(k % 8) (exact powers of two) rather than shifted: a
-            # shift by k would widen the lanes to 64 bits
-            for k in range(16):
-                unit = np.float32(16.0) / np.float32(1 << (k & 7))
-                xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
-                xl5, xh5 = xl * unit, x[xo + 16 + k] * unit
-                q, hl, hh, bit = qs[g, b, k], qh[g, b, k >> 3], qh[g, b, 2 + (k >> 3)], np.uint8(1 << (k & 7))
-                for r in range(width):
-                    v = np.int32(q[r])
-                    inner[r] += (np.float32(v & 15) * xl + np.float32(np.int32(hl[r] & bit)) * xl5) \
-                        + (np.float32(v & 240) * xh + np.float32(np.int32(hh[r] & bit)) * xh5)
-        else:
-            for k in range(16):
-                xl, xh = x[xo + k], x[xo + 16 + k] * sixteenth
-                q = qs[g, b, k]
-                for r in range(width):
-                    v = np.int32(q[r])
-                    inner[r] += np.float32(v & 15) * xl + np.float32(v & 240) * xh
-        xs = xsum[b]
-        db = d[g, b]
-        if m.shape[0]:
-            mb = m[g, b]
-            for r in range(width):
-                acc[r] += db[r] * inner[r] + mb[r] * xs
-        else:
-            zx = zero * xs
-            for r in range(width):
-                acc[r] += db[r] * (inner[r] - zx)
-    y[g * width:(g + 1) * width] = acc
+        q = (g * nb + b) * 16 * R
+        for k in range(16):
+            xl = simd.broadcast_load_f(x, xo + k)
+            xh = simd.broadcast_load_f(x, xo + 16 + k)
+            unit = np.float32(16.0) / np.float32(1 << (k & 7))
+            xl5 = simd.broadcast_f(x[xo + k] * unit)
+            xh5 = simd.broadcast_f(x[xo + 16 + k] * unit)
+            bit = simd.splat_i32(1 << (k & 7))
+            h = ((g * nb + b) * 4 + (k >> 3)) * R                  # fifth bits: byte k // 8 (low), 2 + k // 8 (high)
+            i0 = _nibbles5_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, i0)
+            i1 = _nibbles5_fma(qs, qh, q + 8, h + 8, bit, xl, xh, xl5, xh5, i1)
+            i2 = _nibbles5_fma(qs, qh, q + 16, h + 16, bit, xl, xh, xl5, xh5, i2)
+            i3 = _nibbles5_fma(qs, qh, q + 24, h + 24, bit, xl, xh, xl5, xh5, i3)
+            i4 = _nibbles5_fma(qs, qh, q + 32, h + 32, bit, xl, xh, xl5, xh5, i4)
+            i5 = _nibbles5_fma(qs, qh, q + 40, h + 40, bit, xl, xh, xl5, xh5, i5)
+            i6 = _nibbles5_fma(qs, qh, q + 48, h + 48, bit, xl, xh, xl5, xh5, i6)
+            i7 = _nibbles5_fma(qs, qh, q + 56, h + 56, bit, xl, xh, xl5, xh5, i7)
+            q += R
+        _acc_block(acc, d, m, zero, has_m, (g * nb + b) * R, xsum[b], i0, i1, i2, i3, i4, i5, i6, i7)
+    y[g * R:(g + 1) * R] = acc
+
+
+@njit(**FAST)
+def _nibbles5_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, inner):
+    """_nibbles_fma plus the fifth bits of the 8 rows at qh.flat[h] (low weights) and h + 2 R (high)"""
+    inner = _nibbles_fma(qs, q, xl, xh, inner)
+    inner = simd.fma(simd.to_float(simd.and_i(simd.widen8(qh, h), bit)), xl5, inner)
+    return simd.fma(simd.to_float(simd.and_i(simd.widen8(qh, h + 2 * R), bit)), xh5, inner)
+
+
+@njit(**FAST)
+def _acc_block(acc, d, m, zero, has_m, sb, xs, i0, i1, i2, i3, i4, i5, i6, i7):
+    """acc += a block's share for the 64 rows from their inner sums: d * inner + m * xs, or
+    d * (inner - zero * xs)"""
+    if has_m:
+        s = simd.broadcast_f(xs)
+        _acc_m(acc, 0, d, m, sb, i0, s); _acc_m(acc, 8, d, m, sb, i1, s)
+        _acc_m(acc, 16, d, m, sb, i2, s); _acc_m(acc, 24, d, m, sb, i3, s)
+        _acc_m(acc, 32, d, m, sb, i4, s); _acc_m(acc, 40, d, m, sb, i5, s)
+        _acc_m(acc, 48, d, m, sb, i6, s); _acc_m(acc, 56, d, m, sb, i7, s)
+    else:
+        zx = simd.broadcast_f(-zero * xs)
+        _acc_z(acc, 0, d, sb, i0, zx); _acc_z(acc, 8, d, sb, i1, zx)
+        _acc_z(acc, 16, d, sb, i2, zx); _acc_z(acc, 24, d, sb, i3, zx)
+        _acc_z(acc, 32, d, sb, i4, zx); _acc_z(acc, 40, d, sb, i5, zx)
+        _acc_z(acc, 48, d, sb, i6, zx); _acc_z(acc, 56, d, sb, i7, zx)
 
 
 @njit(**FAST)
@@ -280,7 +301,7 @@ def _block_sums(x, nb):
 
 @njit(**FAST)
 def _nib4_group(qs, d, m, zero, g, x, xsum, y):
-    """_nib_group for 4-bit codes without a fifth bit (Q4_0, Q4_1, Q4_K), in vector registers: the
+    """The matrix-vector product of one group for 4-bit codes (Q4_0, Q4_1, Q4_K), in vector registers: the
     64 rows' inner sums of a block are 8 registers of 8 lanes across its 16 positions (the loop
     over an inner[64] array stores and reloads it at every position, and checks aliasing each
     time: 1.2-1.6x slower, measured on one core). The same products (the high nibble shifted down
@@ -305,19 +326,7 @@ def _nib4_group(qs, d, m, zero, g, x, xsum, y):
             i6 = _nibbles_fma(qs, q + 48, xl, xh, i6)
             i7 = _nibbles_fma(qs, q + 56, xl, xh, i7)
             q += R
-        sb = (g * nb + b) * R
-        if has_m:
-            xs = simd.broadcast_f(xsum[b])
-            _acc_m(acc, 0, d, m, sb, i0, xs); _acc_m(acc, 8, d, m, sb, i1, xs)
-            _acc_m(acc, 16, d, m, sb, i2, xs); _acc_m(acc, 24, d, m, sb, i3, xs)
-            _acc_m(acc, 32, d, m, sb, i4, xs); _acc_m(acc, 40, d, m, sb, i5, xs)
-            _acc_m(acc, 48, d, m, sb, i6, xs); _acc_m(acc, 56, d, m, sb, i7, xs)
-        else:
-            zx = simd.broadcast_f(-zero * xsum[b])
-            _acc_z(acc, 0, d, sb, i0, zx); _acc_z(acc, 8, d, sb, i1, zx)
-            _acc_z(acc, 16, d, sb, i2, zx); _acc_z(acc, 24, d, sb, i3, zx)
-            _acc_z(acc, 32, d, sb, i4, zx); _acc_z(acc, 40, d, sb, i5, zx)
-            _acc_z(acc, 48, d, sb, i6, zx); _acc_z(acc, 56, d, sb, i7, zx)
+        _acc_block(acc, d, m, zero, has_m, (g * nb + b) * R, xsum[b], i0, i1, i2, i3, i4, i5, i6, i7)
     y[g * R:(g + 1) * R] = acc
 
 
@@ -345,7 +354,7 @@ def matvec_nib(qs, qh, d, m, zero, x, y):
     xsum = _block_sums(x, qs.shape[1])
     if qh.shape[0]:
         for g in prange(qs.shape[0]):
-            _nib_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
+            _nib5_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
     else:
         for g in prange(qs.shape[0]):
             _nib4_group(qs, d, m, np.float32(zero), g, x, xsum, y)
