@@ -20,7 +20,7 @@ def _bound(x, rows):
 
 
 def _gemm_z(P, x, y, col0, t_lo, t_hi):
-    gemm._gemm_z(P, gemm.pack_tokens(x, gemm.TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi)
+    gemm._gemm_z(P, gemm.pack_tokens(x, gemm.TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi, P.shape[1])
 
 
 def _this_cpu(P, x, y, col0, t_lo, t_hi):
@@ -107,3 +107,21 @@ def test_pack_tokens_lays_out_each_tile_of_tokens_by_position(width):
                 for t in range(width):
                     ref[i, :, t] = x[min(i * width + t, T - 1)]
             assert np.array_equal(gemm.pack_tokens(x, width), ref), (T, n)
+
+
+def test_gemm_prefix_sums_only_the_positions_asked_for():
+    """attention's probabilities are zeros past a run of queries' last key: gemm_prefix gives
+    gemm_strips' values while the 512-bit tiles stop at n_j (x past n_j set to NaN here would
+    poison any sum that read them; the 256-bit tiles read them all, so there they are zeros)"""
+    rng = np.random.default_rng(11)
+    P = rng.standard_normal((5, 300, 16)).astype(np.float32)
+    for n_j in (1, 17, 256, 299, 300):
+        x = rng.standard_normal((23, 300)).astype(np.float32)
+        x[:, n_j:] = 0.0
+        want = np.empty((23, 80), np.float32)
+        gemm.gemm_strips(P, x, want, 0, 0, -1, gemm.HAS_AVX512)
+        if gemm.HAS_AVX512:
+            x[:, n_j:] = np.nan
+        got = np.empty((23, 80), np.float32)
+        gemm.gemm_prefix(P, x, got, n_j, gemm.HAS_AVX512)
+        assert np.array_equal(got, want), n_j

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.fastmath import exp32
-from ..quant.gemm import STRIP, gemm_strips
+from ..quant.gemm import STRIP, gemm_prefix, gemm_strips
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
 # raises ZeroDivisionError, e.g. on a model whose weights hold infinities)
@@ -115,7 +115,7 @@ def attend_rows(q, K, V, p0, window, scale, out, wide):
             for j in range(lo, pos + 1):
                 pr[j] = row[j] / norm
         o = np.empty((t1 - t0, hd), np.float32)
-        gemm_strips(vs[bk], probs, o, 0, 0, -1, wide)             # the probabilities' sum of v
+        gemm_prefix(vs[bk], probs, o, n_keys, wide)              # the probabilities' sum of v, keys < n_keys
         out[b, t0:t1, h] = o
 
 

@@ -52,7 +52,7 @@ def gemm_strips(P, x, y, col0, t_lo, t_hi, wide):
     read here: numba's disk cache would keep the value a kernel was first compiled with, so
     FFNLAB_NO_AVX512=1 would run a stale choice."""
     if wide:
-        _gemm_z(P, pack_tokens(x, TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi)
+        _gemm_z(P, pack_tokens(x, TOKENS_Z), y, col0, t_lo, x.shape[0] if t_hi < 0 else t_hi, P.shape[1])
     else:
         _gemm_y(P, x, y, col0, t_lo, t_hi)
 
@@ -62,9 +62,20 @@ def gemm_packed(P, x, xp, y, col0, t_lo, t_hi, wide):
     """gemm_strips for a caller that multiplies x by many tiles: xp = token_tiles(x, wide), each tile
     filled by pack_tile, made once"""
     if wide:
-        _gemm_z(P, xp, y, col0, t_lo, t_hi)
+        _gemm_z(P, xp, y, col0, t_lo, t_hi, P.shape[1])
     else:
         _gemm_y(P, x, y, col0, t_lo, t_hi)
+
+
+@njit(cache=True, nogil=True)
+def gemm_prefix(P, x, y, n_j, wide):
+    """gemm_strips(P, x, y, 0, 0, -1, wide) where x[:, n_j:] is zeros (attention's probabilities
+    past a run of queries' last key): the 512-bit tiles sum over positions 0..n_j only, the
+    256-bit ones over all (the zeros add nothing)"""
+    if wide:
+        _gemm_z(P, pack_tokens(x, TOKENS_Z), y, 0, 0, x.shape[0], n_j)
+    else:
+        _gemm_y(P, x, y, 0, 0, -1)
 
 
 @njit(cache=True, nogil=True)
@@ -176,9 +187,9 @@ def pack_tile(x, xp, i):
 
 
 @njit(cache=True, nogil=True)
-def _gemm_z(P, xp, y, col0, t_lo, t_hi):
+def _gemm_z(P, xp, y, col0, t_lo, t_hi, n_j):
     """gemm_strips in 512-bit registers, over x packed by pack_tokens(x, TOKENS_Z) (t_hi: the
-    number of tokens, not -1). A strip's 16 rows are one register, and a tile is two strips
+    number of tokens, not -1), summing over positions 0..n_j (P.shape[1]: all). A strip's 16 rows are one register, and a tile is two strips
     (32 rows) x 10 tokens: 20 accumulators; per j, two loads of weights and ten broadcasts of
     x[t, j], which lie side by side (one pointer for x: with x as [T, n], ten row pointers left too
     few registers, two reloads from the stack and ten increments a position, 5-8% slower). j runs
@@ -188,8 +199,8 @@ def _gemm_z(P, xp, y, col0, t_lo, t_hi):
     for s in range(0, S, 2):
         pair = s + 1 < S
         p0, p1 = s * n * STRIP, (s + 1 if pair else s) * n * STRIP
-        for k0 in range(0, n, KC_Z):
-            block_z(P, p0, p1, xp, y, col0 + STRIP * s, k0, min(n, k0 + KC_Z), t_lo, t_hi, pair)
+        for k0 in range(0, n_j, KC_Z):
+            block_z(P, p0, p1, xp, y, col0 + STRIP * s, k0, min(n_j, k0 + KC_Z), t_lo, t_hi, pair)
 
 
 @njit(cache=True, nogil=True, inline="always")
