@@ -61,3 +61,45 @@ def test_a_window_of_one_returns_the_own_value():
     for t in range(4):
         for h in range(2):
             np.testing.assert_array_equal(out[0, t, h], V[0, 0, 2 + t])
+
+
+@pytest.mark.parametrize("H, Hkv", [(6, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (0, 30.0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attend1_matches_float64_attention(H, Hkv, window, softcap, dtype):
+    """decode_kernels.attend1 (one token over the cache; a KV head's query heads read each key and
+    value once, together) against the float64 definition, after its RoPE: scores soft-capped when
+    asked, the window's first position lo, grouped KV heads. The bound of this file's header, with
+    float64's unit when the cache is float64; RoPE's own rounding (a few units) is inside it."""
+    from ffnlab.model.decode_kernels import attend1
+    hd, n, n_ctx = 32, 12, 16
+    rng = np.random.default_rng(H * 10 + window)
+    qk = rng.standard_normal((H + Hkv, hd)).astype(dtype)
+    v = rng.standard_normal((Hkv, hd)).astype(dtype)
+    K = rng.standard_normal((Hkv, n_ctx, hd)).astype(dtype)
+    V = rng.standard_normal((Hkv, n_ctx, hd)).astype(dtype)
+    ang = rng.random(hd // 2) * 6.0
+    cos, sin = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+    lo = max(0, n - window + 1) if window else 0
+    scale = 1 / np.sqrt(hd)
+    # the reference: RoPE (neox pairs) in float64, then the attention
+    q64 = qk.astype(np.float64)
+    half = hd // 2
+    rot = np.concatenate([q64[:, :half] * cos - q64[:, half:] * sin, q64[:, :half] * sin + q64[:, half:] * cos], axis=1)
+    K64, V64 = K.astype(np.float64), V.astype(np.float64)
+    K64[:, n], V64[:, n] = rot[H:], v
+    want = np.empty((H, hd))
+    for h in range(H):
+        kv = h // (H // Hkv)
+        s = K64[kv, lo:n + 1] @ rot[h] * scale
+        if softcap:
+            s = np.tanh(s / softcap) * softcap
+        p = np.exp(s - s.max())
+        want[h] = (p / p.sum()) @ V64[kv, lo:n + 1]
+    out = np.empty((H, hd), dtype)
+    attend1(qk.copy(), v, cos, sin, True, K, V, n, lo, dtype(scale), dtype(softcap), out)
+    u = U if dtype == np.float32 else 2.0 ** -53
+    gamma = lambda m: m * u / (1 - m * u)                                             # noqa: E731
+    tol = 4 * (gamma(hd) * hd + gamma(n + 1) + (1e-6 if dtype == np.float32 else 1e-14)) * np.abs(V64).max()
+    assert np.abs(out - want).max() <= tol
+    assert np.abs(K[:, n] - rot[H:]).max() <= 8 * u * np.abs(rot).max()               # the rotated k, cached
