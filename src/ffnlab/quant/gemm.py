@@ -178,9 +178,10 @@ def pack_tile(x, xp, i):
             store_z(xp, b + 70, o[7]); store_z(xp, b + 80, o[8]); store_z(xp, b + 90, o[9])
             store_z(xp, b + 100, o[10]); store_z(xp, b + 110, o[11]); store_z(xp, b + 120, o[12])
             store_z(xp, b + 130, o[13]); store_z(xp, b + 140, o[14])
-            if j0 + 16 < n:
+            j = j0 + 15                                   # the block's last position: stored whole
+            if j0 + 16 < n:                               # when the tile goes on past it
                 store_z(xp, b + 150, o[15])
-            j = j0 + 15 + (j0 + 16 < n)
+                j = j0 + 16
     for jj in range(j, n):                                # the rest (and the tile's last position)
         for t in range(width):
             xp[i, jj, t] = x[min(i * width + t, T - 1), jj]
@@ -189,8 +190,8 @@ def pack_tile(x, xp, i):
 @njit(cache=True, nogil=True)
 def _gemm_z(P, xp, y, col0, t_lo, t_hi, n_j):
     """gemm_strips in 512-bit registers, over x packed by pack_tokens(x, TOKENS_Z) (t_hi: the
-    number of tokens, not -1), summing over positions 0..n_j (P.shape[1]: all). A strip's 16 rows are one register, and a tile is two strips
-    (32 rows) x 10 tokens: 20 accumulators; per j, two loads of weights and ten broadcasts of
+    number of tokens, not -1), summing over positions 0..n_j (P.shape[1]: all). A strip's 16 rows
+    are one register, and a tile is two strips (32 rows) x 10 tokens: 20 accumulators; per j, two loads of weights and ten broadcasts of
     x[t, j], which lie side by side (one pointer for x: with x as [T, n], ten row pointers left too
     few registers, two reloads from the stack and ten increments a position, 5-8% slower). j runs
     in blocks of KC_Z, so a block of the two strips (32 KB) stays in L1 while every token tile
