@@ -203,3 +203,14 @@ def test_work_counter_hands_out_every_item_once():
     seen = np.zeros(10_000, np.int64)
     draw(10_000, min(2, numba.get_num_threads()), seen)
     assert np.all(seen == 1)                         # a counter copied per thread would draw each item twice
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_half_scale_types_keep_the_files_bytes(qtype):
+    """Their d (and m) are the file's halves, kept as their 16 bits: the packed copy is exactly as
+    large as the file's blocks (128 rows: whole groups), and dequantizes to gguf-py's values
+    (the bit-for-bit test above); the K-quants' scales are products and stay float32."""
+    w, _, data = make(qtype, 128, 512, layout="packed")
+    assert w.packed.d.dtype == np.uint16 and w.packed.nbytes == data.nbytes
+    k, _, _ = make("Q4_K", 128, 512, layout="packed")
+    assert k.packed.d.dtype == np.float32

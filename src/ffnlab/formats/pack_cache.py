@@ -40,7 +40,8 @@ ALIGN = 64
 DEFAULT_LIMIT_MB = 4096
 MIN_FREE = 1 << 30
 FIELDS = ("qs", "qh", "d", "m")                     # packed.Packed's arrays, in this order
-DTYPES = {"nib": ("uint8", "uint8", "float32", "float32"), "i8": ("int8", "uint8", "float32", "float32")}
+DTYPES = {"nib": ("uint8", "uint8"), "i8": ("int8", "uint8")}   # qs, qh; d and m: the unit's "scales"
+SCALES = ("float32", "uint16")                       # packed.scale_dtype: float32, or half bits
 
 
 def _limit() -> int:
@@ -130,6 +131,8 @@ def _read(buf, params):
 def _same_kind(P, qtype) -> bool:
     """whether P is the layout packed.pack makes for this ggml type: its family, zero point, fifth
     bits and offsets, codes per scale"""
+    if P.d.dtype != packed.scale_dtype(qtype):
+        return False
     if qtype in packed.NIB_TYPES:
         zero, fifth, has_m = packed.NIB_TYPES[qtype]
         return P.kind == "nib" and P.zero == zero and bool(P.qh.size) == fifth and bool(P.m.size) == has_m
@@ -142,7 +145,10 @@ def _unit(buf, base, u):
     if kind not in DTYPES or rows <= 0 or n <= 0:
         raise ValueError("bad unit")
     arrays = []
-    for (offset, shape), dtype in zip(u["arrays"], DTYPES[kind]):
+    scales = u.get("scales")
+    if scales not in SCALES:
+        raise ValueError("unknown scale type")
+    for (offset, shape), dtype in zip(u["arrays"], DTYPES[kind] + (scales, scales)):
         shape = tuple(int(s) for s in shape)
         size = int(np.prod(shape)) * np.dtype(dtype).itemsize
         offset = base + int(offset)
@@ -150,6 +156,8 @@ def _unit(buf, base, u):
             raise ValueError("array out of the file")
         arrays.append(np.frombuffer(buf, dtype, int(np.prod(shape)), offset).reshape(shape))
     qs, qh, d, m = arrays
+    if not m.size:
+        m = packed._NONE_F                                          # as packed.empty leaves it: one kernel signature
     G, B = -(-rows // packed.R), qs.shape[2] if qs.ndim == 4 else 0
     width = 16 if kind == "nib" else B
     blocks = n // (32 if kind == "nib" else max(B, 1))
@@ -224,7 +232,8 @@ def _layout(units, tensors):
             shapes.append([off, list(a.shape)])
             arrays.append((off, a))
             off = _aligned(off + a.nbytes)
-        index["units"].append({"kind": P.kind, "rows": P.rows, "n": P.n, "zero": int(P.zero), "arrays": shapes})
+        index["units"].append({"kind": P.kind, "rows": P.rows, "n": P.n, "zero": int(P.zero), "arrays": shapes,
+                               "scales": P.d.dtype.name})
     return index, arrays, off
 
 

@@ -254,7 +254,7 @@ def pack(qtype, data, table, n, int8=INT8):
     if int8 and qtype in BLOCK32_TYPES:
         return ggml_int8.pack(qtype, data, table, n)
     if qtype in (Q4_0, Q4_1, Q8_0):
-        return packed.pack(qtype, data, table, n)
+        return packed.pack(qtype, data, table, n, half=False)           # float32 scales: the float kernels
     if qtype == Q5_0:
         G = -(-data.shape[0] // R)
         qs, d = np.zeros((G, n // 32, 32, R), np.int8), np.zeros((G, n // 32, R), np.float32)
@@ -265,7 +265,7 @@ def pack(qtype, data, table, n, int8=INT8):
 
 def empty(qtype, rows, n):
     """An empty layout of pack()'s kind for a type in STACKABLE, to fill() (stacked matrices)"""
-    return ggml_int8.empty(qtype, rows, n) if INT8 else packed.empty(qtype, rows, n)
+    return ggml_int8.empty(qtype, rows, n) if INT8 else packed.empty(qtype, rows, n, half=False)
 
 
 def fill(P, qtype, data, table):

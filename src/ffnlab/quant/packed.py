@@ -16,20 +16,24 @@ row-at-a-time kernels of kernels.py (bench/bench_quant_kernels.py).
 Two families cover the types (blocks.py has their GGUF layouts):
 
   NIB  4-bit codes, two per byte as in Q4_0 (byte k: weight k low, weight k + 16 high), an
-       optional fifth bit per weight (4 bytes per block: bit i of byte j for weight 8j + i), a float32
-       scale d and optional float32 offset m per 32 weights:   w = d * (q - zero) + m
+       optional fifth bit per weight (4 bytes per block: bit i of byte j for weight 8j + i), a
+       scale d and optional offset m per 32 weights:   w = d * (q - zero) + m
        Q4_0 (zero 8), Q4_1 (m), Q5_0 (fifth bit, zero 16), Q5_1 (fifth bit, m),
        Q4_K and Q5_K (each 32-weight sub-block: d = d * scale, m = -(dmin * min)).
-  I8   signed 8-bit codes with a float32 scale per B weights:  w = d * q
+  I8   signed 8-bit codes with a scale per B weights:  w = d * q
        Q8_0 (B = 32), Q6_K (B = 16: d = d * scale, q = code - 32).
 
-Every d and m is the float32 product gguf-py's dequantize forms (a half times a small integer,
-exact in float32), and dequantization here does the same multiply and add, so the weights are
-the same values bit for bit; only the order of the products' float32 sums changes. Q2_K and
-Q3_K (8-bit codes would be 3-4x their blocks), F16, BF16 and F32 keep kernels.py's row kernels.
+Every d and m is the float32 value gguf-py's dequantize forms, and dequantization here does the
+same multiply and add, so the weights are the same values bit for bit; only the order of the
+products' float32 sums changes. Where d and m are the file's halves (HALF_SCALES: Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0) they are kept as their 16 bits (uint16: numba has no float16 on the CPU) and
+widened by the kernels (simd.load_scales: exact); the K-quants' are products of a half and a
+small integer, exact in float32 only, and stay float32. Q2_K and Q3_K (8-bit codes would be 3-4x
+their blocks), F16, BF16 and F32 keep kernels.py's row kernels.
 
-Memory: NIB is 20-28 bytes per 32 weights against the file's 18-24, I8 36 per 32 (Q8_0 34) and
-20 per 16 (Q6_K 13.1). The file's pages are given back after packing (QuantTensor.pack), so a
+Memory: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 take the file's own bytes (18, 20, 22, 24 and 34 per
+32 weights); Q4_K and Q5_K 24 and 28 against 18 and 22, Q6_K 20 per 16 against 13.1. Half scales
+took SmolLM2's packed weights from 111.5 to 96.4 MB, Gemma 3's from 270.4 to 255.9. The file's pages are given back after packing (QuantTensor.pack), so a
 model's resident weights are this copy, not the copy plus the file.
 """
 import numba
@@ -44,6 +48,7 @@ R = 64                                  # rows interleaved per group
 NIB_TYPES = {Q4_0: (8, False, False), Q4_1: (0, False, True), Q5_0: (16, True, False),
              Q5_1: (0, True, True), Q4_K: (0, False, True), Q5_K: (0, True, True)}   # zero, fifth bit, m
 I8_TYPES = {Q8_0: 32, Q6_K: 16}        # codes per scale
+HALF_SCALES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)   # d (and m) are the file's halves: kept as their 16 bits
 PACKED_TYPES = tuple(NIB_TYPES) + tuple(I8_TYPES)
 FAST = dict(cache=True, nogil=True, fastmath=True)
 EXACT = dict(cache=True, nogil=True)    # no fastmath: dequantized values exactly as gguf-py's
@@ -112,30 +117,37 @@ class Packed:
             dequant_i8_strips(self.qs, self.d, g0, g1, out, simd.HAS_AVX512)
 
 
-def pack(qtype, data, table, n) -> Packed:
+def pack(qtype, data, table, n, half=True) -> Packed:
     """data: [rows, row_bytes] uint8 blocks of ggml type qtype (one of PACKED_TYPES) -> Packed."""
-    P = empty(qtype, data.shape[0], n)
+    P = empty(qtype, data.shape[0], n, half)
     fill(P, qtype, data, table)
     return P
 
 
-def shapes(qtype, rows, n) -> list:
+def scale_dtype(qtype, half=True):
+    """d and m of qtype's layout: the file's half-precision bits as uint16 where they are halves
+    (HALF_SCALES; the kernels widen them, exactly), float32 where they are products (the K-quants'
+    d x scale). half=False: float32 for every type (ggml_packed's float kernels)."""
+    return np.uint16 if half and qtype in HALF_SCALES else np.float32
+
+
+def shapes(qtype, rows, n, half=True) -> list:
     """The arrays empty() makes for rows x n weights of ggml type qtype: [(shape, dtype)] in the
     order qs, qh, d, m (an absent qh or m has no entry)."""
-    G = -(-rows // R)
+    G, sd = -(-rows // R), scale_dtype(qtype, half)
     if qtype in NIB_TYPES:
         zero, fifth, has_m = NIB_TYPES[qtype]
         return [((G, n // 32, 16, R), np.uint8)] + ([((G, n // 32, 4, R), np.uint8)] if fifth else []) + \
-            [((G, n // 32, R), np.float32)] + ([((G, n // 32, R), np.float32)] if has_m else [])
+            [((G, n // 32, R), sd)] + ([((G, n // 32, R), sd)] if has_m else [])
     B = I8_TYPES[qtype]
-    return [((G, n // B, B, R), np.int8), ((G, n // B, R), np.float32)]
+    return [((G, n // B, B, R), np.int8), ((G, n // B, R), sd)]
 
 
-def empty(qtype, rows, n) -> Packed:
+def empty(qtype, rows, n, half=True) -> Packed:
     """A Packed of rows x n weights of ggml type qtype, to fill(). fill() writes every row below
     rows, and the rows past them in the last group are zeros here (np.zeros of the whole would
     write ~110 MB of zeros for SmolLM2 that fill() then overwrites)."""
-    arrays = [np.empty(shape, dtype) for shape, dtype in shapes(qtype, rows, n)]
+    arrays = [np.empty(shape, dtype) for shape, dtype in shapes(qtype, rows, n, half)]
     for a in arrays:
         if rows % R:
             a[-1, ..., rows % R:] = 0                     # [G, ..., R]: the last group's rows past `rows`
@@ -166,9 +178,9 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
             if qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q5_1:
                 size = 18 if qtype == Q4_0 else 20 if qtype == Q4_1 else 22 if qtype == Q5_0 else 24
                 o = b * size
-                d[g, b, l] = half_float(src, o, table)
+                _put_half(d, g, b, l, src, o, table)
                 if qtype == Q4_1 or qtype == Q5_1:
-                    m[g, b, l] = half_float(src, o + 2, table)
+                    _put_half(m, g, b, l, src, o + 2, table)
                 q0 = o + size - 16
                 for k in range(16):
                     qs[g, b, k, l] = src[q0 + k]
@@ -196,6 +208,15 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
                         qh[g, b, j, l] = np.uint8((bits >> (8 * j)) & 255)
 
 
+@njit(**EXACT)
+def _put_half(a, g, b, l, src, o, table):
+    """a[g, b, l] = the half at src[o:o+2]: its 16 bits into a uint16 array, its value into a float32 one"""
+    if a.itemsize == 2:
+        a[g, b, l] = np.uint16(np.int32(src[o]) | (np.int32(src[o + 1]) << 8))
+    else:
+        a[g, b, l] = half_float(src, o, table)
+
+
 @njit(parallel=True, **EXACT)
 def _pack_i8(qtype, data, table, qs, d):
     nb, B = qs.shape[1], qs.shape[2]
@@ -204,7 +225,7 @@ def _pack_i8(qtype, data, table, qs, d):
         if qtype == Q8_0:
             for b in range(nb):
                 o = b * 34
-                d[g, b, l] = half_float(src, o, table)
+                _put_half(d, g, b, l, src, o, table)
                 for k in range(32):
                     qs[g, b, k, l] = np.int8((np.int32(src[o + 2 + k]) ^ 128) - 128)
         else:                                             # Q6_K: 16 groups of 16 per 256-weight block
@@ -340,13 +361,14 @@ def _nibbles_fma(qs, q, xl, xh, inner):
 @njit(**FAST)
 def _acc_m(acc, o, d, m, sb, inner, xs):
     """acc[o:o+8] += d * inner + m * xs"""
-    simd.store_f(acc, o, simd.add(simd.load_f(acc, o), simd.fma(simd.load_f(m, sb + o), xs, simd.mul(simd.load_f(d, sb + o), inner))))
+    simd.store_f(acc, o, simd.add(simd.load_f(acc, o), simd.fma(simd.load_scales(m, sb + o), xs,
+                                                                simd.mul(simd.load_scales(d, sb + o), inner))))
 
 
 @njit(**FAST)
 def _acc_z(acc, o, d, sb, inner, zx):
     """acc[o:o+8] += d * (inner - zero * xs)"""
-    simd.store_f(acc, o, simd.fma(simd.load_f(d, sb + o), simd.add(inner, zx), simd.load_f(acc, o)))
+    simd.store_f(acc, o, simd.fma(simd.load_scales(d, sb + o), simd.add(inner, zx), simd.load_f(acc, o)))
 
 
 @njit(parallel=True, **FAST)
@@ -522,9 +544,9 @@ def _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, b0, b1, out, o):
     m0 = simd.broadcast_z(0.0)
     for b in range(b0, b1):
         i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
-        d0 = simd.load_z(d, i)
+        d0 = simd.load_scales_z(d, i)
         if has_m:
-            m0 = simd.load_z(m, i)
+            m0 = simd.load_scales_z(m, i)
         for k in range(16):
             v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
             lo = simd.to_float_z(simd.low_nibbles_z(v))
@@ -555,9 +577,9 @@ def _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out):
             o = ((g - g0) * (R // 16) + h) * n * 16              # strip (g - g0, h), position 0
             for b in range(nb):
                 i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
-                d0, d1 = simd.load_f(d, i), simd.load_f(d, i + 8)
+                d0, d1 = simd.load_scales(d, i), simd.load_scales(d, i + 8)
                 if has_m:
-                    m0, m1 = simd.load_f(m, i), simd.load_f(m, i + 8)
+                    m0, m1 = simd.load_scales(m, i), simd.load_scales(m, i + 8)
                 for k in range(16):
                     q = ((g * nb + b) * 16 + k) * R + 16 * h     # codes of weights k and k + 16
                     v0, v1 = simd.widen8(qs, q), simd.widen8(qs, q + 8)
@@ -597,9 +619,10 @@ def _rows_nib(qs, qh, d, m, zero, ids, out):
                 if qh.shape[0]:
                     code |= ((np.int32(qh[g, b, k >> 3, r]) >> (k & 7)) & 1) << 4
                 if m.shape[0]:
-                    out[i, b * 32 + k] = d[g, b, r] * np.float32(code) + m[g, b, r]
+                    out[i, b * 32 + k] = simd.scale_at(d, (g * nb + b) * width + r) * np.float32(code) \
+                        + simd.scale_at(m, (g * nb + b) * width + r)
                 else:
-                    out[i, b * 32 + k] = d[g, b, r] * np.float32(code - zero)
+                    out[i, b * 32 + k] = simd.scale_at(d, (g * nb + b) * width + r) * np.float32(code - zero)
 
 
 @njit(**EXACT)
@@ -609,7 +632,7 @@ def _rows_i8(qs, d, ids, out):
         g, r = ids[i] // width, ids[i] % width
         for b in range(nb):
             for k in range(B):
-                out[i, b * B + k] = d[g, b, r] * np.float32(qs[g, b, k, r])
+                out[i, b * B + k] = simd.scale_at(d, (g * nb + b) * width + r) * np.float32(qs[g, b, k, r])
 
 
 @njit(**EXACT)
@@ -636,7 +659,7 @@ def _i8_strip_z(qs, d, g, h, b0, b1, out, o):
     of row g R + 16 h + c (B weights a block)"""
     nb, B = qs.shape[1], qs.shape[2]
     for b in range(b0, b1):
-        d0 = simd.load_z(d, (g * nb + b) * R + 16 * h)
+        d0 = simd.load_scales_z(d, (g * nb + b) * R + 16 * h)
         for k in range(B):
             q = ((g * nb + b) * B + k) * R + 16 * h
             simd.store_z(out, o + ((b - b0) * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
@@ -651,7 +674,7 @@ def _dequant_i8_y(qs, d, g0, g1, out):
             o = ((g - g0) * (R // 16) + h) * n * 16
             for b in range(nb):
                 i = (g * nb + b) * R + 16 * h
-                d0, d1 = simd.load_f(d, i), simd.load_f(d, i + 8)
+                d0, d1 = simd.load_scales(d, i), simd.load_scales(d, i + 8)
                 for k in range(B):
                     q = ((g * nb + b) * B + k) * R + 16 * h
                     w = o + (b * B + k) * 16

@@ -144,6 +144,45 @@ load_f = _load("load_f", F32x8, m256, "8 float32 from ary.flat[index] -> m256")
 load_z = _load("load_z", F32x16, m512, "16 float32 from ary.flat[index] -> m512")
 
 
+def _scales(lanes, vecty, result, doc):
+    """An intrinsic loading `lanes` scales from ary.flat[index] as float32: a float32 array as
+    it is, a uint16 array as IEEE half-precision bits, widened (vcvtph2ps: exact)"""
+    @intrinsic
+    def load(typingctx, ary, index):
+        _contiguous(ary)
+        half = ary.dtype == types.uint16
+        if not half and ary.dtype != types.float32:
+            raise numba.core.errors.TypingError(f"float32 or uint16 (half) scales, not {ary}")
+
+        def codegen(context, builder, sig, args):
+            if not half:
+                return builder.load(_pointer(context, builder, sig.args[0], *args, vecty), align=1)
+            bits = builder.load(_pointer(context, builder, sig.args[0], *args, ir.VectorType(ir.IntType(16), lanes)),
+                                align=1)
+            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes)), vecty)
+        return result(ary, index), codegen
+    load.__doc__ = doc
+    return load
+
+
+load_scales = _scales(8, F32x8, m256, "8 scales from ary.flat[index] (float32, or half bits in uint16) -> m256")
+load_scales_z = _scales(16, F32x16, m512, "16 scales from ary.flat[index] (float32, or half bits in uint16) -> m512")
+
+
+@intrinsic
+def scale_at(typingctx, ary, index):
+    """the scale at ary.flat[index] as a float32 (a float32 array, or half bits in a uint16 one)"""
+    _contiguous(ary)
+    half = ary.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        if not half:
+            return builder.load(_pointer(context, builder, sig.args[0], *args, ir.FloatType()))
+        bits = builder.load(_pointer(context, builder, sig.args[0], *args, ir.IntType(16)))
+        return builder.fpext(builder.bitcast(bits, ir.HalfType()), ir.FloatType())
+    return types.float32(ary, index), codegen
+
+
 @intrinsic
 def broadcast4(typingctx, ary, index):
     """the 4 bytes at ary.flat[index] in each of the 8 32-bit lanes (vpbroadcastd): one lane's
