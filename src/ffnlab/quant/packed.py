@@ -102,11 +102,8 @@ class Packed:
         threads = numba.get_num_threads()
         scratch = _scratch(threads, 2 * KC_Z * STRIP if simd.HAS_AVX512 else 4 * per * self.n * STRIP)
         workers = min(n_items, threads)
-        if self.kind == "nib":
-            _matmul_nib(self.qs, self.qh, self.d, self.m, np.float32(self.zero), x, y, per, chunks, step, scratch,
-                        workers, simd.HAS_AVX512)
-        else:
-            _matmul_i8(self.qs, self.d, x, y, per, chunks, step, scratch, workers, simd.HAS_AVX512)
+        _matmul(self.qs, self.qh, self.d, self.m, np.float32(self.zero), self.kind == "nib", x, y, per, chunks, step,
+                scratch, workers, simd.HAS_AVX512)
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
@@ -443,9 +440,9 @@ def _scratch(n_threads, size) -> np.ndarray:
 
 
 @njit(parallel=True, **EXACT)
-def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers, wide):
+def _matmul(qs, qh, d, m, zero, nib, x, y, per, chunks, step, scratch, workers, wide):
+    """Packed.matmul's parallel region, for either family (nib: NIB, else I8)"""
     G, n, T = qs.shape[0], x.shape[1], x.shape[0]
-    five, has_m = qh.shape[0] > 0, m.shape[0] > 0
     n_items = -(-G // per) * chunks
     xp = token_tiles(x, wide)                             # x as the register tile reads it, once for all tiles,
     for t in prange(xp.shape[0]):                         # packed on both threads (a parallel region of its own)
@@ -462,47 +459,27 @@ def _matmul_nib(qs, qh, d, m, zero, x, y, per, chunks, step, scratch, workers, w
                     for h in range(0, R // STRIP, 2):
                         for k0 in range(0, n, KC_Z):
                             k1 = min(n, k0 + KC_Z)
-                            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, k0 // 32, k1 // 32, buf0, 0)
-                            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h + 1, k0 // 32, k1 // 32, buf0,
-                                         KC_Z * STRIP)
+                            _strip_z(qs, qh, d, m, zero, nib, g, h, k0, k1, buf0, 0)
+                            _strip_z(qs, qh, d, m, zero, nib, g, h + 1, k0, k1, buf0, KC_Z * STRIP)
                             _block_product(buf0, xp, y, g * R + STRIP * h, k0, k1, t0, t1)
             else:
                 S = (g1 - g0) * (R // STRIP)
                 buf = buf0[:S * n * STRIP].reshape((S, n, STRIP))
-                _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, buf)
+                if nib:
+                    _dequant_nib_y(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g0, g1, buf)
+                else:
+                    _dequant_i8_y(qs, d, g0, g1, buf)
                 gemm_packed(buf, x, xp, y, g0 * R, t0, t1, wide)
             i = simd.fetch_add(counter, 0, 1)
 
 
-@njit(parallel=True, **EXACT)
-def _matmul_i8(qs, d, x, y, per, chunks, step, scratch, workers, wide):
-    G, n, T = qs.shape[0], x.shape[1], x.shape[0]
-    B = qs.shape[2]
-    n_items = -(-G // per) * chunks
-    xp = token_tiles(x, wide)                             # x as the register tile reads it, once for all tiles,
-    for t in prange(xp.shape[0]):                         # packed on both threads (a parallel region of its own)
-        pack_tile(x, xp, t)
-    counter = np.zeros(1, np.int64)
-    for _ in prange(workers):
-        buf0 = scratch[numba.get_thread_id()]
-        i = simd.fetch_add(counter, 0, 1)
-        while i < n_items:
-            g0, t0 = (i // chunks) * per, (i % chunks) * step
-            g1, t1 = min(G, g0 + per), min(T, t0 + step)
-            if wide:
-                for g in range(g0, g1):
-                    for h in range(0, R // STRIP, 2):
-                        for k0 in range(0, n, KC_Z):
-                            k1 = min(n, k0 + KC_Z)
-                            _i8_strip_z(qs, d, g, h, k0 // B, k1 // B, buf0, 0)
-                            _i8_strip_z(qs, d, g, h + 1, k0 // B, k1 // B, buf0, KC_Z * STRIP)
-                            _block_product(buf0, xp, y, g * R + STRIP * h, k0, k1, t0, t1)
-            else:
-                S = (g1 - g0) * (R // STRIP)
-                buf = buf0[:S * n * STRIP].reshape((S, n, STRIP))
-                _dequant_i8_y(qs, d, g0, g1, buf)
-                gemm_packed(buf, x, xp, y, g0 * R, t0, t1, wide)
-            i = simd.fetch_add(counter, 0, 1)
+@njit(**EXACT)
+def _strip_z(qs, qh, d, m, zero, nib, g, h, k0, k1, out, o):
+    """positions k0..k1 of strip h of group g, of either family, into out.flat[o:] (16 lanes)"""
+    if nib:
+        _nib_strip_z(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g, h, k0 // 32, k1 // 32, out, o)
+    else:
+        _i8_strip_z(qs, d, g, h, k0 // qs.shape[2], k1 // qs.shape[2], out, o)
 
 
 @njit(**EXACT)
