@@ -14,8 +14,12 @@ All three engines run the same GGUF file and the same T prompt ids, on the same 
 prefill: one forward over the T prompt tokens, logits for the last position only (tokens / s = T / time);
 decode: then n single-token steps, each feeding the previous greedy token (tokens / s = n / time).
 Each repeat runs the engines one after the other from an empty cache, so a machine whose load
-changes slows them alike; the table shows the median over the repeats, after one untimed
-warm-up per engine. Greedy tokens are printed so a broken engine shows.
+changes slows them alike: first --prefills prefills alone, the engines taking turns, then one
+prefill + decode run each; the engines' order flips every repeat. The table shows the medians
+(prefill: over all of an engine's prefills, (prefills + 1) x repeats of them; a prefill takes
+~0.1-0.3 s and the shared VM's speed swings by up to 1.5x within seconds, so one sample a
+repeat left the median's ratio moving by +-0.2 between runs), after one untimed warm-up per
+engine. Greedy tokens are printed so a broken engine shows.
 Load time and peak RSS come from fresh processes, one per engine and repeat: `ffnlab run
 --ignore-eos --json` (its load line; the numba kernels and the packed weights come from their disk
 caches after the first run, formats/pack_cache.py; each run says which) and a llama.cpp process doing the same work (load, prefill, n decode steps); each
@@ -35,6 +39,8 @@ ap.add_argument("--threads", type=int, default=2, help="threads for every engine
 ap.add_argument("--repeats", type=int, default=3, help="timed repeats per engine (default 3)")
 ap.add_argument("-T", type=int, default=100, dest="T", help="prompt tokens for prefill (default 100)")
 ap.add_argument("-n", type=int, default=128, dest="n", help="decoded tokens (default 128)")
+ap.add_argument("--prefills", type=int, default=3,
+                help="extra prefill-only runs per engine and repeat, the engines taking turns (default 3)")
 ap.add_argument("-m", "--model", default="smollm2",
                 help="smollm2 (SmolLM2-135M-Instruct Q4_1, default), gemma3 (Gemma 3 270M Q4_K_M) or a GGUF file")
 ap.add_argument("--skip", default="", help="comma-separated engines to leave out: ffnlab,llama.cpp,hf,memory")
@@ -242,12 +248,19 @@ def main():
     times = {e.name: ([], []) for e in engines}
     greedy = {}
     for r in range(args.repeats):
-        for e in engines:
+        order = engines if r % 2 == 0 else engines[::-1]        # neither engine always runs first
+        for _ in range(args.prefills):                          # prefill alone, the engines taking turns
+            for e in order:
+                t = time.perf_counter()
+                e.prefill(ids)
+                times[e.name][0].append(time.perf_counter() - t)
+        for e in order:
             p, d, toks = timed_run(e, ids, args.n)
             times[e.name][0].append(p)
             times[e.name][1].append(d)
             greedy[e.name] = toks
-            print(f"repeat {r + 1} {e.name:12s} prefill {p * 1000:8.1f} ms  decode {d * 1000:8.1f} ms", flush=True)
+            pre = "  ".join(f"{1000 * t:.1f}" for t in times[e.name][0][-args.prefills - 1:])
+            print(f"repeat {r + 1} {e.name:12s} prefill {pre} ms  decode {d * 1000:8.1f} ms", flush=True)
     del engines, ours                                            # free their memory before the memory runs
     cosine = logits_cosine(path, ids) if args.big and not {"ffnlab", "llama.cpp"} & skip else None
     mem = memory_runs(path, ids, tok) if "memory" not in skip and not {"ffnlab", "llama.cpp"} & skip else {}

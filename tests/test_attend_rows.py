@@ -23,7 +23,7 @@ def _gamma(n):
 
 
 @pytest.mark.parametrize("wide", [False, True])   # quant/gemm.py's 256- and 512-bit tiles: both run on any AVX2 CPU
-@pytest.mark.parametrize("T", [9, 61])          # 61: queries in runs (attend_rows.QUERY_PART), the last one short
+@pytest.mark.parametrize("T", [9, 61])          # 61: positions in runs (attend_rows.QUERY_PART), the last one short
 @pytest.mark.parametrize("H,Hkv,window,p0", [(4, 4, 0, 0), (8, 2, 0, 5), (4, 1, 6, 3), (6, 3, 1, 0), (2, 1, 0, 30), (2, 2, 20, 33)])
 def test_attend_rows_matches_float64_attention(H, Hkv, window, p0, T, wide):
     if not HAS_AVX2:
