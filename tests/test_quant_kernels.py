@@ -61,6 +61,27 @@ def test_matvec_matches_float64_product(qtype, shape, layout):
     assert (err <= bound(qtype, data, ref, x[None])[:, 0]).all(), f"max err {err.max():.3g}"
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q6_K"])
+@pytest.mark.parametrize("shape", [(37, 512), (130, 256)])
+def test_i8_matvec_widths_agree_bit_for_bit(qtype, shape):
+    """packed.matvec_i8's 256- and 512-bit group kernels sum each row in the same order: the same
+    float32 values, both within the float64 bound (both run on any CPU with AVX-512; the 512-bit one
+    is skipped without it)"""
+    from ffnlab.quant import simd
+    w, ref, data = make(qtype, *shape, layout="packed")
+    x = np.random.default_rng(3).normal(0, 1, shape[1]).astype(np.float32)
+    P = w.packed
+    ys = []
+    for wide in ([False, True] if simd.HAS_AVX512 else [False]):
+        y = np.empty(P.qs.shape[0] * packed.R, np.float32)
+        packed.matvec_i8(P.qs, P.d, x, y, wide)
+        err = np.abs(y[:shape[0]] - ref @ x.astype(np.float64))
+        assert (err <= bound(qtype, data, ref, x[None])[:, 0]).all(), f"wide={wide}: max err {err.max():.3g}"
+        ys.append(y[:shape[0]])
+    for y in ys[1:]:
+        np.testing.assert_array_equal(y, ys[0])
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
     monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles: 130 rows take nine

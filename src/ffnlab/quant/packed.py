@@ -46,6 +46,7 @@ from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, token_tiles
 from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
 
 R = 64                                  # rows interleaved per group
+AHEAD = 4096                            # bytes: how far ahead the matrix-vector kernels prefetch their codes
 NIB_TYPES = {Q4_0: (8, False, False), Q4_1: (0, False, True), Q5_0: (16, True, False),
              Q5_1: (0, True, True), Q4_K: (0, False, True), Q5_K: (0, True, True)}   # zero, fifth bit, m
 I8_TYPES = {Q8_0: 32, Q6_K: 16}        # codes per scale
@@ -81,7 +82,7 @@ class Packed:
         if self.kind == "nib":
             matvec_nib(self.qs, self.qh, self.d, self.m, self.zero, x, y)
         else:
-            matvec_i8(self.qs, self.d, x, y)
+            matvec_i8(self.qs, self.d, x, y, simd.HAS_AVX512)
 
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (an embedding lookup: the exact weights, read
@@ -265,6 +266,9 @@ def _nib5_group(qs, qh, d, m, zero, g, x, xsum, y):
         xo = b * 32
         q = (g * nb + b) * 16 * R
         for k in range(16):
+            simd.prefetch(qs, q + AHEAD)
+            if k % 4 == 0:                                             # the fifth bits: a quarter of the codes' bytes
+                simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
             xl = simd.broadcast_load_f(x, xo + k)
             xh = simd.broadcast_load_f(x, xo + 16 + k)
             unit = np.float32(16.0) / np.float32(1 << (k & 7))
@@ -337,6 +341,7 @@ def _nib4_group(qs, d, m, zero, g, x, xsum, y):
         xo = b * 32
         q = (g * nb + b) * 16 * R
         for k in range(16):
+            simd.prefetch(qs, q + AHEAD)
             xl = simd.broadcast_load_f(x, xo + k)
             xh = simd.broadcast_load_f(x, xo + 16 + k)
             i0 = _nibbles_fma(qs, q, xl, xh, i0)
@@ -395,6 +400,7 @@ def _i8_group(qs, d, g, x, y):
         i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
         q = (g * nb + b) * B * R
         for k in range(B):
+            simd.prefetch(qs, q + AHEAD)
             xk = simd.broadcast_load_f(x, b * B + k)
             i0 = simd.fma(simd.to_float(simd.widen8(qs, q)), xk, i0)
             i1 = simd.fma(simd.to_float(simd.widen8(qs, q + 8)), xk, i1)
@@ -413,10 +419,45 @@ def _i8_group(qs, d, g, x, y):
     y[g * R:(g + 1) * R] = acc
 
 
+@njit(**FAST)
+def _i8_group_z(qs, d, g, x, y):
+    """_i8_group in 512-bit registers: a row's 16 lanes per register, so 4 accumulators hold the
+    64 rows and each position takes 4 widening loads, 4 conversions and 4 FMAs instead of 8 of
+    each. Each row's sums run in the same order as _i8_group's: the same values bit for bit.
+    Gemma 3's [262144, 640] Q8_0 LM head (178 MB) on the Intel Xeon VM, two threads: 12.2 ms
+    (14.6 GB/s) with _i8_group, 10.7 here, 6.6 (27 GB/s) with the codes prefetched AHEAD bytes
+    before they are read (2 KB ahead: 8.2 ms, 16 KB: 7.2); a plain read streams ~30 GB/s."""
+    nb, B = qs.shape[1], qs.shape[2]
+    a0 = simd.zeros_z(); a1 = simd.zeros_z(); a2 = simd.zeros_z(); a3 = simd.zeros_z()
+    for b in range(nb):
+        i0 = simd.zeros_z(); i1 = simd.zeros_z(); i2 = simd.zeros_z(); i3 = simd.zeros_z()
+        q = (g * nb + b) * B * R
+        for k in range(B):
+            simd.prefetch(qs, q + AHEAD)
+            xk = simd.broadcast_load_z(x, b * B + k)
+            i0 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q)), xk, i0)
+            i1 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 16)), xk, i1)
+            i2 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 32)), xk, i2)
+            i3 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 48)), xk, i3)
+            q += R
+        sb = (g * nb + b) * R
+        a0 = simd.fma_z(simd.load_scales_z(d, sb), i0, a0)
+        a1 = simd.fma_z(simd.load_scales_z(d, sb + 16), i1, a1)
+        a2 = simd.fma_z(simd.load_scales_z(d, sb + 32), i2, a2)
+        a3 = simd.fma_z(simd.load_scales_z(d, sb + 48), i3, a3)
+    simd.store_z(y, g * R, a0); simd.store_z(y, g * R + 16, a1)
+    simd.store_z(y, g * R + 32, a2); simd.store_z(y, g * R + 48, a3)
+
+
 @njit(parallel=True, **FAST)
-def matvec_i8(qs, d, x, y):
-    for g in prange(qs.shape[0]):
-        _i8_group(qs, d, g, x, y)
+def matvec_i8(qs, d, x, y, wide):
+    """wide: the 512-bit group kernel (pass simd.HAS_AVX512; an argument as gemm.gemm_strips says why)"""
+    if wide:
+        for g in prange(qs.shape[0]):
+            _i8_group_z(qs, d, g, x, y)
+    else:
+        for g in prange(qs.shape[0]):
+            _i8_group(qs, d, g, x, y)
 
 
 # ---- dequantization (prefill tiles, dequantize()) ---------------------------------------------

@@ -263,6 +263,23 @@ def zeros_f(typingctx):
 
 
 @intrinsic
+def prefetch(typingctx, ary, index):
+    """a hint: start loading the cache line of ary.flat[index] into L1 (llvm.prefetch, read, high
+    locality). Nothing is read or faulted: an index past the array's end is harmless (x86's
+    PREFETCHT0 ignores the address's validity; LLVM drops the hint where a CPU has none). The
+    matrix-vector kernels prefetch their codes AHEAD bytes before reading them (quant/packed.py)."""
+    _contiguous(ary)
+
+    def codegen(context, builder, sig, args):
+        i32 = ir.IntType(32)
+        p = _pointer(context, builder, sig.args[0], *args, ir.IntType(8))
+        _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [p, ir.Constant(i32, 0), ir.Constant(i32, 3),
+                                                            ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+    return types.none(ary, index), codegen
+
+
+@intrinsic
 def fetch_add(typingctx, ary, index, value):
     """atomically ary.flat[index] += value (an int64 array) -> the value before: a work counter
     that threads draw items from (LLVM's atomicrmw add, sequentially consistent)"""
