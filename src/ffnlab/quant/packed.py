@@ -570,6 +570,10 @@ def _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, b0, b1, out, o):
         if has_m:
             m0 = simd.load_scales_z(m, i)
         for k in range(16):
+            if h % 2 == 0:                                  # the pair's first strip: its lines are the next one's too
+                simd.prefetch(qs, ((g * nb + b) * 16 + k) * R + AHEAD)
+                if five and k % 4 == 0:
+                    simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
             v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
             lo = simd.to_float_z(simd.low_nibbles_z(v))
             hi = simd.to_float_z(simd.high_nibbles_z(v))
@@ -684,6 +688,8 @@ def _i8_strip_z(qs, d, g, h, b0, b1, out, o):
         d0 = simd.load_scales_z(d, (g * nb + b) * R + 16 * h)
         for k in range(B):
             q = ((g * nb + b) * B + k) * R + 16 * h
+            if h % 2 == 0:                                  # the pair's first strip: its lines are the next one's too
+                simd.prefetch(qs, q + AHEAD)
             simd.store_z(out, o + ((b - b0) * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
 
 
