@@ -13,7 +13,7 @@ from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
 from ..ops.fastmath import qk_rows
 from ..ops.rope import rope_backward
-from ..quant.simd import HAS_AVX512
+from ..quant.simd import HAS_AVX512, empty_aligned
 from .arith import F32
 from .decode_kernels import attend_rows
 from .hooks import identity
@@ -150,7 +150,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32 \
             and hd % 16 == 0:
         # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
-        out = np.empty((B, T, H, hd), np.float32)
+        out = empty_aligned((B, T, H, hd))                    # read and written 16 floats at a time
         window = cfg.sliding_window if cfg.is_sliding(il) else 0
         attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out,
                     HAS_AVX512)

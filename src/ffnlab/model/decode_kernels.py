@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..ops.fastmath import exp32
-from ..quant.gemm import STRIP, gemm_prefix, gemm_strips
+from ..quant.gemm import STRIP, empty_lines, gemm_prefix, gemm_strips
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
 # raises ZeroDivisionError, e.g. on a model whose weights hold infinities)
@@ -71,8 +71,8 @@ def attend_rows(q, K, V, p0, window, scale, out, wide):
     S = p0 + T
     Sp = -(-S // STRIP) * STRIP
     nk, nv = Sp // STRIP, hd // STRIP
-    ks = np.empty((B * Hkv, nk, hd, STRIP), np.float32)              # K as strips of 16 keys (zeros past S)
-    vs = np.empty((B * Hkv, nv, Sp, STRIP), np.float32)              # V^T as strips of 16 dimensions
+    ks = empty_lines((B * Hkv, nk, hd, STRIP))                       # K as strips of 16 keys (zeros past S)
+    vs = empty_lines((B * Hkv, nv, Sp, STRIP))                       # V^T as strips of 16 dimensions
     for item in prange(B * Hkv * (nk + nv)):                          # one strip an item: Gemma has one KV head
         bk, r = item // (nk + nv), item % (nk + nv)
         b, kv = bk // Hkv, bk % Hkv
@@ -100,8 +100,8 @@ def attend_rows(q, K, V, p0, window, scale, out, wide):
             qr = np.empty((rows, hd), np.float32)
             for t in range(t0, t1):
                 qr[(t - t0) * group:(t - t0 + 1) * group] = q[b, t, h0:h0 + group]
-            o = np.empty((rows, hd), np.float32)
-        p = np.empty((rows, n_keys), np.float32)
+            o = empty_lines((rows, hd))
+        p = empty_lines((rows, n_keys))
         gemm_strips(ks[bk, :n_keys // STRIP], qr, p, 0, 0, -1, wide)   # raw scores q . k
         probs = np.zeros((rows, Sp), np.float32)
         for r in range(rows):

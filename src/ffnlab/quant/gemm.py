@@ -44,6 +44,19 @@ KC_Z = 256                       # weight positions per block of the AVX-512 til
 
 
 @njit(cache=True, nogil=True)
+def empty_lines(shape):
+    """float32 np.empty(shape) whose data start on a 64-byte cache line (numba's own arrays start on
+    32 bytes), for the strips and outputs the tiles read and write 16 floats at a time: see
+    quant/simd.py's empty_aligned, its counterpart outside compiled code"""
+    n = 1
+    for s in shape:
+        n *= s
+    raw = np.empty(n + 16, np.float32)
+    off = ((-raw.ctypes.data) % 64) // 4
+    return raw[off:off + n].reshape(shape)
+
+
+@njit(cache=True, nogil=True)
 def gemm_strips(P, x, y, col0, t_lo, t_hi, wide):
     """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for tokens t_lo..t_hi (t_hi -1: all) and
     every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous;

@@ -480,7 +480,8 @@ def _scratch(n_threads, size) -> np.ndarray:
     ~250 page faults)"""
     global _scratch_buf
     if _scratch_buf.shape[0] < n_threads or _scratch_buf.shape[1] < size:
-        _scratch_buf = np.empty((max(n_threads, _scratch_buf.shape[0]), max(size, _scratch_buf.shape[1])), np.float32)
+        size = -(-max(size, _scratch_buf.shape[1]) // 16) * 16           # rows of whole cache lines
+        _scratch_buf = simd.empty_aligned((max(n_threads, _scratch_buf.shape[0]), size))
     return _scratch_buf
 
 

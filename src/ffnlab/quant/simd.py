@@ -28,6 +28,7 @@ keeps the 256-bit kernels (for comparisons and tests).
 import os
 
 import numba
+import numpy as np
 from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
@@ -123,6 +124,22 @@ def _splat(builder, value, vecty):
 def _call(builder, name, ret, args):
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, [a.type for a in args]), name)
     return builder.call(fn, args)
+
+
+LINE = 64                       # bytes in a cache line
+
+
+def empty_aligned(shape, dtype=np.float32) -> np.ndarray:
+    """np.empty whose data start on a cache line (64 bytes), so that a 512-bit load or store of a
+    row's 16 floats never spans two lines. np.empty's data start where malloc put them (16-byte
+    steps): on the Intel Xeon VM a product whose scratch buffer and output were both 16 bytes off a
+    line ran 9-30% slower than with both on one (bench/RESULTS.md, session 11), and which of
+    the two a process got was chance."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.empty(n + LINE, np.uint8)
+    off = (-raw.ctypes.data) % LINE
+    return raw[off:off + n].view(dtype).reshape(shape)
 
 
 # ---- loads and stores -------------------------------------------------------------------------

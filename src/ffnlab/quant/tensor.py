@@ -15,7 +15,7 @@ import threading
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from . import gemm, ggml_kernels, ggml_packed, kernels, packed
+from . import gemm, ggml_kernels, ggml_packed, kernels, packed, simd
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
@@ -224,7 +224,7 @@ class QuantTensor:
             n_tiles = -(-G // per)
             width = gemm.tile_tokens()
             step = -(-x.shape[0] // (chunks * width)) * width           # tokens per part: whole register tiles
-            y = np.empty((x.shape[0], G * packed.R), np.float32)     # whole groups: the last one's padding rows too
+            y = simd.empty_aligned((x.shape[0], G * packed.R))       # whole groups: the last one's padding rows too
             if gemm.HAS_AVX2:
                 self.packed.matmul(x, y, per, chunks, step)
             else:
