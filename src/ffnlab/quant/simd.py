@@ -336,7 +336,9 @@ def transpose10_z(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
 # ---- integer lanes ----------------------------------------------------------------------------
 # (These one-operation intrinsics are written out one by one: made by a factory like _load's,
 # the nibble and broadcast-load ones left a Gemma 3 prefill 6% slower in an A/B of 80 alternating
-# pairs, the same logits; the cause was not found.)
+# pairs, the same logits; the cause was not found. Session 11 found that such A/Bs on the Xeon VM
+# put two identical copies of the code 0.95-1.07x apart (bench/RESULTS.md), so the factories may
+# well cost nothing; they were not tried again.)
 
 @intrinsic
 def low_nibbles(typingctx, a):
