@@ -3,7 +3,7 @@
     results = run_cases(cases, tmp_path)        # cases: [{"name", "argv"}]
     assert_clean(cases, results)
 
-Property (issue 11): each case ends in a clean one-line error -- exit code 1, one stderr line
+Property: each case ends in a clean one-line error -- exit code 1, one stderr line
 "ffnlab CMD: error: ..." (after at most the command's own "ffnlab CMD: ..." notices), no
 traceback -- or in a normal run (exit code 0). Never a traceback, a hang
 (no result within CASE_SECONDS) or unbounded memory (the driver runs under RLIMIT_AS = LIMIT_BYTES,

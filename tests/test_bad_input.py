@@ -213,7 +213,7 @@ def test_debug_shows_the_traceback_and_plain_runs_do_not(tmp_path):
     assert "ModelFileError" in debug.stderr
 
 
-# --- the fuzzing run's findings (issue 11), one test per family; tests/test_fuzz_*.py sweeps them ------
+# --- the fuzzing run's findings, one test per family; tests/test_fuzz_*.py sweeps them ------
 def test_nan_weight_stops_generation_naming_the_first_non_finite_node(tmp_path, capsys):
     """NaN in a weight: the logits go NaN; run stops with the node where it started (the tracer's
     finite sentinel on a re-run) and the weight, instead of sampling garbage."""

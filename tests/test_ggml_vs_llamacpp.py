@@ -2,7 +2,7 @@
 (llama-cpp-python's C API, flash attention off, f16 K/V cache, weights in their file layout:
 tests/ggml_cpu_ref.py's llama_logits) on SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M.
 
-The floors of issue 13: max |logit - llama.cpp| <= 0.02 at every position of the prompt (one
+The floors: max |logit - llama.cpp| <= 0.02 at every position of the prompt (one
 decode); the argmax equal wherever llama.cpp's top-2 margin is >= 0.04; greedy continuations equal
 up to the first step whose margin is below 0.04; the perplexity equal to 4 significant digits;
 verify's default tolerance (1e-3 of each node's max |ref|) passes and still localises an injected

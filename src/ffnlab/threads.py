@@ -114,7 +114,7 @@ def parallel_for(fn, n_items):
     nogil) and hands it to OpenBLAS (with AVX2 the whole product is one numba parallel region:
     quant/packed.py's Packed.matmul). With numba and OpenBLAS each splitting its own step over the cores, each pool's
     idle threads spin while the other works, and two threads ran slower than one
-    (bench/RESULTS.md, issue 12). Here each thread does both steps for its own tiles: one pool,
+    (bench/RESULTS.md, section "Threads under a competing load"). Here each thread does both steps for its own tiles: one pool,
     nothing waits. fn must release the GIL for its long steps (NumPy's BLAS calls and nogil
     kernels do) and write disjoint outputs."""
     global _pool

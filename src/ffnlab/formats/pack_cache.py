@@ -1,7 +1,7 @@
 """A GGUF's packed weights, laid out once and kept on disk, like numba's compiled kernels.
 
 Packing (quant/packed.py) rewrites every quantized matrix into row-interleaved groups: ~112 MB
-of new memory for SmolLM2. On this VM most of that cost is first-touch page faults on fresh
+of new memory for SmolLM2. On a 2-vCPU Intel Xeon VM (2026-11, bench/RESULTS.md) most of that cost is first-touch page faults on fresh
 memory, 135-270 ms of a 0.55 s load, against 64 ms for the same writes into memory already
 touched. An entry here is that layout written to a file: a later load maps it (copy-on-write,
 so nothing is written back) and the kernels read the page cache's pages directly, with no

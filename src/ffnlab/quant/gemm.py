@@ -22,7 +22,7 @@ registers and spill (18 G/s).
 
 With AVX-512 (quant/simd.py HAS_AVX512) the tile is 32 rows x 10 tokens in 512-bit registers
 (`_gemm_z`: a strip's 16 rows are one register), over blocks of 256 positions that stay in L1;
-on the Intel Xeon VM of bench/RESULTS.md (session 9) 71-78 G multiply-adds/s a core against 36-58
+on the 2-vCPU Intel Xeon (family 6 model 207) of bench/RESULTS.md, 2026-11, 71-78 G multiply-adds/s a core against 36-58
 for the 256-bit tile (`_gemm_y`), which every other x86-64 CPU with AVX2 and FMA runs.
 
 Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in

@@ -132,8 +132,8 @@ LINE = 64                       # bytes in a cache line
 def empty_aligned(shape, dtype=np.float32) -> np.ndarray:
     """np.empty whose data start on a cache line (64 bytes), so that a 512-bit load or store of a
     row's 16 floats never spans two lines. np.empty's data start where malloc put them (16-byte
-    steps): on the Intel Xeon VM a product whose scratch buffer and output were both 16 bytes off a
-    line ran 9-30% slower than with both on one (bench/RESULTS.md, session 11), and which of
+    steps): on a 2-vCPU Intel Xeon (family 6 model 207) a product whose scratch buffer and output were both 16 bytes off a
+    line ran 9-30% slower than with both on one (bench/RESULTS.md, 2026-12-01, commit 2800b10), and which of
     the two a process got was chance."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) * dtype.itemsize
@@ -336,7 +336,7 @@ def transpose10_z(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
 # ---- integer lanes ----------------------------------------------------------------------------
 # (These one-operation intrinsics are written out one by one: made by a factory like _load's,
 # the nibble and broadcast-load ones left a Gemma 3 prefill 6% slower in an A/B of 80 alternating
-# pairs, the same logits; the cause was not found. Session 11 found that such A/Bs on the Xeon VM
+# pairs, the same logits; the cause was not found. Later A/Bs (2026-12-01) on that Xeon
 # put two identical copies of the code 0.95-1.07x apart (bench/RESULTS.md), so the factories may
 # well cost nothing; they were not tried again.)
 
