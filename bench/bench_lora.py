@@ -29,6 +29,7 @@ def median_step(step, repeats):
 
 
 def ffnlab_step(params, cfg, targets, x, y, r):
+    from ffnlab.model import Model
     from ffnlab.training.finetune import loss_and_grads
     from ffnlab.training.lora import attach, init_adapters, target_tensors
     from ffnlab.training.optim import AdamW, clip_grad_norm
@@ -37,7 +38,7 @@ def ffnlab_step(params, cfg, targets, x, y, r):
     opt = AdamW(ad, 0.0, (0.9, 0.999))
 
     def step():
-        _, g = loss_and_grads(p, cfg, x, y, ad)
+        _, g = loss_and_grads(Model(cfg, p), x, y, ad)
         clip_grad_norm(g, 1.0)
         opt.step(ad, g, 1e-3)
     return step

@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch_reference as R  # noqa: E402
 
 from ffnlab.config import ModelConfig  # noqa: E402
+from ffnlab.model import Model  # noqa: E402
 from ffnlab.model.params import init_params  # noqa: E402
 from ffnlab.training.optim import AdamW, clip_grad_norm, decays  # noqa: E402
 from ffnlab.training.trainer import loss_and_grads  # noqa: E402
@@ -65,10 +66,11 @@ tokens = args.batch * args.seq_len
 
 # --- ffnlab ---------------------------------------------------------------------------------
 opt = AdamW(params, weight_decay=0.1)
+model = Model(cfg, params)
 
 
 def ffnlab_step():
-    loss, grads = loss_and_grads(params, cfg, x, y)
+    loss, grads = loss_and_grads(model, x, y)
     clip_grad_norm(grads, 1.0)
     opt.step(params, grads, 1e-4)
     return float(loss)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import ffnlab
+from ffnlab.model import Model
 from ffnlab.model.transformer import forward
 from ffnlab.training.moe_loss import load_balancing_loss
 from ffnlab.training.trainer import loss_and_grads
@@ -48,8 +49,8 @@ def test_aux_loss_gradient_matches_finite_differences():
     x = np.random.default_rng(4).integers(0, 11, (1, 5))
     y = np.random.default_rng(5).integers(0, 11, (1, 5))
     coef = 0.5
-    _, g_aux = loss_and_grads(p, cfg, x, y, coef)
-    _, g_lm = loss_and_grads(p, cfg, x, y, 0.0)
+    _, g_aux = loss_and_grads(Model(cfg, p), x, y, coef)
+    _, g_lm = loss_and_grads(Model(cfg, p), x, y, 0.0)
     _, c0 = forward(p, cfg, x, train=True)
     routing = [b.ffn.topk.copy() for b in c0.blocks]
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import torch_reference as R
 from ffnlab.config import ModelConfig
+from ffnlab.model import Model
 from ffnlab.model.params import init_params
 from ffnlab.training.data import TokenData, byte_tokenizer, sample_batch
 from ffnlab.training.optim import AdamW, clip_grad_norm, decays, lr_at
@@ -52,7 +53,7 @@ def test_one_step_gradients_match_torch(arch):
     cfg = {**CONFIGS, **ABLATION_CONFIGS}[arch]
     params = init_params(cfg, seed=3)
     x, y = sample_batch(token_data(16).train, 4, 16, np.random.default_rng(0))
-    loss, grads = loss_and_grads(params, cfg, x, y)
+    loss, grads = loss_and_grads(Model(cfg, params), x, y)
     ref_loss, ref_grads = R.loss_and_grads(params, cfg, x, y.astype(np.int64), torch.float32)
     assert abs(loss - ref_loss) <= 1e-6 * ref_loss
     assert set(grads) == set(params)

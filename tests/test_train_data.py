@@ -137,6 +137,6 @@ def test_checkpoint_loads_back_with_its_tokenizer(tmp_path):
     # the saved weights reproduce the logged final validation loss
     from ffnlab.training.data import eval_batches
     from ffnlab.training.trainer import mean_loss
-    val = mean_loss(params, cfg2, eval_batches(data.val, 2, 16, 4))
+    val = mean_loss(Model(cfg2, params), eval_batches(data.val, 2, 16, 4))
     assert val == rec["final"]["val_loss"]
     assert Model(cfg2, params, tok2).forward(tok2.encode("line 1"))[-1].shape == (tok.vocab_size,)

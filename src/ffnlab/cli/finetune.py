@@ -61,6 +61,11 @@ def run(args):
         saved = read_json_object(os.path.join(args.out, FINETUNE_FILE), "fine-tuning record").get("settings", {})
     settings = FinetuneSettings.from_dict({**saved, **given})
     settings.validate()
+    if getattr(args, "arith", "f32") != "f32":
+        from ..errors import UsageError
+        raise UsageError(f"--arith {args.arith}: fine-tuning runs in float32 arithmetic (the reference ops, which "
+                         f"have backward passes); drop --arith, or evaluate the adapter with `ffnlab perplexity "
+                         f"--lora DIR --arith {args.arith}`")
     path = resolve_model(args.model)
     model = load(path, progress=None if not args.quiet else False)
     if model.tokenizer is None:

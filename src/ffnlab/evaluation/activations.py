@@ -9,7 +9,6 @@ fresh per batch, and each activation array is dropped as soon as the callback ha
 Only the layers up to the deepest one asked for are run, and the LM head only on the last
 position (its logits are not needed).
 """
-import dataclasses
 import re
 
 import numpy as np
@@ -52,14 +51,11 @@ def stream_activations(model, windows, layers, batch, on_acts, on_batch=None):
     """Runs the windows through the model, `batch` at a time, and calls
     on_acts(layer, acts [B, T, d_ff] float32, first window index) for each layer in `layers`.
     on_batch(windows done) after each batch."""
-    from ..model.transformer import forward
-    from ..model.hooks import Hooks
     from ..tracing import Tracer
 
     cfg = model.config
     node = activation_node(cfg)
     want = {f"{node}-{il}": il for il in layers}
-    upto = dataclasses.replace(cfg, n_layer=max(layers) + 1)          # deeper blocks would not change these nodes
     pattern = re.compile("^(" + "|".join(re.escape(n) for n in want) + ")$")
     done = 0
     for first, ids in batches(windows, batch):
@@ -70,7 +66,9 @@ def stream_activations(model, windows, layers, batch, on_acts, on_batch=None):
             n.array = None                                            # free it: the tracer keeps its nodes
             on_acts(want[n.name], acts, first)
 
-        forward(model.params, upto, ids, hooks=Hooks(Tracer(filter=pattern, keep=True, on_node=take)), last_only=True)
+        # deeper blocks would not change these nodes: the first max(layers) + 1 run
+        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True,
+                      n_layer=max(layers) + 1)
         done += B
         if on_batch is not None:
             on_batch(done)

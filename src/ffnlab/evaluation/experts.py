@@ -55,8 +55,6 @@ class LayerRouting:
 
 def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list:
     """-> [LayerRouting] one per layer, over the text's token windows of ctx tokens."""
-    from ..model.hooks import Hooks
-    from ..model.transformer import forward
     from ..tracing import Tracer
 
     cfg, tok = model.config, model.tokenizer
@@ -73,7 +71,7 @@ def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list
             name, il = n.name.rsplit("-", 1)
             seen[(name, int(il))] = n.array
             n.array = None
-        forward(model.params, cfg, w, hooks=Hooks(Tracer(filter=pattern, keep=True, on_node=take)), last_only=True)
+        model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
         flat = w.reshape(-1)
         for il, L in enumerate(layers):
             L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1),

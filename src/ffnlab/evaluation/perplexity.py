@@ -140,8 +140,6 @@ def perplexity(model, chunks, batch=4, on_batch=None, keep_nll=False):
     """chunks: [n_chunk, n_ctx] -> PerplexityResult. Runs `batch` chunks per forward ([B, n_ctx] ids).
     on_batch(chunks_done, running: RunningNLL) is called after each batch (progress).
     keep_nll: keep every scored token's nll in result.nlls (for paired comparisons)."""
-    from ..model.transformer import forward
-
     n_chunk, n_ctx = chunks.shape
     if batch < 1:
         raise UsageError(f"--batch must be at least 1, got {batch}")
@@ -150,7 +148,7 @@ def perplexity(model, chunks, batch=4, on_batch=None, keep_nll=False):
     t0 = time.perf_counter()
     for i in range(0, n_chunk, batch):
         ids = chunks[i:i + batch]                                      # [B, n_ctx]
-        logits, _ = forward(model.params, model.config, ids, arith=model.arith)   # [B, n_ctx, vocab]
+        logits = model.forward(ids)                                   # [B, n_ctx, vocab]
         nll = chunk_nll(logits, ids)                                   # [B, n_ctx - n_ctx//2 - 1]
         acc.add(nll)
         if keep_nll:

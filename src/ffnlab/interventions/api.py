@@ -17,8 +17,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..model.hooks import Editor, Hooks
-from ..model.transformer import forward
+from ..model.hooks import Editor
 from ..tracing.api import attached
 from ..tracing.tracer import Tracer
 
@@ -31,8 +30,7 @@ def node_names(model):
 def node_shapes(model):
     """{node name: its shape for one token} (the last node of a name wins), in order of first appearance."""
     t = Tracer(keep=False)
-    forward(model.params, model.config, np.zeros((1, 1), np.int64), hooks=Hooks(t), last_only=True,
-            packs=model.packs)
+    model.forward(np.zeros(1, np.int64), hooks=t, last_only=True)
     return {n.name: n.shape for n in t.nodes}
 
 
@@ -49,7 +47,7 @@ def capture(model, ids, names, extra=()):
     """ids: [T] (or [B, T]) -> (logits [B, T, vocab], {name: array}): one forward keeping the named
     nodes (as the trace shows them: a batch of 1 dropped), with `extra` consumers attached too."""
     t = Tracer(filter="(?:" + "|".join(re.escape(n) for n in names) + ")$", keep=True)
-    logits, _ = forward(model.params, model.config, np.atleast_2d(ids), hooks=Hooks(*extra, t), packs=model.packs)
+    logits = model.forward(np.atleast_2d(ids), hooks=[*extra, t])
     missing = [n for n in names if n not in t]
     if missing:
         raise KeyError(f"no node named {missing[0]!r}")

@@ -20,10 +20,8 @@ the last position gives clean_p to the last bit).
 import numpy as np
 
 from ..errors import UsageError
-from ..model.hooks import Editor, Hooks
-from ..model.transformer import forward
+from ..model.hooks import Editor
 from .common import as_float
-from .lens import head_logits
 
 KINDS = {"hidden": "l_out", "mlp": "ffn_out", "attn": "attn_out"}
 
@@ -84,12 +82,11 @@ def causal_trace(model, ids, first, last, target=None, noise=3.0, samples=10, wi
         def keep(value, name, positions):
             final["y"] = value[:, -1]                                 # [rows, d_model] the final norm's output
         fns = {embed_node: noised, **restore, "result_norm": keep}
-        forward(model.params, cfg, np.tile(ids, (rows, 1)), hooks=Hooks(Editor(fns)), last_only=True,
-                packs=model.packs)
+        model.forward(np.tile(ids, (rows, 1)), hooks=Editor(fns), last_only=True)
         # the head once per distinct final state: a GEMM may round two equal rows differently (they
         # fall in different tiles), and a restored row equal to the clean one must score as it does
         u, inv = np.unique(final["y"], axis=0, return_inverse=True)
-        return head_logits(model, u)[inv.reshape(-1)]                 # [rows, vocab]
+        return model.head_logits(u)[inv.reshape(-1)]                  # [rows, vocab]
 
     rows = 1 + T * S                                                  # row 1 + t*S + s: position t restored
     # every forward has the same rows, so row 0 (clean) is the same computation in all of them

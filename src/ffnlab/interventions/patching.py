@@ -13,8 +13,7 @@ one layer go in one batch (row b patches position b).
 import numpy as np
 
 from ..errors import UsageError
-from ..model.hooks import Editor, Hooks
-from ..model.transformer import forward
+from ..model.hooks import Editor
 from .api import capture, node_names
 from .common import layer_nodes
 
@@ -32,7 +31,7 @@ def patch(model, clean, corrupt, target, foil, node="l_out"):
     names = layer_nodes(model, node, node_names(model))
     T = len(clean)
     clean_logits, acts = capture(model, clean, names)
-    corrupt_logits, _ = forward(model.params, model.config, np.asarray(corrupt)[None], packs=model.packs)
+    corrupt_logits = model.forward(np.asarray(corrupt)[None], hooks=())
     m_clean = float(metric(clean_logits[0, -1], target, foil))
     m_corrupt = float(metric(corrupt_logits[0, -1], target, foil))
     if m_clean == m_corrupt:
@@ -50,8 +49,7 @@ def patch(model, clean, corrupt, target, foil, node="l_out"):
             value = value.copy()                                            # [B=T, T, ...]
             value[rows, rows] = clean_rows
             return value
-        logits, _ = forward(model.params, model.config, batch, hooks=Hooks(Editor({n: put})), last_only=True,
-                            packs=model.packs)                              # [T, 1, vocab]
+        logits = model.forward(batch, hooks=Editor({n: put}), last_only=True)   # [T, 1, vocab]
         m = metric(logits[:, -1], target, foil)                             # [T]
         effect.append(((m - m_corrupt) / (m_clean - m_corrupt)).tolist())
     return {"node": node, "effect": effect, "clean": m_clean, "corrupt": m_corrupt}

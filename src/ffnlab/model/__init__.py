@@ -1,13 +1,16 @@
 """The model: a config, a dict of GGUF-named arrays, and (for real models) a tokenizer."""
+import dataclasses
+
 import numpy as np
 
 from .arith import arith_named
 from .attention import KVCache
+from .block import norm_forward
 from .decode import decode_step, make_plan, params_key
-from .hooks import Hooks
+from .hooks import Hooks, as_hooks
 from .packing import pack
-from .params import count_params, init_params, param_shapes
-from .transformer import backward, forward
+from .params import count_params, init_params, lm_head_name, param_shapes
+from .transformer import backward, forward, lm_head
 
 
 class Model:
@@ -43,11 +46,34 @@ class Model:
         self.params = attach(self.params, adapters, {w: v * scale for w, v in s.items()})
         self.lora = {"path": path, "scale": scale, **info}
 
-    def forward(self, ids, kv=None):
-        """ids: [T] int -> logits [T, vocab] for every position (float32 for float32 weights)."""
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
-                            packs=self.packs, arith=self.arith)
-        return logits[0]
+    def forward(self, ids, kv=None, hooks=None, train=False, last_only=False, n_layer=None):
+        """ids: [T] or [B, T] int -> logits [T, vocab] or [B, T, vocab] (float32 for float32 weights)
+
+        The one way in: every command and lab function runs the model through here (or
+        forward_last / generate), so the weights' packed layout and the arithmetic chosen at load
+        (arith "f32" | "ggml") always come along.
+        kv: KVCache; the tokens go after its cached positions and are appended to it.
+        hooks: what observes or edits the named nodes for this call (an Editor, a Tracer, a list
+               of them, or a Hooks), instead of those attached by ffnlab.trace / ffnlab.hooks;
+               None: the attached ones.
+        train: keep the activations for backward() -> (logits, ForwardCache).
+        last_only: the logits of the last position only -> [1, vocab] or [B, 1, vocab].
+        n_layer: run the first n_layer blocks only (a scan that reads nodes of the early layers);
+                 the logits then read block n_layer - 1's output through the final norm and head."""
+        ids = np.asarray(ids)
+        cfg = self.config if n_layer is None else dataclasses.replace(self.config, n_layer=n_layer)
+        logits, cache = forward(self.params, cfg, ids[None] if ids.ndim == 1 else ids, kv=kv,
+                                hooks=self.hooks if hooks is None else as_hooks(hooks), train=train,
+                                last_only=last_only, packs=self.packs, arith=self.arith)
+        if ids.ndim == 1:
+            logits = logits[0]
+        return (logits, cache) if train else logits
+
+    def backward(self, dlogits, cache):
+        """dlogits: [B, T, vocab] (or [T, vocab]), cache: forward(..., train=True)'s ->
+        {tensor name: gradient}, the keys of self.params"""
+        dlogits = np.asarray(dlogits)
+        return backward(dlogits[None] if dlogits.ndim == 2 else dlogits, self.params, self.config, cache)
 
     def forward_last(self, ids, kv):
         """ids: [T] appended after the cache -> logits [vocab] of the last position."""
@@ -55,9 +81,17 @@ class Model:
             # the fast one-token path; with hooks attached the general one runs them, so a hooked
             # sequence gives the same tokens with the KV cache as recomputed in full
             return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv, self.arith)
-        logits, _ = forward(self.params, self.config, np.asarray(ids)[None, :], kv=kv, hooks=self.hooks,
-                            last_only=True, packs=self.packs, arith=self.arith)
-        return logits[0, -1]
+        return self.forward(ids, kv=kv, last_only=True)[-1]
+
+    def final_logits(self, x):
+        """x: [..., d_model] residual states -> logits [..., vocab] through the model's final norm
+        and LM head, in the model's arithmetic (the logit lens reads a layer's output this way)."""
+        y, _ = norm_forward(x, self.params, self.config, "output_norm", "result_norm", arith=self.arith)
+        return self.head_logits(y)
+
+    def head_logits(self, y):
+        """y: [..., d_model] final-norm outputs -> logits [..., vocab] (soft-capped), as the forward makes them."""
+        return lm_head(y, self.params[lm_head_name(self.config)], self.config)[0]
 
     def decode_plan(self):
         """decode_step's per-layer weights, rebuilt whenever a params entry has been replaced."""

@@ -29,6 +29,7 @@ from .decode_kernels import attend1
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
+from .transformer import lm_head
 
 
 _NO_ROPE = np.zeros(0, np.float32)
@@ -132,11 +133,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
             f = _norm(f, L.post_ffn_norm, cfg, arith)
         x = h + f                                                     # [d_model] residual
     kv.n = n + 1
-    logits = linear_forward(_norm(x, plan.output_norm, cfg, arith), plan.head)   # [d_model] -> [vocab]
-    if cfg.final_logit_softcap:
-        c = cfg.final_logit_softcap
-        logits = np.tanh(logits / c) * c
-    return logits
+    return lm_head(_norm(x, plan.output_norm, cfg, arith), plan.head, cfg)[0]   # [d_model] -> [vocab]
 
 
 def _rotation(n, cfg, key, dtype, arith=F32):

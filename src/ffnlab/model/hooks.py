@@ -66,6 +66,15 @@ class Hooks:
         return hook
 
 
+def as_hooks(consumers):
+    """A Hooks, one consumer (an Editor or a Tracer) or a sequence of them -> Hooks"""
+    if isinstance(consumers, Hooks):
+        return consumers
+    if isinstance(consumers, (list, tuple)):
+        return Hooks(*consumers)
+    return Hooks(consumers)
+
+
 class Editor:
     """{pattern: fn} attached by ffnlab.hooks(model, ...). A pattern is a node name as the trace
     prints it (`ffn_out-5`) or a regular expression matched in full against the names."""

@@ -92,19 +92,29 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
         x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
         hook = hooks.point(-1, pos[-1:])
     y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook, arith=arith)
-    head = lm_head_name(cfg)
-    logits = linear_forward(y, p[head])                                   # [B, T, d_model] -> [B, T, vocab]
-    softcap = None
-    if cfg.final_logit_softcap:
-        c = cfg.final_logit_softcap
-        softcap = np.tanh(logits / c)                                     # Gemma 2 style: logits = c*tanh(z/c)
-        logits = softcap * c
+    logits, softcap = lm_head(y, p[lm_head_name(cfg)], cfg)           # [B, T, d_model] -> [B, T, vocab]
     # llama.cpp names the last node result_output: the softcap's SCALE when there is one
-    logits = hook("result_output", logits, "SCALE" if softcap is not None else "MUL_MAT", (head, "result_norm"))
+    logits = hook("result_output", logits, "SCALE" if softcap is not None else "MUL_MAT",
+                  (lm_head_name(cfg), "result_norm"))
     if kv is not None:
         kv.n += T
     cache = ForwardCache(ids, pos, block_caches, fn_cache, y, softcap) if train else None
     return logits, cache
+
+
+def lm_head(y, head, cfg):
+    """y: [..., d_model] the final norm's output, head: [vocab, d_model] -> logits [..., vocab],
+    tanh(z / c) or None
+
+    The one LM head: the forward, the one-token step (model/decode.py) and the logit lens read
+    the logits through it. Gemma 2/3 soft-cap them, logits = c * tanh(z / c); the tanh is kept
+    for the backward."""
+    logits = linear_forward(y, head)                                      # [..., d_model] -> [..., vocab]
+    if not cfg.final_logit_softcap:
+        return logits, None
+    c = cfg.final_logit_softcap
+    softcap = np.tanh(logits / c)
+    return softcap * c, softcap
 
 
 def backward(dlogits, p, cfg, cache):

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..formats import peft
+from ..model import Model
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
 from . import checkpoint as ckpt
 from .data import eval_batches, sample_batch
@@ -66,16 +67,16 @@ class FinetuneSettings(TrainSettings):
             raise UsageError(f"--train-tokens must be >= 0, got {self.train_tokens}")
 
 
-def loss_and_grads(p, cfg, x, y, adapters):
-    """x, y: [B, T] -> loss, {lora name: gradient} (None when the loss is not finite)"""
-    from ..model.transformer import backward, forward
+def loss_and_grads(model, x, y, adapters):
+    """model: the base model with the adapters attached (training_view), x, y: [B, T] ->
+    loss, {lora name: gradient} (None when the loss is not finite)"""
     B, T = x.shape
-    logits, cache = forward(p, cfg, x, train=True)                        # [B, T, V]
+    logits, cache = model.forward(x, train=True)                          # [B, T, V]
     loss, probs = cross_entropy_forward(logits.reshape(B * T, -1), y.reshape(-1))
     if not np.isfinite(loss):
         return loss, None
     dlogits = cross_entropy_backward(probs, y.reshape(-1)).reshape(logits.shape)
-    return loss, adapter_grads(backward(dlogits, p, cfg, cache), adapters)
+    return loss, adapter_grads(model.backward(dlogits, cache), adapters)
 
 
 def _files(model, adapters, tensors, s, base_model):
@@ -129,6 +130,9 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
     if len(train_ids) < s.seq_len + 1:
         raise UsageError(f"--train-tokens {s.train_tokens} is less than one window of --seq-len {s.seq_len} + 1")
     p = attach(model.params, adapters, s.alpha / s.r, s.dropout, rng, freeze=True)
+    # the model being trained: the frozen base with the adapters, in float32 arithmetic (the
+    # reference ops: they have backward passes)
+    adapted = Model(cfg, p)
     val_windows = eval_batches(data.val, s.batch, s.seq_len, s.eval_batches)
     train_windows = eval_batches(train_ids, s.batch, s.seq_len, s.eval_batches)
     tokens_per_step = s.batch * s.seq_len
@@ -138,8 +142,8 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
 
     def evaluate():
         set_training(p, False)
-        tl = mean_loss(p, cfg, train_windows) if s.eval_train else float("nan")
-        vl = mean_loss(p, cfg, val_windows)
+        tl = mean_loss(adapted, train_windows) if s.eval_train else float("nan")
+        vl = mean_loss(adapted, val_windows)
         set_training(p, True)
         return tl, vl
 
@@ -171,7 +175,7 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
             t0 = time.perf_counter()
             lr = s.lr_at(i)
             x, y = sample_batch(train_ids, s.batch, s.seq_len, rng)
-            loss, grads = loss_and_grads(p, cfg, x, y, adapters)
+            loss, grads = loss_and_grads(adapted, x, y, adapters)
             if grads is None:
                 raise DivergedError(f"step {step}: the loss ({float(loss)}) is not finite. Lower --lr", step)
             norm = clip_grad_norm(grads, s.grad_clip)

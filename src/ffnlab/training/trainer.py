@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import FfnlabError, UsageError
 from ..model.params import init_params
-from ..model.transformer import backward, forward
+from ..model import Model
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
@@ -98,25 +98,26 @@ class TrainSettings:
 
 
 # --- the step -----------------------------------------------------------------------------
-def loss_and_grads(params, cfg, x, y, aux_loss=0.0):
+def loss_and_grads(model, x, y, aux_loss=0.0):
     """x, y: [B, T] -> loss (float32 scalar, the language-model loss), {name: grad}
     aux_loss: weight of a mixture of experts' load-balancing loss (training/moe_loss.py), whose
     gradient joins the language-model loss's."""
     B, T = x.shape
-    logits, cache = forward(params, cfg, x, train=True)                 # [B, T, V]
+    cfg = model.config
+    logits, cache = model.forward(x, train=True)                       # [B, T, V]
     loss, probs = cross_entropy_forward(logits.reshape(B * T, -1), y.reshape(-1))
     if not np.isfinite(loss):
         return loss, None
     if cfg.moe and aux_loss:
         load_balancing_loss(cache, cfg, aux_loss)                      # puts its gradient in the cache
     dlogits = cross_entropy_backward(probs, y.reshape(-1)).reshape(logits.shape)
-    return loss, backward(dlogits, params, cfg, cache)
+    return loss, model.backward(dlogits, cache)
 
 
-def mean_loss(params, cfg, batches) -> float:
+def mean_loss(model, batches) -> float:
     losses = []
     for x, y in batches:
-        logits, _ = forward(params, cfg, x)
+        logits = model.forward(x)                                      # [B, T, V]
         losses.append(cross_entropy_forward(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))[0])
     return float(np.mean(losses))
 
@@ -126,11 +127,11 @@ class _Found(Exception):
         self.node = node
 
 
-def first_nonfinite_node(params, cfg, x):
+def first_nonfinite_node(model, x):
     """Re-run the forward with a tracer and stop at the first node holding NaN/Inf.
     -> 'name (OP)' or None when every node is finite."""
-    from ..model.hooks import Hooks
     from ..tracing.tracer import Tracer
+    params = model.params
 
     def check(node):
         if not np.all(np.isfinite(node.array)):
@@ -138,15 +139,15 @@ def first_nonfinite_node(params, cfg, x):
 
     bad = [n for n, p in params.items() if not np.all(np.isfinite(p))]
     try:
-        forward(params, cfg, x, hooks=Hooks(Tracer(params=params, on_node=check)))
+        model.forward(x, hooks=Tracer(params=params, on_node=check))
     except _Found as f:
         where = f"{f.node.name} ({f.node.op})"
         return where + (f"; non-finite weights: {', '.join(bad[:3])}" if bad else "")
     return None
 
 
-def diverged(step, what, params, cfg, x):
-    node = first_nonfinite_node(params, cfg, x)
+def diverged(step, what, model, x):
+    node = first_nonfinite_node(model, x)
     where = (f"first non-finite node: {node}" if node
              else "every forward node is finite (the loss or backward overflowed)")
     return DivergedError(f"step {step}: {what} is not finite; {where}. Lower --lr or raise --warmup", step)
@@ -217,6 +218,7 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
     params = init_params(cfg, seed=settings.seed)
     if init_hook is not None:
         init_hook(params)
+    model = Model(cfg, params)                                         # the optimizer updates params in place
     opt = AdamW(params, settings.weight_decay, (settings.beta1, settings.beta2), decay_embeddings=settings.decay_embeddings)
     rng = np.random.default_rng([settings.seed, 1])                    # batch order (init used seed alone)
     history = {"train": [], "grad_norm": [], "eval": []}                # train[i]: loss of step i+1
@@ -267,19 +269,19 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
             t0 = time.perf_counter()
             lr = settings.lr_at(s)
             x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
-            loss, grads = loss_and_grads(params, cfg, x, y, settings.aux_loss)
+            loss, grads = loss_and_grads(model, x, y, settings.aux_loss)
             if grads is None:
-                raise diverged(step, f"the loss ({float(loss)})", params, cfg, x)
+                raise diverged(step, f"the loss ({float(loss)})", model, x)
             norm = clip_grad_norm(grads, settings.grad_clip)
             if not math.isfinite(norm):
-                raise diverged(step, f"the gradient norm ({norm})", params, cfg, x)
+                raise diverged(step, f"the gradient norm ({norm})", model, x)
             opt.step(params, grads, lr)
             seconds += time.perf_counter() - t0
             history["train"].append(float(loss))
             history["grad_norm"].append(norm)
             bar.step(step, float(loss), lr, step * tokens_per_step / seconds)
             if step % settings.eval_every == 0 or step == settings.steps:
-                tl, vl = mean_loss(params, cfg, train_windows), mean_loss(params, cfg, val_windows)
+                tl, vl = mean_loss(model, train_windows), mean_loss(model, val_windows)
                 history["eval"].append([step, tl, vl])
                 bar.line(f"step {step}/{settings.steps}: train loss {tl:.4f}  val loss {vl:.4f}  "
                          f"lr {lr:.2e}  {step * tokens_per_step / seconds / 1e3:.1f}k tok/s")
