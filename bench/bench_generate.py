@@ -60,7 +60,7 @@ if args.child is None:           # a llama.cpp child measures llama.cpp's memory
     import ffnlab
     from ffnlab.threads import set_threads
     set_threads(args.threads)
-# the floors for the two real models: (decode / llama.cpp, prefill / llama.cpp, RSS / llama.cpp, load s)
+# the floors the two real models are held to: (decode / llama.cpp, prefill / llama.cpp, RSS / llama.cpp, load s)
 FLOORS = {"smollm2": (0.7, 1.5, 1.5, 0.5), "gemma3": (0.6, 1.5, 1.5, None)}
 BIG_FLOORS = (0.5, None, None, None)     # and, separately: peak RSS <= 6 GB, logits cosine >= 0.99 everywhere
 BIG_RSS = 6e9

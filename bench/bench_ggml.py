@@ -76,7 +76,7 @@ def main():
     for arith, (p, d) in results.items():
         print(f"| {arith} | {p:.3f} | {args.prompt_tokens / p:.1f} | {d * 1e3:.1f} | {1 / d:.1f} |")
     (pf, df), (pg, dg) = results["f32"], results["ggml"]
-    print(f"\nggml / f32 time: prompt {pg / pf:.2f}x, decode {dg / df:.2f}x (the issue's ceiling: 1.5x)")
+    print(f"\nggml / f32 time: prompt {pg / pf:.2f}x, decode {dg / df:.2f}x (the ceiling: 1.5x)")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,15 @@ directory (so `train --out x` then `export x` works) that holds a link to the re
 docs/, so `docs/data/...` paths resolve; `ffnlab` is this checkout's (sys.executable -m
 ffnlab.cli.main).
 
+A line `_Timings above: ..._` says where the timings of the examples before it (run's ffnlab_perf
+lines, tokens/s) come from; a rewrite puts this machine's CPU, load average, commit and date in it.
+
 tests/test_docs_examples.py imports find_examples() and runs every command with small sizes
 (SMALL below), so a doc example that stops working fails a test.
 """
 import argparse
+import datetime
+import importlib.util
 import os
 import re
 import shlex
@@ -159,13 +164,36 @@ def expected_rc(e: Example) -> int:
     return 1 if any(": error: " in x for x in e.output[-1:]) else 0
 
 
-def rewrite(path, done):
-    """Replace the outputs of the rewritable examples of one file with done[line] (lists of lines)."""
+# the line under a doc's examples that says where their timings come from (see the module docstring)
+STAMP = re.compile(r"^_Timings above: .*_$")
+
+
+def timing_stamp(load_average) -> str:
+    """-> '_Timings above: <CPU>, <n> CPUs, load average <l> at the start, commit <c>, <date>._' for this
+    machine and checkout: a doc's timings mean nothing without the machine and its load behind them."""
+    spec = importlib.util.spec_from_file_location("machine", os.path.join(ROOT, "bench", "machine.py"))
+    machine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(machine)
+    git = ["git", "-C", ROOT]
+    commit = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # only the code's changes count: the rewrite itself changes the docs
+    dirty = subprocess.run(git + ["status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout
+    commit = (commit or "unknown") + (" with changes to src/" if dirty.strip() else "")
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return (f"_Timings above: {machine.cpu_model()}, {os.cpu_count()} CPUs, load average {load_average:.1f} at the "
+            f"start, commit {commit}, {date}._")
+
+
+def rewrite(path, done, stamp=None):
+    """Replace the outputs of the rewritable examples of one file with done[line] (lists of lines), and
+    with stamp (a timing_stamp()) every `_Timings above: ..._` line."""
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         lines = f.read().split("\n")
     for e in sorted(find_examples(path), key=lambda e: -e.line):          # bottom up: indices stay valid
         if e.line in done:
             lines[e.out_start:e.out_end] = [(e.indent + x).rstrip() for x in done[e.line]]
+    if stamp:
+        lines = [stamp if STAMP.match(x) else x for x in lines]
     with open(os.path.join(ROOT, path), "w", encoding="utf-8") as f:
         f.write("\n".join(lines))
 
@@ -185,7 +213,7 @@ def main():
             for e in examples:
                 print(f"{path}:{e.line + 1}: {'rewrite' if e.rewritable else 'run    '} {e.command}")
             continue
-        cwd, done = scratch_dir(), {}
+        cwd, done, load = scratch_dir(), {}, os.getloadavg()[0]
         for e in examples:
             r = run_example(e, cwd, small=args.small)
             ok = r.returncode == expected_rc(e)
@@ -197,7 +225,7 @@ def main():
                 text = r.stdout.rstrip("\n")
                 done[e.line] = text.split("\n") if text else []
         if not args.check and not args.list:
-            rewrite(path, done)
+            rewrite(path, done, timing_stamp(load) if done else None)
         shutil.rmtree(cwd, ignore_errors=True)
     return 1 if failed else 0
 

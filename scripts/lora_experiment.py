@@ -22,7 +22,7 @@ RANKS = [4, 16]
 SEEDS = [0, 1]
 SMALL = 512                               # tokens in the small data set
 DATA = {"full": 0, "small": SMALL}        # --train-tokens (0: the whole train split, 306,985 tokens)
-# sized for ~30 min of one core (the machine is shared by five agents): 12 steps x 4 x 24 = 1,152
+# sized for ~30 min of one core (the machine was shared with four other jobs): 12 steps x 4 x 24 = 1,152
 # training tokens per run; the val loss on 2 x 4 fixed windows of 24 tokens, every 4 steps
 COMMON = ["-m", "smollm2", "--data", "/work/shared/data/tinyshakespeare.txt", "--steps", "12", "--batch", "4",
           "--seq-len", "24", "--lr", "2e-3", "--warmup", "2", "--eval-every", "4", "--eval-batches", "2",

@@ -39,6 +39,23 @@ def test_parser_reads_commands_outputs_comments_and_skips(tmp_path, monkeypatch)
     assert "    $ ffnlab c\n    C\n    C2\n\n" in doc.read_text()
 
 
+def test_rewrite_stamps_the_timing_lines_with_this_machine(tmp_path, monkeypatch):
+    doc = tmp_path / "x.md"
+    doc.write_text("```\n$ ffnlab a\nold\n```\n\n_Timings above: a laptop, 2019._\nprose _Timings above: stays._\n")
+    monkeypatch.setattr(D, "ROOT", str(tmp_path))
+    D.rewrite("x.md", {D.find_examples("x.md")[0].line: ["new"]}, "_Timings above: here._")
+    assert doc.read_text() == "```\n$ ffnlab a\nnew\n```\n\n_Timings above: here._\nprose _Timings above: stays._\n"
+
+
+def test_timing_stamp_names_the_cpu_load_and_commit():
+    stamp = D.timing_stamp(1.34)
+    spec = importlib.util.spec_from_file_location("machine", os.path.join(ROOT, "bench", "machine.py"))
+    machine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(machine)
+    assert D.STAMP.match(stamp) and machine.cpu_model() in stamp and "load average 1.3 at the start" in stamp
+    assert "commit unknown" not in stamp                  # this checkout is a git repository
+
+
 def test_small_sizes_only_shrink_the_heavy_commands():
     assert D.shell_command("ffnlab train --steps 2000 --data x", small=True).endswith("train --steps 2 --data x")
     assert D.shell_command("ffnlab analyze llama3-8b --batch 8", small=True).endswith("analyze llama3-8b --batch 8")
