@@ -12,7 +12,7 @@ def add_arguments(p):
                       "default: the default model (smollm2)", presets=True)
     p.add_argument("--preset", metavar="NAME", default=None,
                    help="a preset model: an alias (llama3-8b, gpt2) or HF repo id that `ffnlab compare --list` shows")
-    refuse_together(p, "-m", "--preset", "give one model")
+    refuse_together(p, "MODEL", "--preset", "give one model")
     p.add_argument("--seq-len", type=int, default=2048, help="context length T (tokens) for FLOPs, KV cache and "
                    "activations (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")

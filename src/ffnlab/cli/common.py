@@ -28,7 +28,8 @@ class _OneModel(argparse.Action):
 
 
 class _Models(argparse.Action):
-    """-m MODEL (repeatable) and positional MODELs add to one list, in the order typed."""
+    """-m MODEL (repeatable) and positional MODELs add to one list: the -m ones first (main parses
+    flags before positionals), each group in the order typed."""
     def __call__(self, parser, namespace, values, option_string=None):
         values = values if isinstance(values, list) else [values]
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + values)
@@ -46,11 +47,12 @@ def add_model_argument(p, arith=("f32", "ggml")):
     p.set_defaults(_model_kind="model")
 
 
-def add_model_flag(p, help, presets=False, required=False):
+def add_model_flag(p, help, presets=False, required=None):
     """-m MODEL for a command that reads a model's file but runs no forward (inspect, analyze, shapes,
     export), with the positional MODEL these commands took before as an alias. presets: the value
     may also name a preset (`ffnlab compare --list`), so a name that is no file is not refused early.
-    required: no default model (check_grammar refuses a command line without one)."""
+    required: the command has no default model; check_grammar refuses a command line without one
+    with this line."""
     p.add_argument("-m", "--model", action=_OneModel, default=None, metavar="MODEL", help=help)
     p.add_argument("model", action=_OneModel, nargs="?", default=None, metavar="MODEL", help="the same as -m MODEL")
     p.set_defaults(_model_kind="preset" if presets else "model", _model_required=required)
@@ -128,7 +130,7 @@ def _shown(side) -> str:
 def check_grammar(p, args, given):
     """The first rule of parser p that args break -> UsageError. given: the dests the command line named."""
     if p.get_default("_model_required") and args.model is None:
-        raise UsageError("no model: give -m MODEL")
+        raise UsageError(p.get_default("_model_required"))
     for kind, a, b, why in p.get_default("_rules") or []:
         if kind == "together" and _holds(p, a, args, given) and _holds(p, b, args, given):
             raise UsageError(f"{_shown(a)} and {_shown(b)} do not go together" + (f": {why}" if why else ""))

@@ -7,7 +7,8 @@ HELP = "export a model (checkpoint, GGUF, HF directory) to GGUF (llama.cpp) or a
 def add_arguments(p):
     from .common import add_model_flag, needs
     add_model_flag(p, "a checkpoint directory written by `ffnlab train`, a .gguf file, an HF directory, an "
-                      "installed model (smollm2, gemma3), or a LoRA adapter (--to gguf-lora, --merge)", required=True)
+                      "installed model (smollm2, gemma3), or a LoRA adapter (--to gguf-lora, --merge)",
+                   required="give the model and the output: -m MODEL OUT, or MODEL OUT")
     p.add_argument("--to", required=True, choices=["gguf", "hf", "gguf-lora"],
                    help="gguf: one .gguf file; hf: a model directory; gguf-lora: MODEL is a LoRA adapter (a PEFT "
                         "directory), written as llama.cpp's adapter GGUF")

@@ -9,7 +9,7 @@ def add_arguments(p):
                       "or a preset name (alias or HF repo id); default: the default model (smollm2)", presets=True)
     p.add_argument("--preset", metavar="NAME", default=None,
                    help="a preset model: an alias (llama3-8b, gpt2) or HF repo id that `ffnlab compare --list` shows")
-    refuse_together(p, "-m", "--preset", "give one model")
+    refuse_together(p, "MODEL", "--preset", "give one model")
     p.add_argument("--all-blocks", action="store_true", help="list the tensors of every block (default: block 0 "
                    "and the tensors outside the blocks)")
     p.add_argument("--json", action="store_true", help="print the report as JSON, with block 0's FFN view "

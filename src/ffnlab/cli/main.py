@@ -87,26 +87,28 @@ def _unrecognized(p, extras) -> str:
 
 
 def _parse(p, argv):
-    """argv -> Namespace; an unknown flag exits 2 with one line naming the command. Intermixed:
-    positionals may sit between flags (`ffnlab export CKPT --to gguf OUT`, `ffnlab compare A -m B C`)."""
-    args, extras = p.parse_known_intermixed_args(argv)
+    """argv -> (Namespace, the dests the command line named). Intermixed: positionals may sit
+    between flags (`ffnlab export CKPT --to gguf OUT`). An unknown flag exits 2 with one line naming
+    the command, before argparse would complain of a missing required flag (a typo of it, often)."""
+    named, extras = _probe(p, argv)
     if extras:
         p.fail(_unrecognized(p, extras))
-    return args
+    return p.parse_intermixed_args(argv), named
 
 
-def _named(p, argv) -> set:
-    """The dests the command line sets (not those left at their defaults): argv parsed again with
-    every default suppressed, so that only what was typed lands in the namespace."""
-    saved = [(a, a.default) for a in p._actions]
+def _probe(p, argv):
+    """argv parsed with every default suppressed and nothing required -> (the dests it sets, the
+    arguments p does not know). Only what was typed lands in the namespace: check_grammar tells
+    `--units 10` typed from --units left at its default 10."""
+    saved = [(a, a.default, a.required) for a in p._actions]
     try:
-        for a, _ in saved:
-            a.default = argparse.SUPPRESS
-        named, _ = p.parse_known_intermixed_args(argv)
+        for a, _, _ in saved:
+            a.default, a.required = argparse.SUPPRESS, False
+        named, extras = p.parse_known_intermixed_args(argv)
     finally:
-        for a, default in saved:
-            a.default = default
-    return set(vars(named))
+        for a, default, required in saved:
+            a.default, a.required = default, required
+    return set(vars(named)), extras
 
 
 def _apply_threads(args):
@@ -148,9 +150,9 @@ def main(argv=None):
     p = subparser(parser, command)
     debug = top_args.debug or "--debug" in rest
     try:
-        args = _parse(p, rest)
+        args, named = _parse(p, rest)
         args.command, args.debug = command, debug
-        common.check_grammar(p, args, _named(p, rest))
+        common.check_grammar(p, args, named)
         common.check_model(args)
     except FfnlabError as e:                       # a flag's own type check (common.positive, ...), a rule, -m
         if debug:

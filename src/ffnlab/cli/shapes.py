@@ -21,7 +21,7 @@ def add_arguments(p):
                    help="biases on up/gate/down (default: the preset's, else yes for dense and no for gated kinds)")
     p.add_argument("-T", type=positive("-T"), metavar="N", dest="T", help="show shapes for N tokens instead of the symbol T")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
-    refuse_together(p, "-m", "--preset", "give one model")
+    refuse_together(p, "MODEL", "--preset", "give one model")
 
 
 def config_from_args(args):
