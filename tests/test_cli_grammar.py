@@ -95,6 +95,12 @@ def test_help_exits_0_and_names_the_command(cmd, capsys):
     assert rc == 0 and out.startswith(f"usage: ffnlab {cmd} ") and not err
 
 
+def test_help_marks_required_flags_as_required(capsys):
+    """--help is printed by the parser as built, not by main's probe (which relaxes `required`)."""
+    rc, out, _ = run_main(capsys, "neurons", "--help")
+    assert rc == 0 and " --layer LAYER --data DATA" in " ".join(out.split())
+
+
 @pytest.mark.parametrize("cmd", commands())
 def test_unknown_flag_is_one_line_naming_the_command(cmd, capsys):
     line = one_error(capsys, cmd, "--zzzz", "3")

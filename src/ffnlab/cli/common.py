@@ -6,8 +6,9 @@
     refuse_together()   two flags that contradict each other are refused in one line
     needs()             a flag that means nothing without another is refused in one line
 
-main.py checks the last two after parsing (check_grammar), from the flags the command line named.
-Everything here imports only the standard library: `ffnlab CMD --help` reads it.
+main.py checks the last two after parsing (check_grammar), from the flags the command line named,
+and -m's path (check_model) before the command imports any model code. Nothing here imports
+NumPy or the model at the top: `ffnlab CMD --help` reads this file.
 """
 import argparse
 
@@ -15,6 +16,12 @@ from ..errors import UsageError
 
 MODEL_HELP = ("a .gguf file, an HF directory, an ffnlab checkpoint, or an installed model: smollm2, gemma3 "
               "(`ffnlab models`; default: smollm2, SmolLM2-135M-Instruct Q4_1)")
+ARITH_HELP = {
+    ("f32", "ggml"): "arithmetic: f32 (float32, exact weights: the HF reference; default) or ggml (llama.cpp's CPU "
+                     "numerics: 8-bit activation blocks and integer dots, f16 K/V, ggml's exp/SiLU/GELU; "
+                     "docs/glass-box.md)",
+    ("f32",): "arithmetic: f32 only (training needs gradients, which ggml's integer dots do not have)",
+}
 
 
 class _OneModel(argparse.Action):
@@ -36,13 +43,10 @@ class _Models(argparse.Action):
 
 
 def add_model_argument(p, arith=("f32", "ggml")):
-    """-m MODEL, --arith and -t: the flags of every command that runs a model."""
+    """-m MODEL, --arith and -t: the flags of every command that runs a model. arith: the choices
+    (finetune: f32 only, so that `--arith ggml` is refused rather than ignored)."""
     p.add_argument("-m", "--model", default=None, help=MODEL_HELP)
-    p.add_argument("--arith", choices=arith, default="f32",
-                   help="arithmetic: f32 (float32, exact weights: the HF reference; default) or ggml (llama.cpp's "
-                        "CPU numerics: 8-bit activation blocks and integer dots, f16 K/V, ggml's exp/SiLU/GELU; "
-                        "docs/glass-box.md)" if "ggml" in arith else "arithmetic: f32 (float32; training needs its "
-                        "gradients, which --arith ggml's integer dots do not have)")
+    p.add_argument("--arith", choices=arith, default="f32", help=ARITH_HELP[arith])
     add_threads_argument(p)
     p.set_defaults(_model_kind="model")
 

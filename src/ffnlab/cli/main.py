@@ -90,6 +90,8 @@ def _parse(p, argv):
     """argv -> (Namespace, the dests the command line named). Intermixed: positionals may sit
     between flags (`ffnlab export CKPT --to gguf OUT`). An unknown flag exits 2 with one line naming
     the command, before argparse would complain of a missing required flag (a typo of it, often)."""
+    if any(a == "-h" or len(a) > 2 and "--help".startswith(a) for a in argv):
+        p.parse_intermixed_args(argv)                # --help: printed by the parser as built, and exit
     named, extras = _probe(p, argv)
     if extras:
         p.fail(_unrecognized(p, extras))
