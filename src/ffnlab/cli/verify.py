@@ -26,6 +26,7 @@ def add_arguments(p):
     p.add_argument("--all", action="store_true", help="also list the nodes the reference does not compute")
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
     refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+    refuse_together(p, "--all", "--json", "the JSON lists every node")
 
 
 def lora_reference(model, ids, args, tmp):
