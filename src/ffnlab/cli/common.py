@@ -16,12 +16,6 @@ from ..errors import UsageError
 
 MODEL_HELP = ("a .gguf file, an HF directory, an ffnlab checkpoint, or an installed model: smollm2, gemma3 "
               "(`ffnlab models`; default: smollm2, SmolLM2-135M-Instruct Q4_1)")
-ARITH_HELP = {
-    ("f32", "ggml"): "arithmetic: f32 (float32, exact weights: the HF reference; default) or ggml (llama.cpp's CPU "
-                     "numerics: 8-bit activation blocks and integer dots, f16 K/V, ggml's exp/SiLU/GELU; "
-                     "docs/glass-box.md)",
-    ("f32",): "arithmetic: f32 only (training needs gradients, which ggml's integer dots do not have)",
-}
 
 
 class _OneModel(argparse.Action):
@@ -42,11 +36,13 @@ class _Models(argparse.Action):
         setattr(namespace, self.dest, (getattr(namespace, self.dest, None) or []) + values)
 
 
-def add_model_argument(p, arith=("f32", "ggml")):
-    """-m MODEL, --arith and -t: the flags of every command that runs a model. arith: the choices
-    (finetune: f32 only, so that `--arith ggml` is refused rather than ignored)."""
+def add_model_argument(p):
+    """-m MODEL, --arith and -t: the flags of every command that runs a model."""
     p.add_argument("-m", "--model", default=None, help=MODEL_HELP)
-    p.add_argument("--arith", choices=arith, default="f32", help=ARITH_HELP[arith])
+    p.add_argument("--arith", choices=("f32", "ggml"), default="f32",
+                   help="arithmetic: f32 (float32, exact weights: the HF reference; default) or ggml (llama.cpp's "
+                        "CPU numerics: 8-bit activation blocks and integer dots, f16 K/V, ggml's exp/SiLU/GELU; "
+                        "docs/glass-box.md)")
     add_threads_argument(p)
     p.set_defaults(_model_kind="model")
 

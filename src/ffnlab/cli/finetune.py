@@ -26,7 +26,7 @@ SETTING_FLAGS = {  # flag -> (FinetuneSettings field, type, help)
 
 def add_arguments(p):
     from .common import add_model_argument
-    add_model_argument(p, arith=("f32",))               # training: float32 forward and backward
+    add_model_argument(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to fine-tune on")
     p.add_argument("--out", required=True, help="adapter directory (PEFT's adapter_config.json + "
                                                 "adapter_model.safetensors, and the resume state)")
