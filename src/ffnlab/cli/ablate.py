@@ -14,7 +14,7 @@ def _list(kind):
 
 
 def add_arguments(p):
-    from .common import add_threads_argument, positive
+    from .common import add_threads_argument, needs, positive
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
@@ -44,6 +44,8 @@ def add_arguments(p):
     p.add_argument("--eval-every", type=int, default=50, help="evaluate every N steps (default 50)")
     p.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation (default 8)")
     p.add_argument("--ckpt-every", type=int, default=100, help="checkpoint every N steps (default 100)")
+    for flag in ("--experts", "--top-k", "--moe-match"):
+        needs(p, flag, "--ffn=moe", "only the mixture-of-experts variants have experts")
 
 
 def run(args):

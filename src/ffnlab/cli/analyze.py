@@ -6,10 +6,13 @@ DEFAULT_QUANTS = "F16,Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0"
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
-                        "or a preset name (alias like llama3-8b or HF repo id like meta-llama/Meta-Llama-3-8B); "
-                        "default: the default model (smollm2)")
+    from .common import add_model_flag, refuse_together
+    add_model_flag(p, "a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
+                      "or a preset name (alias like llama3-8b or HF repo id like meta-llama/Meta-Llama-3-8B); "
+                      "default: the default model (smollm2)", presets=True)
+    p.add_argument("--preset", metavar="NAME", default=None,
+                   help="a preset model: an alias (llama3-8b, gpt2) or HF repo id that `ffnlab compare --list` shows")
+    refuse_together(p, "MODEL", "--preset", "give one model")
     p.add_argument("--seq-len", type=int, default=2048, help="context length T (tokens) for FLOPs, KV cache and "
                    "activations (default 2048)")
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
@@ -72,7 +75,7 @@ def run(args):
     from ..analysis.source import load_source
 
     opts = check_options(args)                  # flags first: a bad flag should not wait for a big file
-    r = analyze(load_source(args.model), **opts)
+    r = analyze(load_source(args.preset or args.model), **opts)
     if args.json:
         print(json.dumps(r, indent=1))
     else:

@@ -7,7 +7,7 @@ HELP = "causal tracing (ROME): noise the subject, restore hidden / MLP / attenti
 
 
 def add_arguments(p):
-    from .common import add_model_argument, nonneg, positive
+    from .common import add_model_argument, nonneg, positive, refuse_together
     add_model_argument(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt, e.g. 'The Eiffel Tower is located in the city of'")
     p.add_argument("--subject", required=True, help="the subject, a substring of the prompt (its tokens get the noise)")
@@ -19,6 +19,7 @@ def add_arguments(p):
     p.add_argument("--seed", type=nonneg("--seed"), default=0, help="seed of the noise (default 0)")
     p.add_argument("--out", default="causal-trace.png", metavar="PNG", help="the three-panel figure (default causal-trace.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
+    refuse_together(p, "--out", "--json", "--json draws no figure")
 
 
 def run(args):

@@ -1,13 +1,15 @@
-"""`ffnlab compare A B ...`: the MLP side by side for presets, config.json files and GGUFs."""
+"""`ffnlab compare -m A -m B ...` (or `ffnlab compare A B ...`): the MLP side by side for presets, config.json files and GGUFs."""
 COMMAND = "compare"
 HELP = "compare the MLP of several models side by side (d_model, d_ff, ratio, MLP params, MLP share)"
 
 
 def add_arguments(p):
-    p.add_argument("models", metavar="PRESET_OR_MODEL", nargs="*", help="preset names (alias or HF repo id), "
-                   "installed models (smollm2, gemma3), .gguf files, HF directories or config.json files")
+    from .common import add_models_flag, refuse_together
+    add_models_flag(p, "a model to compare, repeatable: a preset name (alias or HF repo id), an installed model "
+                       "(smollm2, gemma3), a .gguf file, an HF directory or a config.json file")
     p.add_argument("--list", action="store_true", help="list the presets with their sources and exit")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    refuse_together(p, "--list", "MODEL", "--list shows every preset")
 
 
 def run(args):

@@ -5,9 +5,10 @@ HELP = "export a model (checkpoint, GGUF, HF directory) to GGUF (llama.cpp) or a
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL",
-                   help="a checkpoint directory written by `ffnlab train`, a .gguf file, an HF directory, or an "
-                        "installed model (smollm2, gemma3)")
+    from .common import add_model_flag, needs
+    add_model_flag(p, "a checkpoint directory written by `ffnlab train`, a .gguf file, an HF directory, an "
+                      "installed model (smollm2, gemma3), or a LoRA adapter (--to gguf-lora, --merge)",
+                   required="give the model and the output: -m MODEL OUT, or MODEL OUT")
     p.add_argument("--to", required=True, choices=["gguf", "hf", "gguf-lora"],
                    help="gguf: one .gguf file; hf: a model directory; gguf-lora: MODEL is a LoRA adapter (a PEFT "
                         "directory), written as llama.cpp's adapter GGUF")
@@ -21,6 +22,7 @@ def add_arguments(p):
                                                         "merged in (--to gguf: a GGUF base; --to hf)")
     p.add_argument("--base", default=None, help="LoRA adapter: its base model (default: the one it records)")
     p.add_argument("--lora-scale", type=float, default=1.0, help="--merge: scale of the adapter's update (default 1)")
+    needs(p, "--lora-scale", "--merge", "it scales the update merged in")
 
 
 def source(model):

@@ -1,12 +1,15 @@
-"""`ffnlab inspect MODEL`: architecture, FFN kind and the tensor table, from metadata only."""
+"""`ffnlab inspect -m MODEL`: architecture, FFN kind and the tensor table, from metadata only."""
 COMMAND = "inspect"
 HELP = "show a model's architecture, MLP shape and tensor table (reads metadata only, no weights)"
 
 
 def add_arguments(p):
-    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
-                        "or a preset name (alias or HF repo id); default: the default model (smollm2)")
+    from .common import add_model_flag, refuse_together
+    add_model_flag(p, "a .gguf file, an HF model directory or config.json, an installed model (smollm2, gemma3), "
+                      "or a preset name (alias or HF repo id); default: the default model (smollm2)", presets=True)
+    p.add_argument("--preset", metavar="NAME", default=None,
+                   help="a preset model: an alias (llama3-8b, gpt2) or HF repo id that `ffnlab compare --list` shows")
+    refuse_together(p, "MODEL", "--preset", "give one model")
     p.add_argument("--all-blocks", action="store_true", help="list the tensors of every block (default: block 0 "
                    "and the tensors outside the blocks)")
     p.add_argument("--json", action="store_true", help="print the report as JSON, with block 0's FFN view "
@@ -19,7 +22,7 @@ def run(args):
     from ..analysis.report import inspect_report
     from ..analysis.source import load_source
 
-    r = inspect_report(load_source(args.model), all_blocks=args.all_blocks)
+    r = inspect_report(load_source(args.preset or args.model), all_blocks=args.all_blocks)
     if args.json:
         print(json.dumps(r, indent=1))
     else:

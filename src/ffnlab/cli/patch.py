@@ -7,7 +7,7 @@ HELP = "activation patching: restore one node's row from a clean run into a corr
 
 
 def add_arguments(p):
-    from .common import add_model_argument
+    from .common import add_model_argument, refuse_together
     add_model_argument(p)
     p.add_argument("--clean", required=True, help="the prompt whose answer is the target")
     p.add_argument("--corrupt", required=True, help="a prompt of the same token count whose answer differs")
@@ -17,6 +17,7 @@ def add_arguments(p):
                                                    "ffn_out, or any per-layer node name (default l_out)")
     p.add_argument("--out", default=None, metavar="PNG", help="heat map file (default patch-NODE.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
+    refuse_together(p, "--out", "--json", "--json draws no heat map")
 
 
 def run(args):

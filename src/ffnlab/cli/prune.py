@@ -7,9 +7,13 @@ COMMAND = "prune"
 HELP = "drop the least important MLP hidden units of every layer and write a smaller GGUF"
 
 
+# pruning.gguf_rewrite.TYPES, what its encode() writes (tests/test_startup.py holds the two equal):
+# importing that module here would load NumPy for `ffnlab prune --help`
+TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
+
+
 def add_arguments(p):
-    from ..pruning.gguf_rewrite import TYPES
-    from .common import add_model_argument, count_or_all, positive
+    from .common import add_model_argument, count_or_all, needs, positive, refuse_together
     add_model_argument(p)
     p.add_argument("--keep", type=float, required=True,
                    help="fraction of MLP hidden units to keep per layer, in (0, 1]; rounded to a multiple of 32")
@@ -27,6 +31,9 @@ def add_arguments(p):
     p.add_argument("--eval-chunks", type=count_or_all("--eval-chunks"), default=8, help="perplexity chunks; -1 = all (default 8)")
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    refuse_together(p, "--by=weight", "--calib", "weight importance reads no text")
+    refuse_together(p, "--by=weight", "--calib-chunks", "weight importance reads no text")
+    needs(p, "--eval-chunks", "--eval", "the chunks are of --eval's text")
 
 
 def _check(args):

@@ -7,7 +7,7 @@ HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
 
 def add_arguments(p):
-    from .common import add_lora_arguments, add_model_argument, nonneg
+    from .common import add_intervention_arguments, add_lora_arguments, add_model_argument, nonneg, refuse_together
     add_model_argument(p)
     add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
@@ -33,10 +33,11 @@ def add_arguments(p):
                    help="chat in a loop: read a user turn per line from stdin, answer it with the whole "
                         "conversation as context; -p is the first turn; end with EOF (Ctrl-D)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
-    from ..interventions.flags import add_flags
-    add_flags(p)                                        # --ablate / --scale / --steer (interventions/flags.py)
+    add_intervention_arguments(p)                       # --ablate / --scale / --steer (interventions/flags.py)
     p.add_argument("--ignore-eos", action="store_true",
                    help="never stop at an end-of-generation token: exactly -n tokens (llama.cpp's flag, for benchmarks)")
+    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+    refuse_together(p, "-i", "--json", "an interactive chat streams its turns")
 
 
 def _check(args):
@@ -48,8 +49,6 @@ def _check(args):
         raise UsageError("--system needs --chat or -i (without a chat template there is no system turn)")
     if args.chat_template is not None and not chat:
         raise UsageError("--chat-template needs --chat or -i")
-    if args.interactive and args.json:
-        raise UsageError("-i and --json do not go together (an interactive chat streams its turns)")
     if not 0.0 < args.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not 0.0 <= args.min_p <= 1.0:

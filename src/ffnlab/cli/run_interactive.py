@@ -8,8 +8,6 @@ gives for the full history. The loop ends at EOF, or when the conversation fills
 """
 import sys
 
-from ..generation.generate import Timings
-
 PROMPT_MARK = "> "
 
 
@@ -32,6 +30,7 @@ def chat_loop(model, args, first, params, n_ctx, perf) -> int:
     """-> exit code. first: -p's text (the first user turn) or None."""
     from ..generation import generate
     from ..generation.chat import encode_chat, render_chat
+    from ..generation.generate import Timings
     from .run import chat_template, context_notice
 
     template = chat_template(args, model)

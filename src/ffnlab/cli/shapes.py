@@ -7,10 +7,9 @@ HELP = "print the MLP (FFN) shape table of a config: every intermediate, weight 
 
 
 def add_arguments(p):
-    from .common import positive
-    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
-                   help="a .gguf file, an HF directory or config.json, an installed model (smollm2, gemma3) or a "
-                        "preset: the MLP fields are read from it (metadata only)")
+    from .common import add_model_flag, positive, refuse_together
+    add_model_flag(p, "a .gguf file, an HF directory or config.json, an installed model (smollm2, gemma3) or a "
+                      "preset: the MLP fields are read from it (metadata only)", presets=True)
     p.add_argument("--preset", metavar="NAME",
                    help="a preset model: gpt2, llama (Llama 2 7B), smollm2, gemma3, or any alias / HF repo id "
                         "that `ffnlab compare --list` shows")
@@ -22,6 +21,7 @@ def add_arguments(p):
                    help="biases on up/gate/down (default: the preset's, else yes for dense and no for gated kinds)")
     p.add_argument("-T", type=positive("-T"), metavar="N", dest="T", help="show shapes for N tokens instead of the symbol T")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
+    refuse_together(p, "MODEL", "--preset", "give one model")
 
 
 def config_from_args(args):

@@ -8,7 +8,7 @@ HELP = "run one forward pass and print every named tensor (llama-eval-callback f
 
 
 def add_arguments(p):
-    from .common import add_lora_arguments, add_model_argument
+    from .common import add_lora_arguments, add_model_argument, refuse_together
     add_model_argument(p)
     add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
@@ -26,6 +26,8 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (nodes, shapes, sums) instead of lines")
     p.add_argument("--check-finite", action="store_true",
                    help="stop at the first node holding NaN/Inf, name it and print its inputs' statistics (exit 1)")
+    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+    refuse_together(p, "--layout", "--json", "the JSON holds both layouts (shape: logical, ne: ggml)")
 
 
 def json_safe(x):

@@ -58,8 +58,9 @@ def add_arguments(p):
     p.add_argument("--decay-embeddings", action="store_true", default=None,
                    help="apply weight decay to the embedding tables too")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    from .common import add_threads_argument
+    from .common import add_threads_argument, needs
     add_threads_argument(p)
+    needs(p, "--vocab-size", "--tokenizer=bpe", "the byte tokenizer has 256 ids, a model's tokenizer its own")
 
 
 def run(args):

@@ -8,7 +8,7 @@ HELP = "compare every named tensor of a forward pass with llama.cpp or HF transf
 
 
 def add_arguments(p):
-    from .common import add_lora_arguments, add_model_argument
+    from .common import add_lora_arguments, add_model_argument, refuse_together
     add_model_argument(p)
     add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
@@ -25,6 +25,8 @@ def add_arguments(p):
     p.add_argument("--atol", type=float, default=None, help="absolute slack per node (default 1e-6)")
     p.add_argument("--all", action="store_true", help="also list the nodes the reference does not compute")
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
+    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+    refuse_together(p, "--all", "--json", "the JSON lists every node")
 
 
 def lora_reference(model, ids, args, tmp):

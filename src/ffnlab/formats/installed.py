@@ -10,8 +10,11 @@
 
 resolve_model(arg) turns what the user typed into a path: None -> the default model, a short name
 -> its file, a path -> itself; a Hugging Face hub id gets one line saying that ffnlab does not
-download models (rather than "no such file").
+download models (rather than "no such file"); a mistyped short name gets the closest ones.
+check_model_arg(arg) makes the same checks without importing any model code, so the command line
+reports a missing file before it loads NumPy and numba.
 """
+import difflib
 import importlib
 import importlib.util
 import os
@@ -104,10 +107,41 @@ def looks_like_hub_id(arg: str) -> bool:
     return bool(HUB_ID.fullmatch(arg)) and not arg.endswith((".gguf", ".json")) and not arg.startswith(".")
 
 
+def looks_like_path(arg: str) -> bool:
+    """A file or directory name, not a short name, preset alias or hub id ("org/name")."""
+    return arg.endswith((".gguf", ".json")) or arg.startswith((".", "/", "~")) or arg.count("/") > 1 \
+        or os.sep != "/" and os.sep in arg
+
+
+def unknown_name_error(arg: str) -> ModelFileError:
+    close = difflib.get_close_matches(arg.lower(), NAMES, n=2, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else f", and not an installed model ({', '.join(NAMES)})"
+    return ModelFileError(f"{arg}: no such file or directory{hint}")
+
+
+def check_model_arg(arg, presets=False) -> None:
+    """-m's value, checked before any model code is imported: a path that does not exist, a hub id,
+    or (for the commands that take models only, presets=False) a name that is neither a path nor
+    an installed model raises ModelFileError. A name the sizing commands may read as a preset
+    (presets=True) is left to their preset lookup, which suggests the closest presets."""
+    if arg is None:
+        return
+    arg = os.fspath(arg)
+    if os.path.exists(arg) or arg.lower() in NAMES:
+        return
+    if looks_like_path(arg):
+        raise ModelFileError(f"{arg}: no such file or directory")
+    if presets:
+        return
+    if looks_like_hub_id(arg):
+        raise hub_id_error(arg)
+    raise unknown_name_error(arg)
+
+
 def resolve_model(arg) -> str:
     """-m's value -> a path for formats.load: None -> the default model; smollm2 / gemma3 -> the
-    installed file; an existing path -> itself; anything else is returned for load() to report,
-    except a hub id, which is refused here with the reason."""
+    installed file; an existing path -> itself; anything else raises ModelFileError with the reason
+    (check_model_arg)."""
     from .load import default_model_path
     if arg is None:
         return default_model_path()
@@ -116,6 +150,5 @@ def resolve_model(arg) -> str:
         return arg
     if arg.lower() in NAMES:
         return model_path(arg.lower())
-    if looks_like_hub_id(arg):
-        raise hub_id_error(arg)
+    check_model_arg(arg)            # raises: neither a file here nor an installed model's name
     return arg

@@ -5,6 +5,8 @@
   --steer NODE:FILE.npy        add a vector of NODE's width to every row: l_out-10:paris.npy
 NODE is a node name as `ffnlab trace` prints it, or a regular expression matched in full
 (ffn_swiglu-\\d+ for every layer). Each flag may be repeated; edits on one node apply in order.
+The flags are declared in cli/common.py (add_intervention_arguments), which `ffnlab run --help`
+reads without importing this module's NumPy and model code.
 """
 import os
 
@@ -13,15 +15,6 @@ import numpy as np
 from ..errors import UsageError
 from ..model.hooks import Editor
 from .api import node_shapes
-
-
-def add_flags(p):
-    p.add_argument("--ablate", action="append", default=[], metavar="NODE:UNITS",
-                   help="zero these units of a node during generation, e.g. ffn_swiglu-5:123,456 (repeatable)")
-    p.add_argument("--scale", action="append", default=[], metavar="NODE:UNIT:FACTOR",
-                   help="multiply one unit of a node by FACTOR, e.g. ffn_swiglu-5:123:4 (repeatable)")
-    p.add_argument("--steer", action="append", default=[], metavar="NODE:FILE.npy",
-                   help="add the vector in FILE.npy to every row of a node, e.g. l_out-10:v.npy (repeatable)")
 
 
 def _split(flag, spec, parts):
