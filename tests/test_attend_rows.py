@@ -103,3 +103,22 @@ def test_attend1_matches_float64_attention(H, Hkv, window, softcap, dtype):
     tol = 4 * (gamma(hd) * hd + gamma(n + 1) + (1e-6 if dtype == np.float32 else 1e-14)) * np.abs(V64).max()
     assert np.abs(out - want).max() <= tol
     assert np.abs(K[:, n] - rot[H:]).max() <= 8 * u * np.abs(rot).max()               # the rotated k, cached
+
+
+@pytest.mark.parametrize("neox", [False, True])
+def test_one_token_rope_rounds_as_the_prompts_rope(neox):
+    """attend1's RoPE (decode_kernels._rope) rounds each product once, then the sum, as the
+    prompt's rotation (ops/rope.py's rope_forward, NumPy) does: the one-token step and the batched
+    forward rotate q and k to the same bits. Contracted to an FMA, the rotation differed in the
+    last bit, and differently in a process that had just compiled attend1 than in one that had
+    loaded it from numba's cache."""
+    from ffnlab.model.decode_kernels import _rope
+    from ffnlab.ops.rope import rope_angles, rope_forward
+    rng = np.random.default_rng(3)
+    H, hd, n_rot = 5, 16, 12                                     # partial rotary: the last 4 dims stay
+    x = rng.standard_normal((H, hd)).astype(np.float32)
+    cos, sin = (a.astype(np.float32) for a in rope_angles(np.array([7]), n_rot, 10000.0))   # [1, n_rot/2]
+    want = rope_forward(x[None, None], cos, sin, "neox" if neox else "normal")[0, 0]      # [B=1, T=1, H, hd]
+    got = x.copy()
+    _rope(got, cos[0], sin[0], neox)
+    np.testing.assert_array_equal(got, want)

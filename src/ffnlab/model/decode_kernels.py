@@ -32,10 +32,14 @@ def rms_norm1(x, w, eps):
     return out
 
 
-@njit(**FAST)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def _rope(a, cos, sin, neox):
     """rotate the first 2 * len(cos) dims of each row of a [h, hd] in place: adjacent pairs
-    (x[2j], x[2j+1]) or, neox, the halves (x[j], x[j + n_rot/2])"""
+    (x[2j], x[2j+1]) or, neox, the halves (x[j], x[j + n_rot/2]). Each product rounded once, then
+    the sum, as the prompt's rotation (ops/fastmath.py _rotate) and NumPy's: no fastmath here.
+    fastmath=False is spelled out: numba compiles a callee that sets no fastmath with its
+    caller's flags, so once attend1 (fastmath) had compiled it first, this rotation ran fused
+    into FMAs, off by a bit in some values, and numba's cache kept that version for later calls."""
     half = cos.shape[0]
     for i in range(a.shape[0]):
         for j in range(half):
