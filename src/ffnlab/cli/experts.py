@@ -8,11 +8,13 @@ HELP = "routing statistics of a mixture of experts on a text: tokens per expert,
 
 def add_arguments(p):
     from .common import add_model_argument, count_or_all, positive
+    from .neurons import add_min_context_argument
     add_model_argument(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to stream through the model")
     p.add_argument("--layer", type=int, default=None, help="report this block only (default: every layer)")
     p.add_argument("--top", type=positive("--top"), default=5, help="tokens listed per expert (default 5)")
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
+    add_min_context_argument(p)
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
     p.add_argument("--max-windows", type=count_or_all("--max-windows"), default=-1,
                    help="stop after this many windows; -1 = the whole file (default)")
@@ -24,10 +26,15 @@ def add_arguments(p):
 def run(args):
     from ..errors import DataError, UsageError
     from ..evaluation.experts import layer_report, scan_routing
+    from ..pictures import check_page, check_png, model_label, written
     from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
+    from .neurons import check_min_context
 
+    check_min_context(args)                            # every check on the flags before the model loads
+    check_png(args.png, "--png")
+    check_page(args.html, "--html")
     text = read_text(args.data)
     model = load_model(args)
     cfg = model.config
@@ -45,21 +52,28 @@ def run(args):
     def on_batch(done, total):
         bar.total = total
         bar.update(done - bar.n)
-    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch)
+    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch, args.min_context)
     bar.close()
+    if layers[0].n_tokens == 0:
+        raise DataError(f"{args.data}: no token has --min-context {args.min_context} tokens before it; give a "
+                        f"longer text or a smaller --min-context")
     shown = [args.layer] if args.layer is not None else list(range(cfg.n_layer))
     reports = {il: layer_report(layers[il], model.tokenizer, args.top) for il in shown}
     if args.json:
-        print(json.dumps({"model": model.source, "data": args.data, "n_expert": cfg.n_expert,
+        print(json.dumps({"model": model.source, "data": args.data, "min_context": args.min_context,
+                          "n_expert": cfg.n_expert,
                           "n_expert_used": cfg.n_expert_used, "layers": {str(k): v for k, v in reports.items()}},
                          ensure_ascii=False))
     else:
         print(render(reports, cfg))
+    sys.stdout.flush()                                 # the text stands whatever happens to the files
     if args.png:
-        write_heatmap(args.png, reports, cfg)
+        with written(args.png, "--png"):
+            write_heatmap(args.png, reports, cfg, f"{model_label(model)}, {args.data}")
         print(f"wrote {args.png}", file=sys.stderr)
     if args.html:
-        write_page(args.html, reports, cfg, model.source)
+        with written(args.html, "--html"):
+            write_page(args.html, reports, cfg, model.source)
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
@@ -80,22 +94,30 @@ def render(reports, cfg) -> str:
     return "\n".join(out).rstrip()
 
 
-def write_heatmap(path, reports, cfg):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def write_heatmap(path, reports, cfg, title=""):
+    """Load share per expert and layer, each cell labelled with its percentage when the grid is small."""
     import numpy as np
 
+    from ..pictures import pyplot
+    plt = pyplot()
     share = np.array([[e["share"] for e in r["experts"]] for r in reports.values()])   # [layers, E]
-    fig, ax = plt.subplots(figsize=(max(4, 0.4 * cfg.n_expert + 2), max(2.5, 0.35 * len(reports) + 1.5)))
-    im = ax.imshow(share, aspect="auto", cmap="viridis")
+    L, E = share.shape
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.55 * E + 2.5), max(4.0, 0.45 * L + 2.0)))
+    im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0)
+    if L * E <= 400:
+        for il in range(L):
+            for e in range(E):
+                light = share[il, e] < 0.6 * share.max()
+                ax.text(e, il, f"{100 * share[il, e]:.0f}", ha="center", va="center", fontsize=7,
+                        color="white" if light else "black")
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
-    ax.set_yticks(range(len(reports)), [str(il) for il in reports])
-    ax.set_title(f"load share per expert (balanced: {1 / cfg.n_expert:.3f})", fontsize=10)
-    fig.colorbar(im, ax=ax)
+    ax.set_xticks(range(E))
+    ax.set_yticks(range(L), [str(il) for il in reports])
+    ax.set_title(f"{title}\nload share per expert, % (balanced: {100 / cfg.n_expert:.1f}%)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="share of the top-k slots")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 

@@ -3,17 +3,7 @@ import textwrap
 
 import numpy as np
 
-from ..errors import UsageError
-
-
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("writing a PNG needs matplotlib (pip install 'ffnlab[plot]'); --json needs nothing") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from ..pictures import pyplot as _plt
 
 
 def _labels(tokens, marked=()):
@@ -36,9 +26,9 @@ def patch_heatmap(path, result, tokens, title):
     plt.close(fig)
 
 
-def causal_trace_figure(path, result, window):
+def causal_trace_figure(path, result, window, title=""):
     """ROME's figure: three panels (hidden state, MLP window, attention window), p(target) per restored
-    layer and position; subject tokens marked with *."""
+    layer and position; subject tokens marked with *; title: the model and the prompt."""
     plt = _plt()
     first, last = result["subject"]
     labels = _labels(result["tokens"], range(first, last + 1))
@@ -51,10 +41,15 @@ def causal_trace_figure(path, result, window):
         im = ax.pcolor(d, cmap=cmap, vmin=result["corrupt_p"])
         ax.invert_yaxis()
         ax.set_yticks(np.arange(T) + 0.5, labels, fontsize=8)
+        L = d.shape[1]
+        step = max(1, L // 12)                                        # a tick on each cell's centre, <= 12 labels
+        ax.set_xticks(np.arange(0, L, step) + 0.5, [str(i) for i in range(0, L, step)], fontsize=8)
         ax.set_xlabel(xlabel)
         ax.set_title(f"restoring {'state' if kind == 'hidden' else kind.upper() if kind == 'mlp' else 'attention'} "
                      "after corrupted input", fontsize=9)
         fig.colorbar(im, ax=ax).ax.set_title(f"p({result['target']!r})", fontsize=8)
+    if title:
+        fig.suptitle("\n".join(textwrap.wrap(f"{title} -> {result['target']!r}", 120)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
