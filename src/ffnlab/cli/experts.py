@@ -36,6 +36,7 @@ def run(args):
     check_png(args.png, "--png")
     check_page(args.html, "--html")
     text = read_text(args.data)
+    refuse_dense_before_loading(args.model)
     model = load_model(args)
     cfg = model.config
     if not cfg.moe:
@@ -76,6 +77,34 @@ def run(args):
             write_page(args.html, reports, cfg, model.source)
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
+
+
+def refuse_dense_before_loading(model_arg):
+    """A dense model is one line before its weights load: read from a GGUF's header or a checkpoint's
+    ffnlab.json. Anything else (an HF folder, a file that does not parse) is left to the full load."""
+    import os
+
+    from ..errors import FfnlabError, UsageError
+    from ..formats.installed import resolve_model
+    path = resolve_model(model_arg)
+    dense = None
+    if os.path.isfile(path):
+        from ..formats.gguf_peek import scalar_metadata
+        meta = scalar_metadata(path)
+        arch = meta.get("general.architecture")
+        if arch and f"{arch}.block_count" in meta:
+            dense = None if meta.get(f"{arch}.expert_count") else f"no {arch}.expert_count"
+    else:
+        from ..formats.checkpoint import is_checkpoint, read_config
+        if is_checkpoint(path):
+            try:
+                cfg = read_config(path)
+            except FfnlabError:
+                return
+            dense = None if cfg.moe else cfg.ffn
+    if dense:
+        raise UsageError(f"{path} has a dense MLP ({dense}), not a mixture of experts; "
+                         f"`ffnlab neurons` studies its units")
 
 
 def render(reports, cfg) -> str:
