@@ -115,7 +115,7 @@ def run(args):
     finally:
         if dumper:
             dumper.close()
-    if args.filter is not None and not tracer.matched and bad is None:
+    if args.filter is not None and not tracer.matched and not args.check_finite:   # --check-finite reports anyway
         raise UsageError(no_match(args.filter, list(tracer.names)))
     if args.json:
         from ..threads import threads
