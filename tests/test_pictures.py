@@ -15,6 +15,12 @@ NO_MATPLOTLIB = ("import sys; sys.modules['matplotlib'] = None; "
                  "from ffnlab.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
+def run_without_matplotlib(argv):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
 def picture_commands(tmp, model, data):
     """Every command's picture option, as a new user would type it."""
     return {
@@ -31,15 +37,23 @@ def picture_commands(tmp, model, data):
 
 @pytest.mark.parametrize("command", ["patch", "causal-trace", "ablate", "neurons", "experts"])
 def test_png_without_matplotlib_is_one_line_before_any_work(tmp_path, command):
-    argv = picture_commands(tmp_path, tiny_gguf("f32"), write_text(tmp_path, TEXT))[command]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    r = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *argv], capture_output=True, text=True, env=env,
-                       timeout=300)
+    r = run_without_matplotlib(picture_commands(tmp_path, tiny_gguf("f32"), write_text(tmp_path, TEXT))[command])
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert "needs matplotlib" in r.stderr and "pip install matplotlib" in r.stderr
     assert r.stdout == ""                                         # nothing computed, nothing half-printed
     assert not (tmp_path / "abl").exists()                        # ablate trained nothing
+
+
+@pytest.mark.parametrize("command", ["lens", "neurons"])
+def test_html_pages_need_no_matplotlib(tmp_path, command):
+    model, page = tiny_gguf("f32"), str(tmp_path / "p.html")
+    argv = {"lens": ["lens", "-m", model, "-p", "abcd", "--html", page],
+            "neurons": ["neurons", "-m", model, "--layer", "0", "--data", write_text(tmp_path, TEXT), "--ctx", "64",
+                        "--html", page]}[command]
+    r = run_without_matplotlib(argv)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert os.path.getsize(page) > 1000 and r.stdout
 
 
 @pytest.mark.parametrize("command,flag", [("patch", "--out"), ("causal-trace", "--out"), ("neurons", "--hist")])

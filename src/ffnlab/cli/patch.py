@@ -38,10 +38,11 @@ def run(args):
     if args.json:
         print(json.dumps(out))
         return 0
-    w = max(6, *(len(repr(t)) for t in tokens))
+    from ..token_text import columns, fit, visible
+    w = min(12, max(6, *(columns(visible(t)) for t in tokens)))
     print(f"logit({out['target']!r}) - logit({out['foil']!r}): clean {r['clean']:.3f}, corrupt {r['corrupt']:.3f}")
     print(f"effect of patching {args.node}-L at each position (1 = restores the clean difference):")
-    print("layer " + " ".join(f"{repr(t)[1:-1][:w]:>{w}}" for t in tokens))
+    print("layer " + " ".join(fit(visible(t), w) for t in tokens))
     for il, row in enumerate(r["effect"]):
         print(f"{il:>5} " + " ".join(f"{v:>{w}.3f}" for v in row))
     sys.stdout.flush()                                 # the table stands whatever happens to the picture

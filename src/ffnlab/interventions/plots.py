@@ -7,7 +7,9 @@ from ..pictures import pyplot as _plt
 
 
 def _labels(tokens, marked=()):
-    return [repr(t)[1:-1] + ("*" if i in marked else "") for i, t in enumerate(tokens)]
+    """Axis labels as every view shows tokens (token_text.visible: ␣ for a space, ↵ for a newline)."""
+    from ..token_text import visible
+    return [visible(t) + ("*" if i in marked else "") for i, t in enumerate(tokens)]
 
 
 def patch_heatmap(path, result, tokens, title):
@@ -15,12 +17,15 @@ def patch_heatmap(path, result, tokens, title):
     plt = _plt()
     e = np.asarray(result["effect"])                                     # [n_layer, T]
     lim = max(1.0, float(np.abs(e).max()))
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * e.shape[1], 1.2 + 0.22 * e.shape[0]))
+    L, T = e.shape
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.2 + 0.55 * T), max(3.2, 1.6 + 0.22 * L)))
     im = ax.imshow(e, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
     ax.set_xticks(range(e.shape[1]), _labels(tokens), rotation=60, ha="right", fontsize=8)
+    step = max(1, L // 16)                                            # integer layer ticks, <= 16 labels
+    ax.set_yticks(range(0, L, step))
     ax.set_ylabel("layer")
-    ax.set_title("\n".join(textwrap.wrap(title, 60)), fontsize=9)
-    fig.colorbar(im, ax=ax, label="restored fraction of the logit difference")
+    ax.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
+    fig.colorbar(im, ax=ax, label="restored fraction\nof the logit difference")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
