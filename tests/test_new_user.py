@@ -135,6 +135,7 @@ def test_token_labels_show_whitespace_and_never_double_escapes():
     assert visible(" Paris") == "␣Paris" and visible("\n") == "↵" and visible("\t") == "⇥"
     assert visible('\\":\\"') == '\\":\\"'                            # the text itself, not repr()
     assert visible("\x07") == "<0x07>" and visible("") == "∅"
+    assert visible("\ue000") == "<U+E000>"                             # private use: no font draws it
 
 
 def test_a_token_that_is_part_of_a_utf8_character_shows_its_bytes(tiny):

@@ -1,7 +1,8 @@
 """One token shown on its own: in a table cell, an axis label, a page. The same rendering everywhere.
 
-    ' Paris'  -> '␣Paris'      a space is a visible mark, or a space token is an empty cell
-    '\\n'      -> '↵'           newline, tab -> '⇥'; other control characters as <0x07>
+    ' Paris'  -> '␣Paris'      a space is a visible mark: a space token is never an empty cell
+    '\\n'      -> '↵'           newline, tab -> '⇥'; other control characters as <0x07>,
+                              private-use and unassigned code points (no font draws them) as <U+E000>
     '":"'     -> '":"'         the text itself, never repr() (which doubles every backslash)
     'æľ' (half of a UTF-8 character) -> '<0xE6><0x9C>'   the bytes, not a U+FFFD box
     a token longer than the cell -> cut with '…'
@@ -23,6 +24,8 @@ def visible(text):
             out.append(MARKS[c])
         elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
             out.append(f"<0x{ord(c):02X}>")
+        elif unicodedata.category(c) in ("Co", "Cn", "Cs"):             # private use, unassigned: no font has it
+            out.append(f"<U+{ord(c):04X}>")
         else:
             out.append(c)
     return "".join(out) or "\u2205"                                     # ∅: a token that decodes to nothing

@@ -52,9 +52,9 @@ def render_text(model, ids, r, node, prompt, positions="all", top=5):
     from ..pictures import model_label
     tok = model.tokenizer
     cols = range(len(ids)) if positions == "all" else [len(ids) - 1]
-    lines = [f"logit lens of {model_label(model)} on {prompt!r}: top-1 token of {node}-L through the final norm "
-             f"and head;", f"rows: layers; column: a prompt token, cell: the prediction of the token after it "
-             f"(␣ = space, ↵ = newline)",
+    lines = [f"logit lens of {model_label(model)} on {prompt!r}",
+             f"rows: {node}-L through the final norm and head; column: a prompt token; cell: the top-1 "
+             f"prediction of the token after it (␣ = space, ↵ = newline)",
              "layer " + " ".join(fit(token_label(tok, ids[t]), WIDTH) for t in cols)]
     for il, row in enumerate(r["top_ids"]):
         lines.append(f"{il:>5} " + " ".join(fit(token_label(tok, row[t][0]), WIDTH) for t in cols))
