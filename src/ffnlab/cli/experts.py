@@ -137,11 +137,11 @@ def write_heatmap(path, reports, cfg, title=""):
         for il in range(L):
             for e in range(E):
                 light = share[il, e] < 0.6 * share.max()
-                ax.text(e, il, f"{100 * share[il, e]:.0f}", ha="center", va="center", fontsize=7,
+                ax.text(e, il, f"{100 * share[il, e]:.0f}", ha="center", va="center", fontsize=9,
                         color="white" if light else "black")
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
-    ax.set_xticks(range(E))
+    ax.set_xticks(range(0, E, max(1, E // 32)))                        # <= 32 expert labels
     ax.set_yticks(range(L), [str(il) for il in reports])
     ax.set_title(f"{title}\nload share per expert, % (balanced: {100 / cfg.n_expert:.1f}%)", fontsize=10)
     fig.colorbar(im, ax=ax, label="share of the top-k slots")
