@@ -109,15 +109,16 @@ def refuse_dense_before_loading(model_arg):
 
 def render(reports, cfg) -> str:
     from ..analysis.text import table
+    from ..token_text import visible
     out = []
     for il, r in reports.items():
         out.append(f"layer {il}: {r['n_tokens']} tokens, {cfg.n_expert_used} of {cfg.n_expert} experts each; "
                    f"load CV {r['cv']:.3f}, router entropy {r['router_entropy']:.3f} nats "
                    f"({100 * r['router_entropy_frac']:.0f}% of log E)")
         rows = [[e["expert"], e["tokens"], f"{100 * e['share']:.1f}%",
-                 "  ".join(f"{t['text']!r} {t['count']} ({100 * t['of_occurrences']:.0f}%)" for t in e["top_tokens"])]
+                 "  ".join(f"[{visible(t['text'])}] {t['count']} ({100 * t['of_occurrences']:.0f}%)" for t in e["top_tokens"])]
                 for e in r["experts"]]
-        out.append(table(rows, ["expert", "tokens", "share", "most routed tokens (count, % of that token)"], "rrrl"))
+        out.append(table(rows, ["expert", "tokens", "share", "most routed [tokens] (count, % of that token)"], "rrrl"))
         out.append("co-firing most: " + ", ".join(f"{p['pair'][0]}+{p['pair'][1]} {p['tokens']}"
                                                   for p in r["cofire_top"]) + "\n")
     return "\n".join(out).rstrip()
@@ -152,6 +153,8 @@ def write_heatmap(path, reports, cfg, title=""):
 
 def write_page(path, reports, cfg, source):
     import html
+
+    from ..token_text import visible
     parts = [f"<!doctype html><meta charset='utf-8'><title>experts: {html.escape(str(source))}</title>",
              "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
              "td.t{text-align:left;font-family:monospace}</style>",
@@ -161,7 +164,7 @@ def write_page(path, reports, cfg, source):
                      f"{r['router_entropy']:.3f} nats ({100 * r['router_entropy_frac']:.0f}% of log E)</p>")
         parts.append("<table><tr><th>expert<th>tokens<th>share<th>most routed tokens</tr>")
         for e in r["experts"]:
-            toks = " ".join(f"{html.escape(repr(t['text']))}&nbsp;{t['count']}" for t in e["top_tokens"])
+            toks = " ".join(f"{html.escape(visible(t['text']))}&nbsp;{t['count']}" for t in e["top_tokens"])
             parts.append(f"<tr><td>{e['expert']}<td>{e['tokens']}<td>{100 * e['share']:.1f}%<td class=t>{toks}</tr>")
         parts.append("</table>")
     with open(path, "w", encoding="utf-8") as f:
