@@ -60,7 +60,7 @@ def f32_atol(m, acts):
 @pytest.fixture(scope="module", params=["f32", "bos"])
 def scanned(request):
     m = ffnlab.load(tiny_gguf(request.param))
-    scan = scan_layer(m, TEXT, layer=1, n_ctx=64, k=4, batch=3, bins=16)      # 12 windows, merged 4 times
+    scan = scan_layer(m, TEXT, layer=1, n_ctx=64, k=4, batch=3, bins=16)      # 16 overlapping windows, merged 6 times
     return m, scan, all_activations(m, 1, 64)
 
 
