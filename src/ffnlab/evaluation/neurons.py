@@ -11,7 +11,8 @@ every unit keeps, in fixed-size arrays updated once per batch:
   - sums for mean |a|, mean, std, and max/min (UnitStats),
   - a histogram whose range doubles when a value falls outside it (StreamingHistogram).
 Memory is O(d_ff * K * window) however long the text is; only the token ids of the text are kept.
-Units are ranked by mean |activation| -- the same score `ffnlab prune --by activation` keeps.
+Units are ranked by mean |activation| -- the score `ffnlab prune --by activation` keeps (prune
+averages over every calibration token, a window's first tokens included).
 """
 from dataclasses import dataclass, field
 
