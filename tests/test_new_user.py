@@ -263,3 +263,16 @@ def test_experts_heatmap_is_large_enough_to_read(tmp_path):
         head = f.read(24)
     w, h = struct.unpack(">II", head[16:24])                          # the PNG's IHDR width and height
     assert w >= 700 and h >= 450
+
+
+def test_causal_trace_and_patch_figures_name_the_model_and_the_prompt(tmp_path, capsys, monkeypatch):
+    import ffnlab.interventions.plots as plots
+    titles = []
+    monkeypatch.setattr(plots, "causal_trace_figure", lambda path, r, window, title: titles.append(title))
+    monkeypatch.setattr(plots, "patch_heatmap", lambda path, r, tokens, title: titles.append(title))
+    model = tiny_gguf("f32")
+    assert main(["causal-trace", "-m", model, "-p", "abcd", "--subject", "bc", "--samples", "1", "--window", "2",
+                 "--out", str(tmp_path / "ct.png")]) == 0
+    assert main(["patch", "-m", model, "--clean", "abcd", "--corrupt", "abxd", "--target", "e", "--foil", "y",
+                 "--out", str(tmp_path / "p.png")]) == 0
+    assert all("tiny-f32.gguf" in t and "'abcd'" in t for t in titles) and len(titles) == 2

@@ -50,6 +50,8 @@ def run(args):
     sys.stdout.flush()                                 # the figures stand whatever happens to the picture
     from ..interventions.plots import causal_trace_figure
     with written(args.out, "--out"):
-        causal_trace_figure(args.out, out, args.window, f"{model_label(model)}: {args.prompt!r}")
+        causal_trace_figure(args.out, out, args.window, f"{model_label(model)}: {args.prompt!r}, subject "
+                                                        f"{args.subject!r} noised ({args.noise:g} x std, "
+                                                        f"{args.samples} samples)")
     print(f"figure: {args.out}", file=sys.stderr)
     return 0

@@ -54,7 +54,7 @@ def causal_trace_figure(path, result, window, title=""):
                      "after corrupted input", fontsize=9)
         fig.colorbar(im, ax=ax).ax.set_title(f"p({result['target']!r})", fontsize=8)
     if title:
-        fig.suptitle("\n".join(textwrap.wrap(f"{title} -> {result['target']!r}", 120)), fontsize=10)
+        fig.suptitle("\n".join(textwrap.wrap(f"{title}; target {result['target']!r}", 140)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
