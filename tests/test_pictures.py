@@ -45,12 +45,24 @@ def test_png_without_matplotlib_is_one_line_before_any_work(tmp_path, command):
     assert not (tmp_path / "abl").exists()                        # ablate trained nothing
 
 
-@pytest.mark.parametrize("command", ["lens", "neurons"])
+def moe_checkpoint(tmp_path):
+    from ffnlab.training.checkpoint import save_model
+    from ffnlab.training.data import tokenizer_meta
+    from test_moe_experts import model
+    m = model()
+    save_model(str(tmp_path / "moe"), m.config, m.params, m.tokenizer, tokenizer_meta(m.tokenizer, "byte"))
+    return str(tmp_path / "moe")
+
+
+@pytest.mark.parametrize("command", ["lens", "neurons", "experts"])
 def test_html_pages_need_no_matplotlib(tmp_path, command):
-    model, page = tiny_gguf("f32"), str(tmp_path / "p.html")
-    argv = {"lens": ["lens", "-m", model, "-p", "abcd", "--html", page],
-            "neurons": ["neurons", "-m", model, "--layer", "0", "--data", write_text(tmp_path, TEXT), "--ctx", "64",
-                        "--html", page]}[command]
+    model, page, data = tiny_gguf("f32"), str(tmp_path / "p.html"), write_text(tmp_path, TEXT)
+    if command == "lens":
+        argv = ["lens", "-m", model, "-p", "abcd", "--html", page]
+    elif command == "neurons":
+        argv = ["neurons", "-m", model, "--layer", "0", "--data", data, "--ctx", "64", "--html", page]
+    else:
+        argv = ["experts", "-m", moe_checkpoint(tmp_path), "--data", data, "--ctx", "64", "--html", page]
     r = run_without_matplotlib(argv)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert os.path.getsize(page) > 1000 and r.stdout
