@@ -12,6 +12,8 @@ Widths count display columns (a CJK character takes two), so text tables stay al
 import functools
 import unicodedata
 
+from .training.data import bytes_to_unicode
+
 MARKS = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": ""}     # ␣ ↵ ⇥
 ELLIPSIS = "\u2026"
 
@@ -48,7 +50,7 @@ def fit(s, width, align=">"):
 
 @functools.lru_cache(maxsize=1)
 def _byte_of_char():
-    from .training.data import bytes_to_unicode
+    """GPT-2's byte-level BPE alphabet, inverted: the character a piece shows -> the byte it stands for."""
     return {c: b for b, c in bytes_to_unicode().items()}
 
 

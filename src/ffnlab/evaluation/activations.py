@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from ..errors import UsageError
 from ..model.ffn import FFN_KINDS
 
 
@@ -81,7 +82,6 @@ def context_windows(ids, n_ctx, min_context=DEFAULT_MIN_CONTEXT, bos_id=None, ma
     lead = 1 if bos_id is not None else 0
     span = n_ctx - lead                                          # text tokens per window
     if not 0 <= min_context < span:
-        from ..errors import UsageError
         raise UsageError(f"--min-context {min_context} must be below the window's {span} text tokens "
                          f"(--ctx {n_ctx}{' less BOS' if lead else ''})")
     out = ContextWindows([], [], [], lead)
