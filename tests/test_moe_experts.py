@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 
+from ffnlab.evaluation.activations import DEFAULT_MIN_CONTEXT
 from ffnlab.evaluation.experts import layer_report, scan_routing
 from ffnlab.model import Model
 from ffnlab.model.transformer import forward
@@ -22,16 +23,19 @@ def test_counts_cofiring_and_entropy_equal_the_routers_outputs():
     layers = scan_routing(m, TEXT, ctx=128, batch=1)
     ids = np.array(m.tokenizer.encode(TEXT, add_bos=False))[None]
     _, cache = forward(m.params, m.config, ids, train=True)          # one window holds the whole text
+    N = DEFAULT_MIN_CONTEXT                                          # its first N tokens are context only
+    ids = ids[:, N:]
     for il, L in enumerate(layers):
         c = cache.blocks[il].ffn
+        topk, probs = c.topk[N:], c.probs[N:]
         E = m.config.n_expert
         assert L.n_tokens == ids.size
-        assert np.array_equal(L.counts, np.bincount(c.topk.reshape(-1), minlength=E))
+        assert np.array_equal(L.counts, np.bincount(topk.reshape(-1), minlength=E))
         chosen = np.zeros((ids.size, E), int)
-        for n, row in enumerate(c.topk):
+        for n, row in enumerate(topk):
             chosen[n, row] = 1
         assert np.array_equal(L.cofire, chosen.T @ chosen)
-        ent = -(c.probs * np.log(c.probs)).sum(-1).mean()
+        ent = -(probs * np.log(probs)).sum(-1).mean()
         r = layer_report(L, m.tokenizer)
         assert np.isclose(r["router_entropy"], ent, rtol=1e-5)
         assert np.isclose(r["cv"], L.counts.std() / L.counts.mean())

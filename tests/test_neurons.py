@@ -15,7 +15,7 @@ import pytest
 
 import ffnlab
 from ffnlab.cli.main import main
-from ffnlab.evaluation.activations import token_windows
+from ffnlab.evaluation.activations import DEFAULT_MIN_CONTEXT, context_windows
 from ffnlab.evaluation.neurons import BEFORE, StreamingHistogram, scan_layer, unit_report, window_text
 from ffnlab.model.transformer import forward
 from ffnlab.model.hooks import Hooks
@@ -25,17 +25,25 @@ from mlp_models import TEXT, tiny_gguf, write_text
 CHROMIUM = "/usr/bin/chromium"
 
 
-def all_activations(m, layer, n_ctx):
-    """Brute force: every window alone, the whole traced node kept -> acts [N, d_ff] in text order."""
+def all_activations(m, layer, n_ctx, min_context=DEFAULT_MIN_CONTEXT):
+    """Brute force: every window alone, the whole traced node kept -> [(text index of the window's
+    first text token, its first scored text index, acts [T_text, d_ff] of its text tokens)]."""
     tok = m.tokenizer
     bos = tok.bos_id if tok.add_bos else None
-    windows, _ = token_windows(tok.encode(TEXT, add_bos=False), n_ctx, bos)
+    cw = context_windows(tok.encode(TEXT, add_bos=False), n_ctx, min_context, bos)
     rows = []
-    for w in windows:
+    for w, start, first in zip(cw.windows, cw.starts, cw.scored_from):
         t = Tracer(filter=f"ffn_swiglu-{layer}$")
         forward(m.params, m.config, w[None], hooks=Hooks(t))
-        rows.append(t[f"ffn_swiglu-{layer}"][(1 if bos is not None else 0):])    # [T, d_ff], BOS dropped
+        rows.append((start, start + first - cw.lead, t[f"ffn_swiglu-{layer}"][cw.lead:]))   # BOS dropped
     return rows
+
+
+def scored_acts(rows):
+    """-> [N, d_ff] the scored tokens' activations in text order, and their text indices [N]."""
+    acts = np.concatenate([a[first - start:] for start, first, a in rows])
+    pos = np.concatenate([np.arange(first, start + len(a)) for start, first, a in rows])
+    return acts, pos
 
 
 def f32_atol(m, acts):
@@ -52,7 +60,7 @@ def f32_atol(m, acts):
 @pytest.fixture(scope="module", params=["f32", "bos"])
 def scanned(request):
     m = ffnlab.load(tiny_gguf(request.param))
-    scan = scan_layer(m, TEXT, layer=1, n_ctx=64, k=4, batch=3, bins=16)      # 12 windows, merged 4 times
+    scan = scan_layer(m, TEXT, layer=1, n_ctx=64, k=4, batch=3, bins=16)      # 16 overlapping windows, merged 6 times
     return m, scan, all_activations(m, 1, 64)
 
 
@@ -71,35 +79,35 @@ def assert_top_k(got, score, k, atol, what):
 
 def test_top_k_per_unit_equals_brute_force(scanned):
     m, scan, rows = scanned
-    acts = np.concatenate(rows)                                       # [N, d_ff]
-    assert scan.n_tokens == len(acts) == len(scan.ids)
+    acts, pos = scored_acts(rows)                                     # [N, d_ff], [N]
+    assert scan.n_tokens == len(acts) == len(scan.ids) - DEFAULT_MIN_CONTEXT
+    assert np.array_equal(pos, np.arange(DEFAULT_MIN_CONTEXT, len(scan.ids)))   # each scored once, in order
     atol = f32_atol(m, acts)
     for u in range(m.config.d_ff):
         got = scan.top.sorted(u)
-        positions = [p for _, p, _ in got]
+        positions = [p - DEFAULT_MIN_CONTEXT for _, p, _ in got]      # rows of acts
         assert_top_k(positions, np.abs(acts[:, u]), 4, atol, u)
         np.testing.assert_allclose([v for v, _, _ in got], acts[positions, u], rtol=0, atol=atol)
 
 
 def test_context_activations_are_the_units_activations_around_the_top_token(scanned):
     m, scan, rows = scanned
-    starts = np.cumsum([0] + [len(r) for r in rows])
-    atol = f32_atol(m, np.concatenate(rows))
+    atol = f32_atol(m, scored_acts(rows)[0])
     for u in (0, 17, 95):
         for v, p, ctx in scan.top.sorted(u):
-            w = np.searchsorted(starts, p, side="right") - 1           # which window the token was in
-            t = p - starts[w]
-            for j, a in enumerate(ctx):
+            start, _, a = next(r for r in rows if r[1] <= p < r[0] + len(r[2]))   # the window that scored p
+            t = p - start
+            for j, c in enumerate(ctx):
                 tt = t + j - BEFORE
-                if 0 <= tt < len(rows[w]):
-                    np.testing.assert_allclose(a, rows[w][tt, u], rtol=0, atol=atol)
+                if 0 <= tt < len(a):                                  # context tokens show too, scored or not
+                    np.testing.assert_allclose(c, a[tt, u], rtol=0, atol=atol)
                 else:
-                    assert np.isnan(a)                                # another window: not this token's context
+                    assert np.isnan(c)                                # another window: not this token's context
 
 
 def test_statistics_and_histogram_equal_numpy(scanned):
     m, scan, rows = scanned
-    acts = np.concatenate(rows).astype(np.float64)
+    acts = scored_acts(rows)[0].astype(np.float64)
     # the sums are float64 on both sides, so what differs is the activations themselves: each by at
     # most f32_atol, which moves a mean |a|, a max, and a standard deviation by at most as much
     atol = f32_atol(m, acts)
@@ -153,7 +161,8 @@ def test_cli_text_json_and_histogram_png(tmp_path, capsys):
                  "--neuron", "5", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["node"] == "ffn_swiglu-1" and [u["unit"] for u in r["units"]] == [5] and len(r["units"][0]["windows"]) == 3
-    assert sum(r["units"][0]["hist"]["counts"]) == r["n_tokens"] == len(TEXT)   # byte tokenizer: a token per byte
+    # byte tokenizer: a token per byte; the first --min-context of them are only context
+    assert sum(r["units"][0]["hist"]["counts"]) == r["n_tokens"] == len(TEXT) - DEFAULT_MIN_CONTEXT
 
 
 class _Page(html.parser.HTMLParser):

@@ -75,7 +75,7 @@ def report() -> dict:
     """What each thread pool actually uses now (BLAS and OpenMP libraries, as threadpoolctl sees
     them, and numba): {"threads": n, "libraries": {name: n}, "numba": n or None}."""
     from threadpoolctl import threadpool_info
-    pools = {i["internal_api"]: i["num_threads"] for i in threadpool_info()}
+    pools = dict(sorted((i["internal_api"], i["num_threads"]) for i in threadpool_info()))   # load order varies
     numba_n = None
     if "numba" in sys.modules:
         import numba

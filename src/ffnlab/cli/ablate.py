@@ -52,6 +52,7 @@ def run(args):
     import os
 
     from ..errors import UsageError
+    from ..pictures import check_folder, pyplot, written
     from ..training.ablate import markdown_table, run_ablation
     from ..training.trainer import TrainSettings
 
@@ -66,6 +67,8 @@ def run(args):
                              weight_decay=args.weight_decay, grad_clip=args.grad_clip, eval_every=args.eval_every,
                              eval_batches=args.eval_batches, ckpt_every=args.ckpt_every)
     settings.validate()
+    check_folder(args.out, "--out")                    # the plots are checked before the training, not after
+    pyplot()
     if settings.warmup_warning():
         import sys
         print(settings.warmup_warning(), file=sys.stderr, flush=True)
@@ -86,8 +89,9 @@ def run(args):
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"
     title = (f"{os.path.basename(args.data)}: {args.n_layer} layer{'s' if args.n_layer > 1 else ''}, d_model {args.d_model}, {budget} tokens/run, "
              f"{args.seeds} seed{'s' if args.seeds > 1 else ''}{', params matched' if args.match_params else ''}")
-    pngs = plot_all(rows, args.out, title)
-    print(markdown_table(rows))
+    print(markdown_table(rows), flush=True)            # the table stands whatever happens to the plots
+    with written(args.out, "--out"):
+        pngs = plot_all(rows, args.out, title)
     print(f"results: {os.path.join(args.out, 'results.csv')}, results.json; plots: "
           + ", ".join(os.path.basename(p) for p in pngs))
     return 0

@@ -25,7 +25,10 @@ def add_arguments(p):
 def run(args):
     from ..interventions.causal_trace import causal_trace, subject_range
     from ..interventions.common import one_token, prompt_ids, token_strings
+    from ..pictures import check_png, model_label, written
     from .common import load_model
+    if not args.json:
+        check_png(args.out, "--out")                   # before the work, not after it
     model = load_model(args, quiet=args.json)
     ids = prompt_ids(model, args.prompt)
     tokens = token_strings(model, ids)
@@ -40,12 +43,16 @@ def run(args):
     if args.json:
         print(json.dumps(out))
         return 0
-    from ..interventions.plots import causal_trace_figure
-    causal_trace_figure(args.out, out, args.window)
     print(f"target {out['target']!r}: clean p = {out['clean_p']:.4f}, subject noised p = {out['corrupt_p']:.4f}")
     for kind in ("hidden", "mlp", "attn"):
         g = out[kind]
         il, t = max(((i, j) for i in range(len(g)) for j in range(len(tokens))), key=lambda ij: g[ij[0]][ij[1]])
         print(f"{kind:>6}: strongest restore p = {g[il][t]:.4f} at layer {il}, token {t} {tokens[t]!r}")
+    sys.stdout.flush()                                 # the figures stand whatever happens to the picture
+    from ..interventions.plots import causal_trace_figure
+    with written(args.out, "--out"):
+        causal_trace_figure(args.out, out, args.window, f"{model_label(model)}: {args.prompt!r}, subject "
+                                                        f"{args.subject!r} noised ({args.noise:g} x std, "
+                                                        f"{args.samples} samples)")
     print(f"figure: {args.out}", file=sys.stderr)
     return 0

@@ -8,11 +8,13 @@ HELP = "routing statistics of a mixture of experts on a text: tokens per expert,
 
 def add_arguments(p):
     from .common import add_model_argument, count_or_all, positive
+    from .neurons import add_min_context_argument
     add_model_argument(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to stream through the model")
     p.add_argument("--layer", type=int, default=None, help="report this block only (default: every layer)")
     p.add_argument("--top", type=positive("--top"), default=5, help="tokens listed per expert (default 5)")
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
+    add_min_context_argument(p)
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
     p.add_argument("--max-windows", type=count_or_all("--max-windows"), default=-1,
                    help="stop after this many windows; -1 = the whole file (default)")
@@ -24,11 +26,17 @@ def add_arguments(p):
 def run(args):
     from ..errors import DataError, UsageError
     from ..evaluation.experts import layer_report, scan_routing
+    from ..pictures import check_page, check_png, model_label, written
     from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
+    from .neurons import check_min_context
 
+    check_min_context(args)                            # every check on the flags before the model loads
+    check_png(args.png, "--png")
+    check_page(args.html, "--html")
     text = read_text(args.data)
+    refuse_dense_before_loading(args.model)
     model = load_model(args)
     cfg = model.config
     if not cfg.moe:
@@ -45,62 +53,108 @@ def run(args):
     def on_batch(done, total):
         bar.total = total
         bar.update(done - bar.n)
-    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch)
+    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch, args.min_context)
     bar.close()
+    if layers[0].n_tokens == 0:
+        raise DataError(f"{args.data}: no token has --min-context {args.min_context} tokens before it; give a "
+                        f"longer text or a smaller --min-context")
     shown = [args.layer] if args.layer is not None else list(range(cfg.n_layer))
     reports = {il: layer_report(layers[il], model.tokenizer, args.top) for il in shown}
     if args.json:
-        print(json.dumps({"model": model.source, "data": args.data, "n_expert": cfg.n_expert,
+        print(json.dumps({"model": model.source, "data": args.data, "min_context": args.min_context,
+                          "n_expert": cfg.n_expert,
                           "n_expert_used": cfg.n_expert_used, "layers": {str(k): v for k, v in reports.items()}},
                          ensure_ascii=False))
     else:
         print(render(reports, cfg))
+    sys.stdout.flush()                                 # the text stands whatever happens to the files
     if args.png:
-        write_heatmap(args.png, reports, cfg)
+        with written(args.png, "--png"):
+            write_heatmap(args.png, reports, cfg, f"{model_label(model)}, {args.data}")
         print(f"wrote {args.png}", file=sys.stderr)
     if args.html:
-        write_page(args.html, reports, cfg, model.source)
+        with written(args.html, "--html"):
+            write_page(args.html, reports, cfg, model.source)
         print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 
+def refuse_dense_before_loading(model_arg):
+    """A dense model is one line before its weights load: read from a GGUF's header or a checkpoint's
+    ffnlab.json. Anything else (an HF folder, a file that does not parse) is left to the full load."""
+    import os
+
+    from ..errors import FfnlabError, UsageError
+    from ..formats.installed import resolve_model
+    path = resolve_model(model_arg)
+    dense = None
+    if os.path.isfile(path):
+        from ..formats.gguf_peek import scalar_metadata
+        meta = scalar_metadata(path)
+        arch = meta.get("general.architecture")
+        if arch and f"{arch}.block_count" in meta:
+            dense = None if meta.get(f"{arch}.expert_count") else f"no {arch}.expert_count"
+    else:
+        from ..formats.checkpoint import is_checkpoint, read_config
+        if is_checkpoint(path):
+            try:
+                cfg = read_config(path)
+            except FfnlabError:
+                return
+            dense = None if cfg.moe else cfg.ffn
+    if dense:
+        raise UsageError(f"{path} has a dense MLP ({dense}), not a mixture of experts; "
+                         f"`ffnlab neurons` studies its units")
+
+
 def render(reports, cfg) -> str:
     from ..analysis.text import table
+    from ..token_text import visible
     out = []
     for il, r in reports.items():
         out.append(f"layer {il}: {r['n_tokens']} tokens, {cfg.n_expert_used} of {cfg.n_expert} experts each; "
                    f"load CV {r['cv']:.3f}, router entropy {r['router_entropy']:.3f} nats "
                    f"({100 * r['router_entropy_frac']:.0f}% of log E)")
         rows = [[e["expert"], e["tokens"], f"{100 * e['share']:.1f}%",
-                 "  ".join(f"{t['text']!r} {t['count']} ({100 * t['of_occurrences']:.0f}%)" for t in e["top_tokens"])]
+                 "  ".join(f"[{visible(t['text'])}] {t['count']} ({100 * t['of_occurrences']:.0f}%)" for t in e["top_tokens"])]
                 for e in r["experts"]]
-        out.append(table(rows, ["expert", "tokens", "share", "most routed tokens (count, % of that token)"], "rrrl"))
+        out.append(table(rows, ["expert", "tokens", "share", "most routed [tokens] (count, % of that token)"], "rrrl"))
         out.append("co-firing most: " + ", ".join(f"{p['pair'][0]}+{p['pair'][1]} {p['tokens']}"
                                                   for p in r["cofire_top"]) + "\n")
     return "\n".join(out).rstrip()
 
 
-def write_heatmap(path, reports, cfg):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def write_heatmap(path, reports, cfg, title=""):
+    """Load share per expert and layer, each cell labelled with its percentage when the grid is small."""
     import numpy as np
 
+    from ..pictures import pyplot
+    plt = pyplot()
     share = np.array([[e["share"] for e in r["experts"]] for r in reports.values()])   # [layers, E]
-    fig, ax = plt.subplots(figsize=(max(4, 0.4 * cfg.n_expert + 2), max(2.5, 0.35 * len(reports) + 1.5)))
-    im = ax.imshow(share, aspect="auto", cmap="viridis")
+    L, E = share.shape
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.55 * E + 2.5), max(4.0, 0.45 * L + 2.0)))
+    im = ax.imshow(share, aspect="auto", cmap="viridis", vmin=0)
+    if L * E <= 400:
+        for il in range(L):
+            for e in range(E):
+                light = share[il, e] < 0.6 * share.max()
+                ax.text(e, il, f"{100 * share[il, e]:.0f}", ha="center", va="center", fontsize=9,
+                        color="white" if light else "black")
     ax.set_xlabel("expert")
     ax.set_ylabel("layer")
-    ax.set_yticks(range(len(reports)), [str(il) for il in reports])
-    ax.set_title(f"load share per expert (balanced: {1 / cfg.n_expert:.3f})", fontsize=10)
-    fig.colorbar(im, ax=ax)
+    ax.set_xticks(range(0, E, max(1, E // 32)))                        # <= 32 expert labels
+    ax.set_yticks(range(L), [str(il) for il in reports])
+    ax.set_title(f"{title}\nload share per expert, % (balanced: {100 / cfg.n_expert:.1f}%)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="share of the top-k slots")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def write_page(path, reports, cfg, source):
     import html
+
+    from ..token_text import visible
     parts = [f"<!doctype html><meta charset='utf-8'><title>experts: {html.escape(str(source))}</title>",
              "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
              "td.t{text-align:left;font-family:monospace}</style>",
@@ -110,7 +164,7 @@ def write_page(path, reports, cfg, source):
                      f"{r['router_entropy']:.3f} nats ({100 * r['router_entropy_frac']:.0f}% of log E)</p>")
         parts.append("<table><tr><th>expert<th>tokens<th>share<th>most routed tokens</tr>")
         for e in r["experts"]:
-            toks = " ".join(f"{html.escape(repr(t['text']))}&nbsp;{t['count']}" for t in e["top_tokens"])
+            toks = " ".join(f"{html.escape(visible(t['text']))}&nbsp;{t['count']}" for t in e["top_tokens"])
             parts.append(f"<tr><td>{e['expert']}<td>{e['tokens']}<td>{100 * e['share']:.1f}%<td class=t>{toks}</tr>")
         parts.append("</table>")
     with open(path, "w", encoding="utf-8") as f:

@@ -61,15 +61,22 @@ def run(args):
         saved = read_json_object(os.path.join(args.out, FINETUNE_FILE), "fine-tuning record").get("settings", {})
     settings = FinetuneSettings.from_dict({**saved, **given})
     settings.validate()
+    from ..errors import UsageError
+    from ..training.checkpoint import read_trainer
     if getattr(args, "arith", "f32") != "f32":
-        from ..errors import UsageError
         raise UsageError(f"--arith {args.arith}: fine-tuning runs in float32 arithmetic (the reference ops, which "
                          f"have backward passes); drop --arith, or evaluate the adapter with `ffnlab perplexity "
                          f"--lora DIR --arith {args.arith}`")
+    record = read_trainer(args.out) if os.path.isdir(args.out) else None
+    if record is not None and not args.resume:          # before the model loads
+        raise UsageError(f"--out {args.out} already holds a fine-tuning run at step {record['step']}; "
+                         f"add --resume to continue it or choose another --out")
+    if settings.warmup_warning():                       # as `ffnlab train` says it
+        import sys
+        print(settings.warmup_warning(), file=sys.stderr, flush=True)
     path = resolve_model(args.model)
     model = load(path, progress=None if not args.quiet else False)
     if model.tokenizer is None:
-        from ..errors import UsageError
         raise UsageError(f"{path}: the model has no tokenizer, so --data cannot be tokenized for it")
     text = read_text(args.data)
     ids = model.tokenizer.encode(text, add_bos=False)

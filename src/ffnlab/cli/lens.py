@@ -21,51 +21,88 @@ def add_arguments(p):
 
 
 def run(args):
-    from ..interventions.common import prompt_ids, token_strings
+    from ..interventions.common import prompt_ids
     from ..interventions.lens import logit_lens
+    from ..pictures import check_page, written
     from .common import load_model
+    check_page(args.html, "--html")                    # before the work, not after it
     model = load_model(args, quiet=args.json)
     ids = prompt_ids(model, args.prompt)
     r = logit_lens(model, ids, args.node, args.top)
-    tokens = token_strings(model, ids)
-    dec = model.tokenizer.decode
     if args.json:
-        print(json.dumps({"node": args.node, "tokens": tokens, "top_ids": r["top_ids"], "top_logits": r["top_logits"]}))
+        from ..interventions.common import token_strings
+        print(json.dumps({"node": args.node, "tokens": token_strings(model, ids), "top_ids": r["top_ids"],
+                          "top_logits": r["top_logits"]}))
     else:
-        cols = range(len(tokens)) if args.positions == "all" else [len(tokens) - 1]
-        w = 12
-        print(f"top-1 token of {args.node}-L through the final norm and head (rows: layers, columns: positions)")
-        print("layer " + " ".join(f"{repr(tokens[t])[1:-1][:w]:>{w}}" for t in cols))
-        for il, row in enumerate(r["top_ids"]):
-            print(f"{il:>5} " + " ".join(f"{repr(dec([row[t][0]]))[1:-1][:w]:>{w}}" for t in cols))
-        last = r["top_ids"][-1][-1]
-        print(f"last layer, last position, top {args.top}: " + ", ".join(repr(dec([i])) for i in last))
+        print(render_text(model, ids, r, args.node, args.prompt, args.positions, args.top))
+    sys.stdout.flush()                                 # the table stands whatever happens to the page
     if args.html:
-        write_html(args.html, args.node, tokens, r, dec)
+        with written(args.html, "--html"):
+            write_html(args.html, model, ids, r, args.node, args.prompt)
         print(f"HTML: {args.html}", file=sys.stderr)
     return 0
 
 
-def write_html(path, node, tokens, r, dec):
-    """One self-contained table: a cell per layer and position, its top-1 token, shaded by its softmax
-    share among the top K, the top K with logits in the title (hover)."""
+WIDTH = 12                     # display columns per position in the text view
+
+
+def render_text(model, ids, r, node, prompt, positions="all", top=5):
+    """The text view: a row per layer, a column per position; cell = the lens's top-1 token there,
+    i.e. its prediction of the token that comes *after* the column's token."""
+    from ..token_text import fit, token_label
+    from ..pictures import model_label
+    tok = model.tokenizer
+    cols = range(len(ids)) if positions == "all" else [len(ids) - 1]
+    lines = [f"logit lens of {model_label(model)} on {prompt!r}",
+             f"rows: {node}-L through the final norm and head; column: a prompt token; cell: the top-1 "
+             f"prediction of the token after it (␣ = space, ↵ = newline)",
+             "layer " + " ".join(fit(token_label(tok, ids[t]), WIDTH) for t in cols)]
+    for il, row in enumerate(r["top_ids"]):
+        lines.append(f"{il:>5} " + " ".join(fit(token_label(tok, row[t][0]), WIDTH) for t in cols))
+    last = r["top_ids"][-1][-1]
+    lines.append(f"after the last token, the last layer's top {top}: " +
+                 ", ".join(token_label(tok, i) for i in last))
+    return "\n".join(lines)
+
+
+def _cell(label, share, tip):
+    """One table cell: white text on the darker shades, so a confident cell stays readable."""
+    ink = "#fff" if share > 0.55 else "#111"
+    return (f'<td title="{html.escape(tip)}" style="background:rgba(40,90,200,{share:.2f});color:{ink}">'
+            f'{html.escape(label)}</td>')
+
+
+def write_html(path, model, ids, r, node, prompt):
+    """One self-contained table: a cell per layer and position, its top-1 token (the prediction of the
+    next token), shaded by its softmax share among the top K, the top K with logits on hover."""
     import numpy as np
+
+    from ..pictures import model_label
+    from ..token_text import token_label
+    tok = model.tokenizer
     rows = []
-    for il, (ids, logits) in enumerate(zip(r["top_ids"], r["top_logits"])):
+    for il, (top_ids, logits) in enumerate(zip(r["top_ids"], r["top_logits"])):
         cells = []
-        for t in range(len(tokens)):
+        for t in range(len(ids)):
             z = np.array(logits[t])
             share = float(np.exp(z[0] - z.max()) / np.exp(z - z.max()).sum())
-            tip = "\n".join(f"{dec([i])!r} {v:.2f}" for i, v in zip(ids[t], logits[t]))
-            cells.append(f'<td title="{html.escape(tip)}" style="background:rgba(40,90,200,{share:.2f})">'
-                         f"{html.escape(dec([ids[t][0]]))}</td>")
+            tip = "\n".join(f"{token_label(tok, i)}  {v:.2f}" for i, v in zip(top_ids[t], logits[t]))
+            label = token_label(tok, top_ids[t][0])
+            cells.append(_cell(label, share, f"layer {il}, after {token_label(tok, ids[t])}:\n{tip}"))
         rows.append(f"<tr><th>{il}</th>{''.join(cells)}</tr>")
-    head = "".join(f"<th>{html.escape(t)}</th>" for t in tokens)
-    page = (f"<!doctype html><meta charset=utf-8><title>logit lens: {html.escape(node)}</title>"
-            "<style>body{font:13px sans-serif}td,th{border:1px solid #ccc;padding:2px 5px;white-space:pre}"
-            "table{border-collapse:collapse}</style>"
-            f"<p>Top-1 token of <b>{html.escape(node)}-L</b> through the final norm and the LM head; shade: its share "
-            f"of the softmax over the top {len(r['top_ids'][0][0])}; hover for the list.</p>"
+    head = "".join(f"<th>{html.escape(token_label(tok, i))}</th>" for i in ids)
+    k = len(r["top_ids"][0][0])
+    page = (f"<!doctype html><meta charset=utf-8><title>logit lens: {html.escape(model_label(model))}: "
+            f"{html.escape(prompt)}</title>"
+            "<style>body{font:13px 'DejaVu Sans','Noto Sans','Noto Sans CJK SC',sans-serif;color:#111;background:#fff}"
+            "td,th{border:1px solid #ccc;padding:2px 5px;white-space:pre;max-width:9em;overflow:hidden;"
+            "text-overflow:ellipsis;font-family:'DejaVu Sans Mono','Noto Sans Mono','Noto Sans CJK SC',monospace}"
+            "th{background:#f3f3f3}table{border-collapse:collapse}p{max-width:60em}</style>"
+            f"<h3>logit lens: {html.escape(model_label(model))}</h3>"
+            f"<p>prompt: <code>{html.escape(prompt)}</code></p>"
+            f"<p>Each row reads <b>{html.escape(node)}-L</b> through the final norm and the LM head. A column is a "
+            f"prompt token; its cell is the top-1 prediction of the token <i>after</i> it. Shade: that token's share "
+            f"of the softmax over the top {k}; hover for the list. ␣ = space, ↵ = newline.</p>"
             f"<table><tr><th>layer</th>{head}</tr>{''.join(rows)}</table>")
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)

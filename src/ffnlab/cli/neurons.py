@@ -6,6 +6,14 @@ COMMAND = "neurons"
 HELP = "MLP hidden units of one layer: their top-activating text windows, histograms, an HTML browser"
 
 
+def add_min_context_argument(p):
+    from ..evaluation.activations import DEFAULT_MIN_CONTEXT
+    from .common import nonneg
+    p.add_argument("--min-context", type=nonneg("--min-context"), default=DEFAULT_MIN_CONTEXT, metavar="N",
+                   help="score only tokens with at least N tokens before them in their window; windows overlap by "
+                        f"N so every later token is scored once (default {DEFAULT_MIN_CONTEXT}; docs/neurons.md)")
+
+
 def add_arguments(p):
     from .common import add_model_argument, count_or_all, positive, refuse_together
     add_model_argument(p)
@@ -17,6 +25,7 @@ def add_arguments(p):
     p.add_argument("--units", type=positive("--units"), default=10,
                    help="without --neuron: how many units to list, ranked by mean |activation| (default 10)")
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
+    add_min_context_argument(p)
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
     p.add_argument("--max-windows", type=count_or_all("--max-windows"), default=-1, help="stop after this many windows; -1 = the whole file (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -38,37 +47,59 @@ def check_layer(args, cfg, source):
         raise UsageError(f"--ctx {args.ctx} is longer than the model's context length {cfg.n_ctx} ({source})")
 
 
-def write_histograms(path, reports, node):
-    """One panel per unit: counts (log scale) over the streaming histogram's bins."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def check_min_context(args):
+    from ..errors import UsageError
+    if args.min_context >= args.ctx - 1:
+        raise UsageError(f"--min-context {args.min_context} leaves nothing to score in a window of --ctx {args.ctx} "
+                         f"(it must be below --ctx - 1)")
 
+
+def write_histograms(path, reports, node, title=""):
+    """One panel per unit: counts (log scale) over the streaming histogram's bins, the x axis over
+    the unit's own [min, max] (the bins span a power of two around 0, often far wider), negative
+    bins blue and positive red, as the HTML page shades them."""
+    from matplotlib.patches import Patch
+
+    from ..pictures import pyplot
+    plt = pyplot()
     n = len(reports)
     cols = min(n, 4)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.6 * rows + 0.6), squeeze=False)
     for ax in axes.flat[n:]:
         ax.axis("off")
     for ax, r in zip(axes.flat, reports):
-        e = r["hist"]["edges"]
-        ax.stairs(r["hist"]["counts"], e, fill=True)
+        e, c = r["hist"]["edges"], r["hist"]["counts"]
+        colors = ["#c0392b" if lo >= 0 else "#2c6fbb" for lo in e[:-1]]
+        ax.bar(e[:-1], c, width=[hi - lo for lo, hi in zip(e[:-1], e[1:])], align="edge", color=colors)
         ax.set_yscale("log")
+        lo, hi = r["min"], r["max"]
+        pad = 0.05 * (hi - lo) or 0.5
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.axvline(0, color="#555", lw=0.6)
         ax.set_title(f"unit {r['unit']}  mean|a| {r['mean_abs']:.3g}", fontsize=9)
+        ax.set_xlabel("activation", fontsize=7)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"{node}: activation histograms", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    axes.flat[0].set_ylabel("tokens (log)", fontsize=7)
+    fig.legend(handles=[Patch(color="#2c6fbb", label="a < 0"), Patch(color="#c0392b", label="a >= 0")],
+               loc="upper right", fontsize=8, ncol=2, frameon=False)
+    fig.suptitle(f"{title}{node}: activation histograms of the scored tokens", fontsize=10, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def run(args):
     from ..errors import DataError
     from ..evaluation.neurons import scan_layer, unit_report, window_text
+    from ..pictures import check_page, check_png, model_label, written
     from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
 
+    check_min_context(args)                            # every check on the flags before the model loads
+    check_png(args.hist, "--hist")
+    check_page(args.html, "--html")
     text = read_text(args.data)
     model = load_model(args)
     check_layer(args, model.config, model.source)
@@ -81,28 +112,36 @@ def run(args):
         bar.total = total
         bar.update(done - bar.n)
 
-    scan = scan_layer(model, text, args.layer, args.ctx, args.top, args.batch, args.max_windows, on_batch=on_batch)
+    scan = scan_layer(model, text, args.layer, args.ctx, args.top, args.batch, args.max_windows, on_batch=on_batch,
+                      min_context=args.min_context)
     bar.close()
+    if scan.n_tokens == 0:
+        raise DataError(f"{args.data}: {len(scan.ids)} tokens, none with --min-context {args.min_context} tokens "
+                        f"before it; give a longer text or a smaller --min-context")
     units = [args.neuron] if args.neuron is not None else [int(u) for u in scan.ranking[:args.units]]
     reports = [unit_report(scan, tok, u) for u in units]
     if args.json:
         from ..threads import threads
         print(json.dumps({"model": model.source, "threads": threads(), "data": args.data, "layer": args.layer, "node": scan.node,
                           "d_ff": model.config.d_ff, "n_tokens": scan.n_tokens, "n_windows": scan.n_windows,
-                          "units": reports}, ensure_ascii=False))
+                          "min_context": args.min_context, "units": reports}, ensure_ascii=False))
     else:
-        print(f"{scan.node}: {model.config.d_ff} units, {scan.n_tokens} tokens in {scan.n_windows} windows of "
-              f"<= {args.ctx}; units ranked by mean |a|, windows by |a| of the [[token]]")
+        print(f"{scan.node}: {model.config.d_ff} units, {scan.n_tokens} tokens scored in {scan.n_windows} windows of "
+              f"<= {args.ctx} (each with >= {args.min_context} tokens of context); units ranked by mean |a|, "
+              f"windows by |a| of the [[token]]")
         for r in reports:
             print(f"\nunit {r['unit']} (rank {r['rank'] + 1})  mean|a| {r['mean_abs']:.4g}  mean {r['mean']:.4g}  "
                   f"std {r['std']:.4g}  max {r['max']:.4g}  min {r['min']:.4g}")
             for w in r["windows"]:
                 print(f"  {w['value']:+9.4g}  {window_text(w)}")
+    sys.stdout.flush()                                 # the text stands whatever happens to the files
     if args.html:
         from ..evaluation.neurons_html import write_page
-        write_page(args.html, scan, tok, model.source)
+        with written(args.html, "--html"):
+            write_page(args.html, scan, tok, model.source)
         print(f"wrote {args.html} ({len(scan.ranking)} units)", file=sys.stderr)
     if args.hist:
-        write_histograms(args.hist, reports, scan.node)
+        with written(args.hist, "--hist"):
+            write_histograms(args.hist, reports, scan.node, f"{model_label(model)}, {args.data}: ")
         print(f"wrote {args.hist}", file=sys.stderr)
     return 0

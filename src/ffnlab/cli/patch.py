@@ -23,7 +23,11 @@ def add_arguments(p):
 def run(args):
     from ..interventions.common import one_token, prompt_ids, token_strings
     from ..interventions.patching import patch
+    from ..pictures import check_png, model_label, written
     from .common import load_model
+    path = args.out or f"patch-{args.node}.png"
+    if not args.json:
+        check_png(path, "--out")                       # before the work, not after it
     model = load_model(args, quiet=args.json)
     clean, corrupt = prompt_ids(model, args.clean, "--clean"), prompt_ids(model, args.corrupt, "--corrupt")
     target, foil = one_token(model, args.target, "--target"), one_token(model, args.foil, "--foil")
@@ -35,15 +39,17 @@ def run(args):
     if args.json:
         print(json.dumps(out))
         return 0
-    from ..interventions.plots import patch_heatmap
-    path = args.out or f"patch-{args.node}.png"
-    patch_heatmap(path, r, tokens, f"patching {args.node} from {args.clean!r} into {args.corrupt!r}; "
-                                   f"metric logit({out['target']!r}) - logit({out['foil']!r})")
-    w = max(6, *(len(repr(t)) for t in tokens))
+    from ..token_text import columns, fit, visible
+    w = min(12, max(6, *(columns(visible(t)) for t in tokens)))
     print(f"logit({out['target']!r}) - logit({out['foil']!r}): clean {r['clean']:.3f}, corrupt {r['corrupt']:.3f}")
     print(f"effect of patching {args.node}-L at each position (1 = restores the clean difference):")
-    print("layer " + " ".join(f"{repr(t)[1:-1][:w]:>{w}}" for t in tokens))
+    print("layer " + " ".join(fit(visible(t), w) for t in tokens))
     for il, row in enumerate(r["effect"]):
         print(f"{il:>5} " + " ".join(f"{v:>{w}.3f}" for v in row))
+    sys.stdout.flush()                                 # the table stands whatever happens to the picture
+    from ..interventions.plots import patch_heatmap
+    with written(path, "--out"):
+        patch_heatmap(path, r, tokens, f"{model_label(model)}: patching {args.node} from {args.clean!r} into "
+                                       f"{args.corrupt!r}; metric logit({out['target']!r}) - logit({out['foil']!r})")
     print(f"heat map: {path}", file=sys.stderr)
     return 0

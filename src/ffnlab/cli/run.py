@@ -67,7 +67,11 @@ def run(args):
 
     _check(args)
     prompt = None if args.interactive and args.prompt is None and not args.file else read_prompt(args)
+    import time
+    t0 = time.perf_counter()
     model = load_model(args)
+    if not getattr(model, "load_seconds", 0.0):         # a checkpoint's loader keeps no time of its own
+        model.load_seconds = time.perf_counter() - t0
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
     n_ctx = context_size(args, model)

@@ -41,6 +41,20 @@ def json_safe(x):
     return x
 
 
+def no_match(pattern, names):
+    """The line for a --filter that matched none of the forward's nodes: the nearest names, and the
+    node kinds (ffn_up, attn_norm, ...) with an example of each."""
+    import difflib
+    import re
+    close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.5)
+    loose = [n for n in names if re.search(pattern, n)][:3]         # matches somewhere but not at the start
+    kinds = list(dict.fromkeys(n.rsplit("-", 1)[0] if n.rsplit("-", 1)[-1].isdigit() else n for n in names))
+    hint = (f"; these contain it: {', '.join(loose)} (the filter matches at the start of a name: '.*{pattern}')"
+            if loose else f"; did you mean {' or '.join(close)}?" if close else "")
+    return (f"--filter {pattern!r} matches none of the {len(names)} nodes{hint}; node kinds: {', '.join(kinds[:24])}"
+            f"{' ...' if len(kinds) > 24 else ''} (per layer as KIND-L, e.g. {names[len(names) // 2]})")
+
+
 def run(args):
     import re
 
@@ -82,10 +96,15 @@ def run(args):
 
     class Counting(Tracer):                    # every node the forward emits, filtered or not
         checked = 0
+        matched = 0
+        names = {}                             # every name, in order, for a filter that matched none
 
-        def observe(self, *a, **kw):
+        def observe(self, full, *a, **kw):
             self.checked += 1
-            return super().observe(*a, **kw)
+            self.names.setdefault(full, None)
+            if self.matches(full):
+                self.matched += 1
+            return super().observe(full, *a, **kw)
 
     tracer = Counting(filter=args.filter, keep=True, params=model.params, on_node=on_node,
                       check_finite=args.check_finite)
@@ -98,6 +117,8 @@ def run(args):
     finally:
         if dumper:
             dumper.close()
+    if args.filter is not None and not tracer.matched and not args.check_finite:   # --check-finite reports anyway
+        raise UsageError(no_match(args.filter, list(tracer.names)))
     if args.json:
         from ..threads import threads
         out = {"model": model.source, "threads": threads(), "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}

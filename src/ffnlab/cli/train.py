@@ -76,7 +76,11 @@ def run(args):
         given["decay_embeddings"] = True
     model_given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in MODEL_FLAGS.items()}
 
-    resuming = args.resume and is_checkpoint(args.out) and read_trainer(args.out) is not None
+    record = read_trainer(args.out) if is_checkpoint(args.out) else None
+    if record is not None and not args.resume:          # before the model line and any warning
+        raise UsageError(f"--out {args.out} already holds a checkpoint at step {record['step']}; "
+                         f"add --resume to continue it or choose another --out")
+    resuming = args.resume and record is not None
     if resuming:
         # the checkpoint's settings, with any flag given on this command line on top (train() checks they agree)
         meta = read_resume_meta(args.out)                   # ffnlab.json's train section, checked

@@ -11,14 +11,16 @@ ffn_moe_probs-L (softmax of the router logits, [T, E]) and ffn_moe_topk-L (the k
   co-firing           how often experts i and j are chosen for the same token (pairs within top-k)
   top tokens          per expert, the token ids routed to it most often, with the share of that
                       token's occurrences that went there (as `ffnlab neurons` lists text per unit)
-Windows stream one batch at a time (evaluation/activations.py), so memory stays bounded.
+Windows stream one batch at a time (evaluation/activations.py), so memory stays bounded; they
+overlap, and only tokens with at least --min-context tokens before them in their window are
+counted (activations.context_windows: a window's first token is an attention sink, not text).
 """
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .activations import batches, token_windows
+from .activations import DEFAULT_MIN_CONTEXT, batches, context_windows
 
 
 @dataclass
@@ -53,18 +55,20 @@ class LayerRouting:
         self.n_tokens += len(ids)
 
 
-def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list:
-    """-> [LayerRouting] one per layer, over the text's token windows of ctx tokens."""
+def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None, min_context=DEFAULT_MIN_CONTEXT) -> list:
+    """-> [LayerRouting] one per layer, over the text's overlapping windows of ctx tokens, counting
+    the tokens with at least min_context tokens before them in their window."""
     from ..tracing import Tracer
 
     cfg, tok = model.config, model.tokenizer
     ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
     bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
-    windows, _ = token_windows(ids, ctx, bos, max_windows)
+    cw = context_windows(ids, ctx, min_context, bos, max_windows)
+    windows = cw.windows
     layers = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
     pattern = re.compile(r"^ffn_moe_(probs|topk)-\d+$")
     done = 0
-    for _, w in batches(windows, batch):
+    for first, w in batches(windows, batch):
         seen = {}
 
         def take(n):
@@ -72,10 +76,12 @@ def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list
             seen[(name, int(il))] = n.array
             n.array = None
         model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
+        _, scored = cw.positions(first, *w.shape)
+        keep = scored.reshape(-1)                                     # [B * T] rows with context
         flat = w.reshape(-1)
         for il, L in enumerate(layers):
-            L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1),
-                     seen[("ffn_moe_topk", il)].reshape(len(flat), -1), flat)
+            L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1)[keep],
+                     seen[("ffn_moe_topk", il)].reshape(len(flat), -1)[keep], flat[keep])
         done += len(w)
         if on_batch is not None:
             on_batch(done, len(windows))

@@ -1,7 +1,9 @@
 """The neuron view: which text makes each MLP hidden unit of one layer fire (Geva et al. 2021,
 "Transformer Feed-Forward Layers Are Key-Value Memories").
 
-The text streams through the model in windows (evaluation/activations.py); for the layer's
+The text streams through the model in overlapping windows (evaluation/activations.py's
+context_windows: a token is scored only with at least --min-context tokens before it, so a
+window's first token, an attention sink with outlier activations, never ranks); for the layer's
 activation node (ffn_swiglu-L, ffn_geglu-L, ffn_gelu-L: the [T, d_ff] tensor that enters ffn_down)
 every unit keeps, in fixed-size arrays updated once per batch:
   - its top-K tokens by |activation|, with the unit's activation on the tokens around each one
@@ -9,7 +11,8 @@ every unit keeps, in fixed-size arrays updated once per batch:
   - sums for mean |a|, mean, std, and max/min (UnitStats),
   - a histogram whose range doubles when a value falls outside it (StreamingHistogram).
 Memory is O(d_ff * K * window) however long the text is; only the token ids of the text are kept.
-Units are ranked by mean |activation| -- the same score `ffnlab prune --by activation` keeps.
+Units are ranked by mean |activation| -- the score `ffnlab prune --by activation` keeps (prune
+averages over every calibration token, a window's first tokens included).
 """
 from dataclasses import dataclass, field
 
@@ -28,12 +31,16 @@ class TopK:
         self.pos = np.full((d_ff, k), -1, dtype=np.int64)                 # [d_ff, k] index in the text's tokens
         self.ctx = np.full((d_ff, k, len(self.offsets)), np.nan, dtype=np.float32)  # [d_ff, k, W] a around it
 
-    def update(self, acts, pos):
-        """acts: [B, T, d_ff]; pos: [B, T] index of each token in the text, -1 for BOS (never ranked)."""
+    def update(self, acts, pos, scored=None):
+        """acts: [B, T, d_ff]; pos: [B, T] index of each token in the text, -1 for BOS; scored: [B, T]
+        bool, False for the positions that are only context (never ranked, but their activations show
+        around a ranked token); None: every text token is ranked."""
         B, T, d_ff = acts.shape
         flat = acts.reshape(B * T, d_ff)                                  # [N, d_ff]
         score = np.abs(flat).astype(np.float64)
         score[pos.ravel() < 0] = -np.inf
+        if scored is not None:
+            score[~scored.ravel()] = -np.inf
         kk = min(self.k, B * T)
         cand = np.argpartition(-score, kk - 1, axis=0)[:kk].T             # [d_ff, kk] best flat rows per unit
         units = np.arange(d_ff)[:, None]                                  # [d_ff, 1]
@@ -60,7 +67,7 @@ class TopK:
         """-> [(value, text position, ctx [W])] of one unit, largest |a| first, unfilled slots dropped."""
         order = np.argsort(-self.score[unit], kind="stable")
         return [(float(self.value[unit, j]), int(self.pos[unit, j]), self.ctx[unit, j])
-                for j in order if self.pos[unit, j] >= 0]
+                for j in order if self.score[unit, j] > -np.inf]
 
 
 class UnitStats:
@@ -144,32 +151,32 @@ class NeuronScan:
         return self.stats.n
 
 
-def scan_layer(model, text, layer, n_ctx=128, k=5, batch=4, max_windows=-1, bins=64, on_batch=None):
-    """Streams `text` through the model in windows of n_ctx tokens -> NeuronScan of block `layer`.
+def scan_layer(model, text, layer, n_ctx=128, k=5, batch=4, max_windows=-1, bins=64, on_batch=None,
+               min_context=None):
+    """Streams `text` through the model in overlapping windows of n_ctx tokens -> NeuronScan of block
+    `layer`. Only tokens with at least min_context text tokens before them in their window are
+    counted or ranked (activations.context_windows: a window's first tokens are chunking artefacts).
     on_batch(windows done, windows in all) reports progress."""
-    from .activations import activation_node, stream_activations, token_windows
+    from .activations import DEFAULT_MIN_CONTEXT, activation_node, context_windows, stream_activations
 
     tok = model.tokenizer
     ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
     bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
-    windows, starts = token_windows(ids, n_ctx, bos, max_windows)
+    cw = context_windows(ids, n_ctx, DEFAULT_MIN_CONTEXT if min_context is None else min_context, bos, max_windows)
     d_ff = model.config.d_ff
     top, stats, hist = TopK(d_ff, k), UnitStats(d_ff), StreamingHistogram(d_ff, bins)
-    lead = 1 if bos is not None else 0
 
     def on_acts(_layer, acts, first):
         B, T, _ = acts.shape
-        pos = np.array(starts[first:first + B])[:, None] + np.arange(T) - lead    # [B, T] text index
-        if lead:
-            pos[:, 0] = -1                                                 # BOS: not text, never ranked
-        top.update(acts, pos)
-        text_acts = acts[:, lead:].reshape(-1, d_ff)                      # [N, d_ff] text tokens only
-        stats.update(text_acts)
-        hist.update(text_acts)
+        pos, scored = cw.positions(first, B, T)                           # [B, T] text index, [B, T] bool
+        top.update(acts, pos, scored)
+        a = acts[scored]                                                  # [N, d_ff] scored tokens only
+        stats.update(a)
+        hist.update(a)
 
-    stream_activations(model, windows, [layer], batch, on_acts,
-                       on_batch and (lambda done: on_batch(done, len(windows))))
-    scan = NeuronScan(layer, f"{activation_node(model.config)}-{layer}", ids, len(windows), top, stats, hist)
+    stream_activations(model, cw.windows, [layer], batch, on_acts,
+                       on_batch and (lambda done: on_batch(done, len(cw.windows))))
+    scan = NeuronScan(layer, f"{activation_node(model.config)}-{layer}", ids, len(cw.windows), top, stats, hist)
     scan.ranking = np.argsort(-stats.mean_abs, kind="stable")
     return scan
 

@@ -17,15 +17,19 @@ tests/test_chat_templates.py holds every one to llama.cpp's own output. Roles ar
     mistral-v7  [SYSTEM_PROMPT] system[/SYSTEM_PROMPT][INST] user[/INST] assistant</s>
     vicuna      system\\n\\nUSER: user\\nASSISTANT: assistant</s>\\n
 
-resolve_template(name_or_file, tokenizer) picks what --chat uses: a built-in name, a file holding
-a jinja template, the model's own template, or -- when the model has none -- chatml, llama.cpp's
-fallback, with a notice saying so.
+resolve_template(name_or_file, tokenizer, arch) picks what --chat uses: a built-in name, a file
+holding a jinja template, the model's own template, or -- when the model has none -- the format its
+architecture was trained on (ARCH_TEMPLATES: a Gemma reads no chatml and would print <|im_end|> as
+text), else chatml, llama.cpp's fallback; either with a notice saying so.
 """
 import os
 
 from ..errors import UsageError
 
 FALLBACK = "chatml"
+# architectures whose every chat model speaks one format (llama and others vary by release: fallback)
+ARCH_TEMPLATES = {"gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3",
+                  "qwen2": "chatml", "qwen3": "chatml", "qwen2moe": "chatml", "qwen3moe": "chatml"}
 
 
 def _llama2(system):
@@ -78,9 +82,12 @@ def resolve_template(choice, tokenizer, arch=None):
     if choice is None:
         if tokenizer.chat_template:
             return tokenizer.chat_template, "the model's own", None
-        hint = " (--chat-template gemma matches Gemma's format)" if (arch or "").startswith("gemma") else ""
+        if arch in ARCH_TEMPLATES:
+            name = ARCH_TEMPLATES[arch]
+            return (BUILTIN[name], name, f"the model has no chat template; using {name}, the format of its "
+                                         f"architecture ({arch}); --chat-template NAME|FILE chooses another")
         return (BUILTIN[FALLBACK], FALLBACK,
-                f"the model has no chat template; using {FALLBACK}, llama.cpp's fallback{hint}; "
+                f"the model has no chat template; using {FALLBACK}, llama.cpp's fallback; "
                 f"--chat-template NAME|FILE chooses another")
     if choice in BUILTIN:
         return BUILTIN[choice], choice, None

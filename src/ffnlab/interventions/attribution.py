@@ -35,7 +35,10 @@ def _linear_norm_direction(model, d, x, wname):
 
 def attribute(model, ids, target, top=10):
     """ids: [T], target: token id -> {"layers": [{"layer", "units": [[unit, attribution, activation]...],
-    "total", "ffn_out"}], "logit"}; units sorted by attribution, largest first."""
+    "negative": [...], "total", "ffn_out"}], "logit", "rank", "top_id", "top_logit"}; units: the `top`
+    largest attributions, largest first; negative: the `top` most negative ones, most negative first
+    (a layer's total is their sum, so both sides are needed to read it); rank: the target's place
+    among the model's predictions at the last position (0 = its top prediction, top_id)."""
     cfg, p = model.config, model.params
     L = cfg.n_layer
     act_node = FFN_KINDS[cfg.ffn].node
@@ -52,10 +55,14 @@ def attribute(model, ids, target, top=10):
         col = linear_forward(dl[None].astype(np.float64), down.T.astype(np.float64))[0]   # [d_ff] down[:, i] . d_L
         a = acts[f"{act_node}-{il}"][-1].astype(np.float64)                        # [d_ff]
         attr = a * col
-        order = np.argsort(-attr, kind="stable")[:top]
+        order = np.argsort(-attr, kind="stable")
+        pos, neg = order[:top], order[::-1][:top]
         b = p.get(f"blk.{il}.ffn_down.bias")
-        layers.append({"layer": il, "units": [[int(i), float(attr[i]), float(a[i])] for i in order],
+        layers.append({"layer": il, "units": [[int(i), float(attr[i]), float(a[i])] for i in pos],
+                       "negative": [[int(i), float(attr[i]), float(a[i])] for i in neg if attr[i] < 0],
                        "total": float(attr.sum() + (float(as_float(b) @ dl) if b is not None else 0.0)),
                        "ffn_out": float(acts[f"ffn_out-{il}"][-1].astype(np.float64) @ dl) if not cfg.post_ffn_norm
                        else None})
-    return {"layers": layers, "logit": float(logits[0, -1, target]), "node": act_node}
+    z = logits[0, -1]                                                             # [vocab] the model's own
+    return {"layers": layers, "logit": float(z[target]), "node": act_node,
+            "rank": int((z > z[target]).sum()), "top_id": int(np.argmax(z)), "top_logit": float(z.max())}

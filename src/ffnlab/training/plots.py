@@ -13,12 +13,7 @@ import textwrap
 
 import numpy as np
 
-
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+from ..pictures import pyplot as _plt
 
 
 def _by_ffn(rows):
