@@ -108,10 +108,9 @@ def test_attend1_matches_float64_attention(H, Hkv, window, softcap, dtype):
 @pytest.mark.parametrize("neox", [False, True])
 def test_one_token_rope_rounds_as_the_prompts_rope(neox):
     """attend1's RoPE (decode_kernels._rope) rounds each product once, then the sum, as the
-    prompt's rotation (ops/rope.py's rope_forward, NumPy) does: the one-token step and the batched
-    forward rotate q and k to the same bits. Contracted to an FMA, the rotation differed in the
-    last bit, and differently in a process that had just compiled attend1 than in one that had
-    loaded it from numba's cache."""
+    prompt's rotation (ops/rope.py's rope_forward) does: the one-token step and the batched forward
+    rotate q and k to the same bits. It runs after this file's attend1 tests, which compile _rope as
+    attend1's callee: without its own fastmath=False it took attend1's flags and fused the products."""
     from ffnlab.model.decode_kernels import _rope
     from ffnlab.ops.rope import rope_angles, rope_forward
     rng = np.random.default_rng(3)
