@@ -7,7 +7,7 @@ HELP = "MLP hidden units of one layer: their top-activating text windows, histog
 
 
 def add_min_context_argument(p):
-    from ..evaluation.activations import DEFAULT_MIN_CONTEXT
+    from ..evaluation import DEFAULT_MIN_CONTEXT
     from .common import nonneg
     p.add_argument("--min-context", type=nonneg("--min-context"), default=DEFAULT_MIN_CONTEXT, metavar="N",
                    help="score only tokens with at least N tokens before them in their window; windows overlap by "

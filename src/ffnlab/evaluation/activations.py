@@ -17,12 +17,14 @@ least `min_context` text tokens before it in its own window, BOS and the first `
 positions of a window are never scored, and every text token past the corpus's first `min_context`
 is scored exactly once.
 """
+import dataclasses
 import re
 
 import numpy as np
 
 from ..errors import UsageError
 from ..model.ffn import FFN_KINDS
+from . import DEFAULT_MIN_CONTEXT  # noqa: F401 (the scans' default; evaluation/__init__.py says why it lives there)
 
 
 def activation_node(cfg):
@@ -45,7 +47,6 @@ def token_windows(ids, n_ctx, bos_id=None, max_windows=-1):
     return windows, starts
 
 
-DEFAULT_MIN_CONTEXT = 16       # text tokens a scored token has before it in its window (--min-context)
 
 
 @dataclasses.dataclass
