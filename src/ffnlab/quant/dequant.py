@@ -14,7 +14,8 @@ from numba import njit
 
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
 
-JIT = dict(cache=True, nogil=True)          # compiled once, cached on disk next to this file
+JIT = dict(cache=True, nogil=True, fastmath=False)   # compiled once, cached on disk next to this file; exact
+# values also when a fastmath kernel (quant/kernels.py _matvec_rows) is the first to call one
 
 
 @njit(**JIT)

@@ -43,7 +43,7 @@ TOKENS_Z = 10                    # tokens per register tile (AVX-512)
 KC_Z = 256                       # weight positions per block of the AVX-512 tile (two strips' block: 32 KB, in L1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def empty_lines(shape):
     """float32 np.empty(shape) whose data start on a 64-byte cache line (numba's own arrays start on
     32 bytes), for the strips and outputs the tiles read and write 16 floats at a time: see
@@ -56,7 +56,7 @@ def empty_lines(shape):
     return raw[off:off + n].reshape(shape)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def gemm_strips(P, x, y, col0, t_lo, t_hi, wide):
     """y[t, col0 + 16 s + c] = sum_j x[t, j] P[s, j, c] for tokens t_lo..t_hi (t_hi -1: all) and
     every strip s. P: [S, n, 16], x: [T, n], y: [T, >= col0 + 16 S], all float32 C-contiguous;
@@ -70,7 +70,7 @@ def gemm_strips(P, x, y, col0, t_lo, t_hi, wide):
         _gemm_y(P, x, y, col0, t_lo, t_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def gemm_packed(P, x, xp, y, col0, t_lo, t_hi, wide):
     """gemm_strips for a caller that multiplies x by many tiles: xp = token_tiles(x, wide), each tile
     filled by pack_tile, made once"""
@@ -80,7 +80,7 @@ def gemm_packed(P, x, xp, y, col0, t_lo, t_hi, wide):
         _gemm_y(P, x, y, col0, t_lo, t_hi)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def gemm_prefix(P, x, y, n_j, wide):
     """gemm_strips(P, x, y, 0, 0, -1, wide) where x[:, n_j:] is zeros (attention's probabilities
     past a run of queries' last key): the 512-bit tiles sum over positions 0..n_j only, the
@@ -91,7 +91,7 @@ def gemm_prefix(P, x, y, n_j, wide):
         _gemm_y(P, x, y, 0, 0, -1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def token_tiles(x, wide):
     """an empty [ceil(T / 10), n, 10] for pack_tile to fill, once for all of a product's tiles
     (wide: the 512-bit tile reads x packed), else nothing (the 256-bit tile reads x itself)"""
@@ -105,7 +105,7 @@ def tile_tokens() -> int:
     return TOKENS_Z if HAS_AVX512 else TOKENS
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _gemm_y(P, x, y, col0, t_lo, t_hi):
     """gemm_strips in 256-bit registers: 16 rows x 6 tokens"""
     S, n = P.shape[0], P.shape[1]
@@ -153,7 +153,7 @@ def _gemm_y(P, x, y, col0, t_lo, t_hi):
                 store_f(y, o + 5 * ldy, a50); store_f(y, o + 5 * ldy + 8, a51)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def pack_tokens(x, width):
     """x [T, n] -> [ceil(T / width), n, width]: tile i holds tokens i*width.. side by side at each
     position j (past the last token, the last token again), so a register tile's broadcasts of
@@ -164,7 +164,7 @@ def pack_tokens(x, width):
     return xp
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def pack_tile(x, xp, i):
     """token tile i of pack_tokens(x, xp.shape[2]) into xp[i]. For ten tokens, 16 positions at a
     time: ten vector loads, a transpose in registers (simd.transpose10_z) and 16 stores of 16
@@ -200,7 +200,7 @@ def pack_tile(x, xp, i):
             xp[i, jj, t] = x[min(i * width + t, T - 1), jj]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=False)
 def _gemm_z(P, xp, y, col0, t_lo, t_hi, n_j):
     """gemm_strips in 512-bit registers, over x packed by pack_tokens(x, TOKENS_Z) (t_hi: the
     number of tokens, not -1), summing over positions 0..n_j (P.shape[1]: all). A strip's 16 rows
@@ -217,7 +217,7 @@ def _gemm_z(P, xp, y, col0, t_lo, t_hi, n_j):
             block_z(P, p0, p1, xp, y, col0 + STRIP * s, k0, min(n_j, k0 + KC_Z), t_lo, t_hi, pair)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=False, inline="always")
 def block_z(P, p0, p1, xp, y, c, k0, k1, t_lo, T, pair):
     """y[t, c:c + 32] (+)= sum over j in k0..k1 of x[t, j] (P.flat[p0 + 16 j:+16], P.flat[p1 + 16 j:+16])
     for tokens t_lo..T: one block of two strips against every register tile of tokens. The
@@ -274,7 +274,7 @@ def block_z(P, p0, p1, xp, y, c, k0, k1, t_lo, T, pair):
             _store_pair(y, o + 9 * ldy, a90, a91, pair)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=False, inline="always")
 def _sums(y, o, k0, pair):
     """a tile row's two accumulators: zeros for the first block of j, else the sums stored in y"""
     if k0 == 0:
@@ -282,14 +282,14 @@ def _sums(y, o, k0, pair):
     return load_z(y, o), (load_z(y, o + STRIP) if pair else zeros_z())
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=False, inline="always")
 def _fma_pair(w0, w1, x, i, a0, a1):
     """a0 + w0 x.flat[i], a1 + w1 x.flat[i] (x.flat[i] broadcast to every lane)"""
     b = broadcast_load_z(x, i)
     return fma_z(w0, b, a0), fma_z(w1, b, a1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, fastmath=False, inline="always")
 def _store_pair(y, o, a0, a1, pair):
     store_z(y, o, a0)
     if pair:

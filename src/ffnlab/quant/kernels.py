@@ -147,7 +147,7 @@ def _dot(a, x):
     return acc
 
 
-@njit(cache=True, nogil=True)                     # no fastmath: the exact values
+@njit(cache=True, nogil=True, fastmath=False)     # the exact values, whichever kernel compiles it first
 def _dequant_rows(qtype, data, r, end, table, out, half):
     """Rows r..end of ggml type qtype -> out[0:end-r] float32.
 
