@@ -30,7 +30,8 @@ from .gguf_tokenizer import tokenizer_from_gguf
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
 # because running without them gives plausible but wrong logits
 UNSUPPORTED_TENSORS = {}
-ROPE_FREQS = "rope_freqs.weight"       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
+ROPE_FREQS = "rope_freqs.weight"
+VOCAB_TENSORS = ("token_embd.weight", "output.weight")   # [vocab, d_model]: a row per token id       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
 
 
 def _gguf_version():
@@ -114,6 +115,11 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
             continue
         if t.name not in expected:
             raise ModelFileError(f"{path}: unexpected tensor {t.name} for a {cfg.arch} model with this metadata")
+        if (shape != expected[t.name] and t.name in VOCAB_TENSORS and shape[1:] == expected[t.name][1:]
+                and "tokenizer.ggml.tokens" in reader.fields):
+            # the tokenizer's ids index these rows: one id per token (llama.cpp refuses the same file)
+            raise ModelFileError(f"{path}: tensor {t.name} has {shape[0]} rows but tokenizer.ggml.tokens holds "
+                                 f"{cfg.vocab_size} tokens: the tokenizer and the model's vocabulary disagree")
         if shape != expected[t.name]:
             raise ModelFileError(f"{path}: tensor {t.name} has ggml shape {_ggml_shape(shape)} but the metadata "
                                  f"implies {_ggml_shape(expected[t.name])} (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "
@@ -129,11 +135,14 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
-    cached = not dequantize and pack_cache.restore(path, reader, params, arith)   # laid out on an earlier load
+    # every check of the file's contents before anything is packed or compiled: a damaged file is
+    # refused in milliseconds, not after the kernels' first compile (seconds to minutes)
     tok = tokenizer_cache.load(reader)                     # built on an earlier load of the same header
     if tok is None:
         tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
         tokenizer_cache.store(reader, tok)
+    file_type = file_type_name(reader, path)
+    cached = not dequantize and pack_cache.restore(path, reader, params, arith)   # laid out on an earlier load
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
     if not dequantize and not cached:
         pack_cache.store(path, reader, params, arith)
@@ -148,5 +157,5 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         release_pages(reader.data)
     trim_heap()
     m.load_seconds = time.perf_counter() - t0
-    m.file_type = file_type_name(reader)
+    m.file_type = file_type
     return m
