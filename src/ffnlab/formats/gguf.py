@@ -22,7 +22,7 @@ from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.pages import release_code, release_pages, trim_heap
-from ..quant.warmup import compile_decode, compile_kernels, compile_prompt
+from ..quant.warmup import warm_up
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -88,9 +88,10 @@ def _with_rope_freqs(cfg, factors, path):
         raise ModelFileError(f"{path}: tensor {ROPE_FREQS}: {e}") from None
 
 
-def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32") -> Model:
+def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32", warm=True) -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
-    matrices stay in their blocks (float32 products only, so another dtype implies dequantize)."""
+    matrices stay in their blocks (float32 products only, so another dtype implies dequantize).
+    warm: compile or load the kernels now (quant/warmup.py); False only for its own workers."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     dequantize = dequantize or np.dtype(dtype) != np.float32
@@ -98,7 +99,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
     cfg = config_from_gguf(reader, path)
     expected = param_shapes(cfg)
     params, fallback = {}, []
-    bar = Progress(len(reader.tensors), "loading", enabled=progress)
+    bar = Progress(len(reader.tensors), "loading", enabled=progress, delay=0.5)   # a big file: minutes
     for t in reader.tensors:
         bar.update(1, t.name)
         if t.name in UNSUPPORTED_TENSORS:
@@ -148,7 +149,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         pack_cache.store(path, reader, params, arith)
     m.pack_cached = cached
     # numba: compiled once, then loaded from its disk cache; here, so that no timed step pays for it
-    m.compile_seconds = compile_kernels(params) + compile_decode(m) + compile_prompt(m)
+    m.compile_seconds = warm_up(m, None if dequantize else path, arith, progress) if warm else 0.0
     release_code()                                         # numba's LLVM: not needed again unless a kernel compiles
     if not dequantize:
         # the file's pages that reading the metadata and copying the small tensors mapped, with

@@ -1,44 +1,108 @@
 """Compile (or load from numba's disk cache) the kernels a model's weights need, at load time.
 
-numba compiles a kernel on its first call and caches the machine code on disk (cache=True), so
-the first load on a machine pays seconds of compilation and later loads only read the cache.
-Doing it here, on one row of each weight type, keeps that cost out of the first timed product
-and lets the load line report it.
+numba compiles a kernel on its first call and caches the machine code on disk (cache=True, in
+__pycache__ beside each source file, or NUMBA_CACHE_DIR), so the first load on a machine pays the
+compilation and later loads only read the cache. Doing it here, on one row of each weight type,
+keeps that cost out of the first timed product and lets the load line report it.
+
+    warm_up(model, path, arith)   # at load (formats/gguf.py): every step below, once -> seconds
+
+The work is a list of steps (warm_up_steps): the products per weight type, one decode step, the
+prompt's row kernels. The first load on a machine compiles them all: about a minute of one core
+for SmolLM2 on a 2-core Xeon (2026-12-01, 45adc48). That load shows one progress line on stderr
+("compiling kernels for this CPU, once: 5/14, ~25 s left") and splits the steps over worker
+processes, one per core (python -m ffnlab.quant.warmup --worker), which compile them and write
+the cache side by side; this process then loads every kernel from the cache. A stamp beside the
+cache (stamp_path) records that this file's steps were compiled for these sources on this CPU,
+so a later load runs the steps in-process only, reading the cache (~0.1 s). Without the stamp, or
+on one core, the steps run in-process, with the same progress line when they take a while.
+
+`python -m ffnlab.quant.warmup [MODEL ...]` compiles the kernels of installed models (default:
+smollm2) ahead of the first run: scripts/install.sh does it.
 """
 import dataclasses
+from typing import Callable
+import hashlib
+import os
+import select
+import subprocess
+import sys
 import time
 
 import numpy as np
 
+from ..progress import Progress
+from ..threads import available_cores
 from .packed import R
 from .simd import HAS_AVX512
 from .tensor import QuantTensor
 
+LABEL = "compiling kernels for this CPU, once"
+FMT = "{desc}{postfix}, ~{remaining} left"     # the bar counts estimated seconds of compile, the note steps
 
-def compile_kernels(params) -> float:
-    """Run the kernels generation uses once, on one row (packed: one row group) of each
-    QuantTensor type in params: the one-token product for every matrix, the prompt's tiled
-    product for the layers' matrices, the row lookup for the embedding tables. (The LM head's
-    tiled product, for logits at every position, loads on first use.) -> seconds taken."""
+
+@dataclasses.dataclass
+class Step:
+    name: str          # what it compiles, for the progress line and the worker's command line
+    run: Callable      # () -> None: the calls that compile or load the step's kernels
+    group: str         # steps of one group share kernels (a decode step calls the one-token products):
+    cost: float        # a worker takes a group whole; cost: seconds to compile it cold on the Xeon
+                       # above, for balancing the workers and for the first estimate of the time left
+
+
+def warm_up(model, path=None, arith="f32", progress=None) -> float:
+    """Every step of warm_up_steps(model), compiled once per machine (by workers, when the stamp
+    says this file's steps were never compiled here and there are cores for them), then loaded
+    here from numba's cache. progress: None = a line on a terminal, False = none. -> seconds."""
     t0 = time.perf_counter()
-    seen = set()
+    steps = warm_up_steps(model)
+    stamp = stamp_path(model, arith, steps) if path else None
+    n_workers = min(available_cores(), len({s.group for s in steps}))
+    work = sum(s.cost for s in steps)
+    if stamp and not os.path.exists(stamp) and n_workers > 1:
+        bar = Progress(work, LABEL, enabled=progress, fmt=FMT)
+        _compile_in_workers(path, arith, steps, n_workers, bar)
+        bar.close()
+    bar = Progress(work, LABEL, enabled=progress, delay=1.0, fmt=FMT)   # shown only if this compiles
+    with np.errstate(all="ignore"):                                    # zeros and a model's real rows:
+        for i, s in enumerate(steps):                                  # what comes out is thrown away
+            s.run()
+            bar.update(s.cost, f"{i + 1}/{len(steps)}")
+    bar.close()
+    if stamp:
+        _write_stamp(stamp)
+    return time.perf_counter() - t0
+
+
+def warm_up_steps(model) -> list:
+    """-> [Step] for model: its weight types' products, one decode step, the prompt's row kernels."""
+    return _product_steps(model.params) + [Step("decode step", lambda: compile_decode(model), "one-token", 7.0)] + \
+        _prompt_steps(model)
+
+
+def _product_steps(params) -> list:
+    """The one-token product for every matrix type, the prompt's tiled product for the layers'
+    matrices, the row lookup for the embedding tables, each on one row (packed: one row group).
+    (The LM head's tiled product, for logits at every position, loads on first use.)"""
+    steps, seen = [], set()
     for name, w in params.items():
         if not isinstance(w, QuantTensor):
             continue
-        uses = {"matvec"} | ({"matmul"} if name.startswith("blk.") else set()) | ({"lookup"} if "embd" in name else set())
-        kind = (w.qtype, w.packed is None)
-        todo = {u for u in uses if (u,) + kind not in seen}
-        if not todo:
-            continue
-        seen |= {(u,) + kind for u in todo}
-        part = w[:min(w.shape[0], R)]                          # same array kinds as the model's: packed views, mapped rows
-        if "matvec" in todo:
-            part.matvec(np.zeros(w.shape[1], np.float32))
-        if "matmul" in todo:
-            part.matmul(np.zeros((2, w.shape[1]), np.float32))
-        if "lookup" in todo:
-            part[np.zeros(1, np.int64)]
-    return time.perf_counter() - t0
+        uses = ["matvec"] + (["matmul"] if name.startswith("blk.") else []) + (["lookup"] if "embd" in name else [])
+        layout = "packed" if w.packed is not None else "blocks"
+        for use in uses:
+            key = (use, w.qtype, layout)
+            if key in seen:
+                continue
+            seen.add(key)
+            part = w[:min(w.shape[0], R)]                  # same array kinds as the model's: packed views, mapped rows
+            call = {"matvec": lambda p=part: p.matvec(np.zeros(p.shape[1], np.float32)),
+                    "matmul": lambda p=part: p.matmul(np.zeros((2, p.shape[1]), np.float32)),
+                    "lookup": lambda p=part: p[np.zeros(1, np.int64)]}[use]
+            # the one-token products go with the decode step, which calls them; the tiled ones alone
+            steps.append(Step(f"{use} {w.qtype.name} {layout}", call, "one-token" if use != "matmul" else "prompt",
+                              {"matvec": 5.0, "matmul": 7.0, "lookup": 0.5}[use]))
+    return steps
 
 
 def compile_decode(model) -> float:
@@ -60,52 +124,165 @@ def compile_decode(model) -> float:
     return time.perf_counter() - t0
 
 
-def compile_prompt(model) -> float:
+def _prompt_steps(model) -> list:
     """The compiled calls a prompt makes besides the products (ops/fastmath.py: the softmax, the
-    FFN's activation and gated product, RMSNorm and RoPE in float32; the cached attention of
-    model/decode_kernels.py), on a few values: loaded here, not in the first timed prefill, and
-    before release_code(). -> seconds taken."""
+    FFN's activation and gated product, RMSNorm and RoPE in float32, serial and parallel; the q/k
+    pass of model/attention.py's unhooked path; the cached attention of model/decode_kernels.py),
+    on a few values: loaded here, not in the first timed prefill, and before release_code().
+    Only in float32 arithmetic on float32 weights (the path those kernels serve)."""
     from ..model.decode_kernels import attend_rows
     from ..model.ffn import FFN_KINDS, _glu_halves
+    from ..ops import fastmath
     from ..ops.activations import ACTIVATIONS
     from ..ops.norms import rmsnorm_forward
     from ..ops.rope import rope_forward
     from ..ops.softmax import softmax_forward
-    t0 = time.perf_counter()
-    if model.arith.name == "f32" and model.params["token_embd.weight"].dtype == np.float32:
-        z = np.zeros((1, 8), np.float32)
+    if not (model.arith.name == "f32" and model.params["token_embd.weight"].dtype == np.float32):
+        return []
+    act = FFN_KINDS[model.config.ffn].act
+    glu = act in ("silu", "gelu_tanh")
+    z, x = np.zeros((1, 8), np.float32), np.zeros((2, 16), np.float32)
+
+    def rows():
         softmax_forward(z)
-        act = FFN_KINDS[model.config.ffn].act
         ACTIVATIONS[act].forward(np.zeros(8, np.float32))
-        if act in ("silu", "gelu_tanh"):
-            _glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
         rmsnorm_forward(z, np.ones(8, np.float32), 1e-6)
         rmsnorm_forward(z, None, 1e-6)
-        q = np.zeros((1, 1, 1, 32), np.float32)                 # attend_rows: head widths a multiple of 16
+        fastmath._rms_norm_parallel(x, np.ones(16, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
+        fastmath._rms_norm_parallel(x, np.zeros(0, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
+
+    def rope():
+        q = np.zeros((1, 1, 1, 32), np.float32)
         rope_forward(q, np.ones((1, 16), np.float32), np.zeros((1, 16), np.float32), model.config.rope_pairing)
+        q = np.zeros((1, 2, 1, 32), np.float32)
+        fastmath._rope_parallel(q, np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32), False, q.copy())
+
+    def attention():                                   # attend_rows: head widths a multiple of 16
+        q = np.zeros((1, 1, 1, 32), np.float32)
         attend_rows(q, np.zeros((1, 1, 2, 32), np.float32), np.zeros((1, 1, 2, 32), np.float32), 0, 0,
                     np.float32(1.0), np.empty_like(q), HAS_AVX512)
-        _warm_parallel_rows(act)
-    return time.perf_counter() - t0
 
-
-def _warm_parallel_rows(act):
-    """the parallel variants of the row kernels above (a prompt of more than a few rows takes them),
-    and the q/k pass of model/attention.py's unhooked path (fastmath.qk_rows), both variants"""
-    from ..ops import fastmath
-    x = np.zeros((2, 16), np.float32)
-    fastmath._rms_norm_parallel(x, np.ones(16, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
-    fastmath._rms_norm_parallel(x, np.zeros(0, np.float32), np.float32(1e-6), x.copy(), x.copy(), np.zeros(2, np.float32))
-    q = np.zeros((1, 2, 1, 32), np.float32)
-    fastmath._rope_parallel(q, np.ones((2, 16), np.float32), np.zeros((2, 16), np.float32), False, q.copy())
-    for a in (np.zeros((2, 1, 16), np.float32), np.zeros((2, 1, 32), np.float32)[:, :, :16]):   # C, and a slice
-        for kernel in (fastmath._qk_serial, fastmath._qk_parallel):
+    def qk(kernel):                                    # both variants: C-contiguous rows, and a slice
+        for a in (np.zeros((2, 1, 16), np.float32), np.zeros((2, 1, 32), np.float32)[:, :, :16]):
             for w in (np.ones(16, np.float32), np.zeros(0, np.float32)):
                 kernel(a, w, np.float32(1e-6), w.shape[0] > 0, np.ones((2, 8), np.float32), np.zeros((2, 8), np.float32),
                        False, np.float32(1.0), False, np.zeros((2, 1, 16), np.float32), 2)
-    if act in ("silu", "gelu_tanh"):
+
+    def gated():
+        _glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
         fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
                                np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
+
+    steps = [Step("prompt rows", rows, "rows", 6.0), Step("prompt rope", rope, "rows", 3.0),
+             Step("prompt attention", attention, "attention", 14.0),
+             Step("prompt q/k serial", lambda: qk(fastmath._qk_serial), "qk", 3.0),
+             Step("prompt q/k parallel", lambda: qk(fastmath._qk_parallel), "qk", 3.0)]
+    return steps + ([Step("prompt gated product", gated, "rows", 2.0)] if glu else [])
+
+
+# --- the first load on a machine: workers compile, the stamp remembers -----------------------------
+def stamp_path(model, arith, steps):
+    """The file that says the model's `steps` compiled here: in numba's cache folder, named by what
+    the cache depends on (this CPU, numba, ffnlab's sources) and by the steps and weight kinds.
+    None where there is no writable cache folder."""
+    import llvmlite.binding as llvm
+    import numba
+    folder = numba.config.CACHE_DIR or os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    if not os.access(folder if os.path.isdir(folder) else os.path.dirname(folder), os.W_OK):
+        return None
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources = sorted((os.path.relpath(os.path.join(d, f), package), os.stat(os.path.join(d, f)).st_mtime_ns)
+                     for d, _, files in os.walk(package) for f in files if f.endswith(".py"))
+    key = repr((llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), numba.__version__, sources,
+                arith, [s.name for s in steps], _model_kinds(model)))
+    return os.path.join(folder, f"ffnlab-warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+
+
+def _model_kinds(model):
+    """The weight types and shapes (what decides which kernels compile), not the file's path:
+    another copy of the same model needs no new compile."""
+    return sorted((n, str(getattr(w, "qtype", getattr(w, "dtype", ""))), tuple(w.shape)) for n, w in model.params.items()
+                  if hasattr(w, "shape"))
+
+
+def _write_stamp(stamp):
+    try:
+        os.makedirs(os.path.dirname(stamp), exist_ok=True)
+        with open(stamp, "w") as f:
+            f.write("compiled\n")
+    except OSError:                                    # a read-only cache: the next load checks again
+        pass
+
+
+def _split(steps, n):
+    """Groups of steps -> n lists of step indices with about equal cost (longest group first)."""
+    groups = {}
+    for i, s in enumerate(steps):
+        groups.setdefault(s.group, []).append(i)
+    bins = [[] for _ in range(n)]
+    load = [0.0] * n
+    for g in sorted(groups.values(), key=lambda ix: -sum(steps[i].cost for i in ix)):
+        k = load.index(min(load))
+        bins[k] += g
+        load[k] += sum(steps[i].cost for i in g)
+    return [sorted(b) for b in bins if b]
+
+
+def _compile_in_workers(path, arith, steps, n_workers, bar):
+    """Run the steps in n_workers processes (each: load the model without its warm-up, run its share,
+    print 'done NAME' per step); bar advances as they report. A worker that fails costs nothing but
+    time: this process runs every step afterwards and compiles whatever is still missing."""
+    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "ffnlab.quant.warmup", "--worker", path, arith,
+                               ",".join(map(str, share))], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+             for share in _split(steps, n_workers)]
+    live = {p.stdout.fileno(): p for p in procs}
+    cost, done = {s.name: s.cost for s in steps}, 0
+    while live:
+        ready, _, _ = select.select(list(live), [], [])
+        for fd in ready:
+            line = live[fd].stdout.readline()
+            if not line:
+                live.pop(fd).wait()
+            elif line.startswith(b"done "):
+                done += 1
+                bar.update(cost.get(line[5:].decode(errors="replace").strip(), 0.0), f"{done}/{len(steps)}")
+
+
+def _worker(path, arith, indices):
+    """One worker's share: the model's steps at these indices, reported as they finish."""
+    from ..formats.gguf import load_gguf            # here: formats/gguf.py imports this module
+    model = load_gguf(path, arith=arith, warm=False)
+    steps = warm_up_steps(model)
+    with np.errstate(all="ignore"):
+        for i in indices:
+            steps[i].run()
+            print(f"done {steps[i].name}", flush=True)
+
+
+def main(argv=None):
+    """python -m ffnlab.quant.warmup [MODEL ...]: load each installed model (default smollm2), which
+    compiles its kernels for this CPU once, with the progress line."""
+    import argparse
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        _worker(argv[1], argv[2], [int(i) for i in argv[3].split(",") if i])
+        return 0
+    p = argparse.ArgumentParser(prog="python -m ffnlab.quant.warmup", description=main.__doc__.splitlines()[0])
+    p.add_argument("models", nargs="*", default=["smollm2"], help="installed model names or GGUF paths")
+    p.add_argument("--arith", choices=("f32", "ggml"), default="f32", help="the arithmetic to compile for")
+    args = p.parse_args(argv)
+    from ..errors import FfnlabError
+    from ..formats.installed import resolve_model
+    from ..formats.load import load
+    for name in args.models:
+        try:
+            m = load(resolve_model(name), arith=args.arith)
+        except FfnlabError as e:
+            print(f"ffnlab warm-up: error: {e}", file=sys.stderr)
+            return 1
+        print(f"ffnlab warm-up: {name}: kernels ready ({m.compile_seconds:.1f} s)", file=sys.stderr)
+    return 0
 
 
 def _kind(value):
@@ -116,3 +293,7 @@ def _kind(value):
         return (type(value).__name__,) + tuple(_kind(getattr(value, f.name)) for f in dataclasses.fields(value))
     return (type(value).__name__, getattr(value, "shape", None), str(getattr(value, "dtype", "")),
             getattr(value, "qtype", None), getattr(value, "packed", None) is None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
