@@ -2,6 +2,7 @@
 
     bar = Progress(total, "calibrating")    # total 0: unknown yet (set bar.total later)
     bar.update(n, note)                     # n more done; note: shown after the counts (PPL 12.3)
+    bar.write(text)                         # a line of its own, printed above the bar
     bar.close()                             # -> seconds since the bar was made
 
 Shown only where someone watches: stderr a terminal, not quieted (cli/main.py calls quiet() under
@@ -58,8 +59,17 @@ class Progress:
         self.n += n
         if self.enabled:
             if note:
-                self._bar.set_postfix_str(note, refresh=False)
-            self._bar.update(n)
+                self._bar.set_postfix_str(note, refresh=not n)      # a new note alone: draw it now
+            if n:
+                self._bar.update(n)
+
+    def write(self, text):
+        """A line of its own (an eval's losses): above the bar when it shows, plain otherwise."""
+        if self.enabled:
+            self._bar.write(text, file=self.stream)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
 
     def close(self):
         self._bar.close()

@@ -63,6 +63,8 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
+        from ..progress import quiet
+        quiet(getattr(args, "json", False))        # machine-readable output: no progress lines
         if "threads" in args:                      # -t/--threads: one setting for BLAS and numba
             from ..threads import set_threads
             set_threads(args.threads)

@@ -38,7 +38,7 @@ from .simd import HAS_AVX512
 from .tensor import QuantTensor
 
 LABEL = "compiling kernels for this CPU, once"
-FMT = "{desc}{postfix}, ~{remaining} left"     # the bar counts estimated seconds of compile, the note steps
+FMT = "{desc}{postfix}"         # "compiling kernels for this CPU, once, 3/11, ~40 s left"
 
 
 @dataclasses.dataclass
@@ -61,17 +61,27 @@ def warm_up(model, path=None, arith="f32", progress=None) -> float:
     work = sum(s.cost for s in steps)
     if stamp and not os.path.exists(stamp) and n_workers > 1:
         bar = Progress(work, LABEL, enabled=progress, fmt=FMT)
+        bar.update(0, _note(0, len(steps), 0.0, work, 0.0, n_workers))
         _compile_in_workers(path, arith, steps, n_workers, bar)
         bar.close()
     bar = Progress(work, LABEL, enabled=progress, delay=1.0, fmt=FMT)   # shown only if this compiles
+    t1, done = time.perf_counter(), 0.0
     with np.errstate(all="ignore"):                                    # zeros and a model's real rows:
         for i, s in enumerate(steps):                                  # what comes out is thrown away
             s.run()
-            bar.update(s.cost, f"{i + 1}/{len(steps)}")
+            done += s.cost
+            bar.update(s.cost, _note(i + 1, len(steps), done, work, time.perf_counter() - t1, 1))
     bar.close()
     if stamp:
         _write_stamp(stamp)
     return time.perf_counter() - t0
+
+
+def _note(n_done, n_steps, done, work, elapsed, n_workers) -> str:
+    """'3/11, ~40 s left': the time left from the pace so far, measured in the steps' costs; before
+    any step has finished, from the costs alone (seconds on the 2-core Xeon, shared by the workers)."""
+    left = work / n_workers if not done else elapsed * (work - done) / done
+    return f"{n_done}/{n_steps}, ~{left:.0f} s left"
 
 
 def warm_up_steps(model) -> list:
@@ -237,7 +247,7 @@ def _compile_in_workers(path, arith, steps, n_workers, bar):
                                ",".join(map(str, share))], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
              for share in _split(steps, n_workers)]
     live = {p.stdout.fileno(): p for p in procs}
-    cost, done = {s.name: s.cost for s in steps}, 0
+    cost, n_done, done, t0 = {s.name: s.cost for s in steps}, 0, 0.0, time.perf_counter()
     while live:
         ready, _, _ = select.select(list(live), [], [])
         for fd in ready:
@@ -245,8 +255,9 @@ def _compile_in_workers(path, arith, steps, n_workers, bar):
             if not line:
                 live.pop(fd).wait()
             elif line.startswith(b"done "):
-                done += 1
-                bar.update(cost.get(line[5:].decode(errors="replace").strip(), 0.0), f"{done}/{len(steps)}")
+                c = cost.get(line[5:].decode(errors="replace").strip(), 0.0)
+                n_done, done = n_done + 1, done + c
+                bar.update(c, _note(n_done, len(steps), done, sum(cost.values()), time.perf_counter() - t0, 1))
 
 
 def _worker(path, arith, indices):
