@@ -437,8 +437,8 @@ def vocab_cases(tmp):
     so a refused case would otherwise run: the check must come from the loader, not the prompt."""
     cases = gguf_vocab_cases(tmp)
     for rows in (200, 300):
-        cases.append(run_case(f"hf-llama-{rows}-rows-256-tokens", hf_dir(tmp / f"vocab-hf-{rows}", vocab=rows) and
-                              tmp / f"vocab-hf-{rows}"))
+        hf_dir(tmp / f"vocab-hf-{rows}", vocab=rows)
+        cases.append(run_case(f"hf-llama-{rows}-rows-256-tokens", tmp / f"vocab-hf-{rows}"))
         cases.append(run_case(f"hf-gpt2-{rows}-rows-256-tokens", hf_gpt2_dir(tmp / f"vocab-gpt2-{rows}", rows)))
         cases.append(run_case(f"ckpt-{rows}-rows-256-tokens", checkpoint_dir(tmp / f"vocab-ckpt-{rows}", rows)))
     d = tmp / "vocab-hf-added"                               # 256 rows, one added token with id 1000

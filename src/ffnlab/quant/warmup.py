@@ -8,8 +8,8 @@ keeps that cost out of the first timed product and lets the load line report it.
     warm_up(model, path, arith)   # at load (formats/gguf.py): every step below, once -> seconds
 
 The work is a list of steps (warm_up_steps): the products per weight type, one decode step, the
-prompt's row kernels. The first load on a machine compiles them all: about a minute of one core
-for SmolLM2 on a 2-core Xeon (2026-12-01, 45adc48). That load shows one progress line on stderr
+prompt's row kernels. The first load on a machine compiles them all: 63 s of one core for SmolLM2
+on an Intel Xeon with AVX-512, 2 cores (2026-12-01, measured on 33c6ed9's kernels). That load shows one progress line on stderr
 ("compiling kernels for this CPU, once: 5/14, ~25 s left") and splits the steps over worker
 processes, one per core (python -m ffnlab.quant.warmup --worker), which compile them and write
 the cache side by side; this process then loads every kernel from the cache. A stamp beside the
@@ -46,8 +46,9 @@ class Step:
     name: str          # what it compiles, for the progress line and the worker's command line
     run: Callable      # () -> None: the calls that compile or load the step's kernels
     group: str         # steps of one group share kernels (a decode step calls the one-token products):
-    cost: float        # a worker takes a group whole; cost: seconds to compile it cold on the Xeon
-                       # above, for balancing the workers and for the first estimate of the time left
+    cost: float        # a worker takes a group whole; cost: CPU seconds to compile it cold (SmolLM2
+                       # on the Xeon above: 63 s in all, the tiled product 18 s, the prompt's
+                       # attention 17 s), for balancing the workers and the first estimate of the time left
 
 
 def warm_up(model, path=None, arith="f32", progress=None) -> float:
@@ -86,7 +87,7 @@ def _note(n_done, n_steps, done, work, elapsed, n_workers) -> str:
 
 def warm_up_steps(model) -> list:
     """-> [Step] for model: its weight types' products, one decode step, the prompt's row kernels."""
-    return _product_steps(model.params) + [Step("decode step", lambda: compile_decode(model), "one-token", 7.0)] + \
+    return _product_steps(model.params) + [Step("decode step", lambda: compile_decode(model), "one-token", 4.0)] + \
         _prompt_steps(model)
 
 
@@ -111,7 +112,7 @@ def _product_steps(params) -> list:
                     "lookup": lambda p=part: p[np.zeros(1, np.int64)]}[use]
             # the one-token products go with the decode step, which calls them; the tiled ones alone
             steps.append(Step(f"{use} {w.qtype.name} {layout}", call, "one-token" if use != "matmul" else "prompt",
-                              {"matvec": 5.0, "matmul": 7.0, "lookup": 0.5}[use]))
+                              {"matvec": 6.0, "matmul": 18.0, "lookup": 0.2}[use]))
     return steps
 
 
@@ -183,17 +184,17 @@ def _prompt_steps(model) -> list:
         fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
                                np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
 
-    steps = [Step("prompt rows", rows, "rows", 6.0), Step("prompt rope", rope, "rows", 3.0),
-             Step("prompt attention", attention, "attention", 14.0),
-             Step("prompt q/k serial", lambda: qk(fastmath._qk_serial), "qk", 3.0),
-             Step("prompt q/k parallel", lambda: qk(fastmath._qk_parallel), "qk", 3.0)]
-    return steps + ([Step("prompt gated product", gated, "rows", 2.0)] if glu else [])
+    steps = [Step("prompt rows", rows, "rows", 1.5), Step("prompt rope", rope, "rows", 1.8),
+             Step("prompt attention", attention, "attention", 17.0),
+             Step("prompt q/k serial", lambda: qk(fastmath._qk_serial), "qk", 1.7),
+             Step("prompt q/k parallel", lambda: qk(fastmath._qk_parallel), "qk", 3.6)]
+    return steps + ([Step("prompt gated product", gated, "rows", 1.1)] if glu else [])
 
 
 # --- the first load on a machine: workers compile, the stamp remembers -----------------------------
 def stamp_path(model, arith, steps):
     """The file that says the model's `steps` compiled here: in numba's cache folder, named by what
-    the cache depends on (this CPU, numba, ffnlab's sources) and by the steps and weight kinds.
+    the cache depends on (this CPU, numba, ffnlab's sources) and by the steps and the model's kind.
     None where there is no writable cache folder."""
     import llvmlite.binding as llvm
     import numba
@@ -209,10 +210,11 @@ def stamp_path(model, arith, steps):
 
 
 def _model_kinds(model):
-    """The weight types and shapes (what decides which kernels compile), not the file's path:
-    another copy of the same model needs no new compile."""
-    return sorted((n, str(getattr(w, "qtype", getattr(w, "dtype", ""))), tuple(w.shape)) for n, w in model.params.items()
-                  if hasattr(w, "shape"))
+    """What of the model picks kernels besides the weight types (in the steps' names): the config's
+    choices (norm, FFN kind, positions, ...), not its sizes, which numba's signatures do not hold,
+    so that models of one family and types share a stamp."""
+    cfg = dataclasses.asdict(model.config)
+    return sorted((k, v) for k, v in cfg.items() if isinstance(v, (bool, str)) and k != "name")
 
 
 def _write_stamp(stamp):
