@@ -54,8 +54,10 @@ def rewrite_gguf(src, dst, kv=None, drop_keys=()):
     for k, (v, t, sub) in (kv or {}).items():
         w.add_key_value(k, v, t, sub_type=sub)                # general.architecture: overwritten
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed([int(n) for n in t.shape])),
-                     raw_dtype=t.tensor_type)
+        data = np.array(t.data)
+        # quantized blocks arrive as bytes [rows, bytes per row]: the writer derives their shape
+        shape = None if data.dtype == np.uint8 else tuple(reversed([int(n) for n in t.shape]))
+        w.add_tensor(t.name, data, raw_shape=shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

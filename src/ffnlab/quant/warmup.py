@@ -10,8 +10,8 @@ keeps that cost out of the first timed product and lets the load line report it.
 The work is a list of steps (warm_up_steps): the products per weight type, one decode step, the
 prompt's row kernels. The first load on a machine compiles them all: 63 s of one core for SmolLM2
 on an Intel Xeon with AVX-512, 2 cores (2026-12-01, measured on 33c6ed9's kernels). That load shows one progress line on stderr
-("compiling kernels for this CPU, once: 5/14, ~25 s left") and splits the steps over worker
-processes, one per core (python -m ffnlab.quant.warmup --worker), which compile them and write
+("compiling kernels for this CPU, once, 5/11, ~25 s left") and splits the steps over worker
+processes, one per core and one more (python -m ffnlab.quant.warmup --worker), which compile them and write
 the cache side by side; this process then loads every kernel from the cache. A stamp beside the
 cache (stamp_path) records that this file's steps were compiled for these sources on this CPU,
 so a later load runs the steps in-process only, reading the cache (~0.1 s). Without the stamp, or
@@ -58,7 +58,12 @@ def warm_up(model, path=None, arith="f32", progress=None) -> float:
     t0 = time.perf_counter()
     steps = warm_up_steps(model)
     stamp = stamp_path(model, arith, steps) if path else None
-    n_workers = min(available_cores(), len({s.group for s in steps}))
+    # a worker per group up to one more than the cores: LLVM's memory while it compiles grows with
+    # the kernels one process compiles (one worker with the one-token and the tiled products
+    # peaked at 456 MB, against 232 MB for a warm run), and a third process on two cores costs
+    # nothing in time, the compile being all CPU
+    cores = available_cores()
+    n_workers = min(cores + 1, len({s.group for s in steps})) if cores > 1 else 0
     work = sum(s.cost for s in steps)
     if stamp and not os.path.exists(stamp) and n_workers > 1:
         bar = Progress(work, LABEL, enabled=progress, fmt=FMT)
