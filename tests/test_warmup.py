@@ -89,7 +89,7 @@ def test_split_keeps_each_group_whole_and_balances_the_cost():
     assert sorted(i for s in shares for i in s) == [0, 1, 2, 3, 4]            # every step, once
     assert any({0, 1} <= set(s) for s in shares)                              # a group is never split
     cost = sorted(sum(steps[i].cost for i in s) for s in shares)
-    assert cost == [14.0, 14.0]                                               # {a, b, e} | {c, d}, longest first
+    assert cost == [13.0, 15.0]                                               # {a, b, e} | {c, d}: the best split
     assert _split(steps, 9) == [[0, 1], [2], [3], [4]]                        # no empty share
 
 
