@@ -46,7 +46,8 @@ def busy_cores(samples=10, interval=0.002, stat="/proc/stat", own="/proc/self/ta
         if i:
             time.sleep(interval)
         try:
-            running = next(int(line.split()[1]) for line in open(stat) if line.startswith("procs_running"))
+            with open(stat) as f:
+                running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
         except (OSError, StopIteration, ValueError, IndexError):   # not Linux, or no such line
             return None
         total += max(0, running - _own_running(own))
