@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 _threads = None          # the number set by set_threads(); None: not set yet
+_default = None          # default_threads() as first measured, for threads() before any set_threads()
 _limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
 _pool = None             # parallel_for()'s worker threads, started on first use
 _blas = None             # threadpoolctl's controller of the BLAS libraries, for blas_single()
@@ -81,9 +82,6 @@ def default_threads() -> int:
     if busy is None:
         return cores
     return max(1, min(cores, cores - int(busy + 0.5)))
-
-
-_default = None          # default_threads() as first measured, for threads() before any set_threads()
 
 
 def set_threads(n=None) -> int:

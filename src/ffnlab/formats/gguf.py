@@ -30,8 +30,8 @@ from .gguf_tokenizer import tokenizer_from_gguf
 # tensors that change the forward in ways ffnlab does not implement: refused, not ignored,
 # because running without them gives plausible but wrong logits
 UNSUPPORTED_TENSORS = {}
-ROPE_FREQS = "rope_freqs.weight"
-VOCAB_TENSORS = ("token_embd.weight", "output.weight")   # [vocab, d_model]: a row per token id       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
+ROPE_FREQS = "rope_freqs.weight"       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
+VOCAB_TENSORS = ("token_embd.weight", "output.weight")   # [vocab, d_model]: a row per token id
 
 
 def _gguf_version():
