@@ -94,9 +94,13 @@ def test_split_keeps_each_group_whole_and_balances_the_cost():
 
 
 def test_the_time_left_comes_from_the_pace_so_far():
-    from ffnlab.quant.warmup import _note
-    assert _note(0, 11, 0.0, 40.0, 0.0, 2) == "0/11, ~20 s left"             # before any step: the costs, shared
-    assert _note(3, 11, 10.0, 40.0, 5.0, 1) == "3/11, ~15 s left"            # 10 of 40 in 5 s: 30 more in 15 s
+    from ffnlab.quant.warmup import Pace, _note
+    assert _note(3, 11, 10.0, 40.0, 5.0) == "3/11, ~15 s left"               # 10 of 40 in 5 s: 30 more in 15 s
+    pace = Pace(2.0)
+    assert pace.seconds_per_cost == 2.0                                      # nothing done: the guess
+    pace.add(4.0, 2.0)
+    pace.add(6.0, 13.0)
+    assert pace.seconds_per_cost == 1.5                                      # 15 s for 10 units of cost
 
 
 @pytest.fixture
@@ -143,8 +147,8 @@ def test_the_workers_run_every_step_and_report_each(tmp_path):
     class Bar:
         notes = []
 
-        def update(self, n, note):
-            self.notes.append(note)
+        def update(self, n, note=""):
+            self.notes.append((n, note))
     _compile_in_workers(path, "f32", steps, 2, Bar())
-    counts = sorted(int(n.split("/")[0]) for n in Bar.notes)               # "3/11, ~15 s left"
-    assert counts == list(range(1, len(steps) + 1))
+    assert sum(n for n, _ in Bar.notes) == pytest.approx(sum(s.cost for s in steps))   # every step's cost, once
+    assert Bar.notes[-1][1].startswith(f"{len(steps)}/{len(steps)}, ~0 s left")

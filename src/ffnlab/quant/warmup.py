@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from ..progress import Progress
-from ..threads import available_cores
+from ..threads import available_cores, busy_cores
 from .packed import R
 from .simd import HAS_AVX512
 from .tensor import QuantTensor
@@ -67,7 +67,6 @@ def warm_up(model, path=None, arith="f32", progress=None) -> float:
     work = sum(s.cost for s in steps)
     if stamp and not os.path.exists(stamp) and n_workers > 1:
         bar = Progress(work, LABEL, enabled=progress, fmt=FMT)
-        bar.update(0, _note(0, len(steps), 0.0, work, 0.0, n_workers))
         _compile_in_workers(path, arith, steps, n_workers, bar)
         bar.close()
     bar = Progress(work, LABEL, enabled=progress, delay=1.0, fmt=FMT)   # shown only if this compiles
@@ -76,18 +75,17 @@ def warm_up(model, path=None, arith="f32", progress=None) -> float:
         for i, s in enumerate(steps):                                  # what comes out is thrown away
             s.run()
             done += s.cost
-            bar.update(s.cost, _note(i + 1, len(steps), done, work, time.perf_counter() - t1, 1))
+            bar.update(s.cost, _note(i + 1, len(steps), done, work, time.perf_counter() - t1))
     bar.close()
     if stamp:
         _write_stamp(stamp)
     return time.perf_counter() - t0
 
 
-def _note(n_done, n_steps, done, work, elapsed, n_workers) -> str:
-    """'3/11, ~40 s left': the time left from the pace so far, measured in the steps' costs; before
-    any step has finished, from the costs alone (seconds on the 2-core Xeon, shared by the workers)."""
-    left = work / n_workers if not done else elapsed * (work - done) / done
-    return f"{n_done}/{n_steps}, ~{left:.0f} s left"
+def _note(n_done, n_steps, done, work, elapsed) -> str:
+    """'3/11, ~15 s left' for steps run one after another: the time left at the pace so far,
+    measured in the steps' costs."""
+    return f"{n_done}/{n_steps}, ~{elapsed * (work - done) / done:.0f} s left"
 
 
 def warm_up_steps(model) -> list:
@@ -247,35 +245,64 @@ def _split(steps, n):
 
 def _compile_in_workers(path, arith, steps, n_workers, bar):
     """Run the steps in n_workers processes (each: load the model without its warm-up, run its share,
-    print 'done NAME' per step); bar advances as they report. A worker that fails costs nothing but
-    time: this process runs every step afterwards and compiles whatever is still missing."""
+    print 'done I SECONDS' per step); bar advances as they report, its time left redrawn every
+    second. A worker that fails costs nothing but time: this process runs every step afterwards
+    and compiles whatever is still missing."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    shares = _split(steps, n_workers)
     procs = [subprocess.Popen([sys.executable, "-m", "ffnlab.quant.warmup", "--worker", path, arith,
                                ",".join(map(str, share))], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-             for share in _split(steps, n_workers)]
-    live = {p.stdout.fileno(): p for p in procs}
-    cost, n_done, done, t0 = {s.name: s.cost for s in steps}, 0, 0.0, time.perf_counter()
+             for share in shares]
+    live = {p.stdout.fileno(): k for k, p in enumerate(procs)}
+    left = [sum(steps[i].cost for i in share) for share in shares]      # each worker's cost still to do
+    last = [time.perf_counter()] * len(procs)                           # its last report
+    pace = Pace(max(1.0, (n_workers + (busy_cores() or 0.0)) / available_cores()))
+    n_done = 0
     while live:
-        ready, _, _ = select.select(list(live), [], [])
+        ready, _, _ = select.select(list(live), [], [], 1.0)
+        now = time.perf_counter()
         for fd in ready:
-            line = live[fd].stdout.readline()
+            k = live[fd]
+            line = procs[k].stdout.readline()
             if not line:
-                live.pop(fd).wait()
+                procs[k].wait()
+                left[k] = 0.0
+                del live[fd]
             elif line.startswith(b"done "):
-                c = cost.get(line[5:].decode(errors="replace").strip(), 0.0)
-                n_done, done = n_done + 1, done + c
-                bar.update(c, _note(n_done, len(steps), done, sum(cost.values()), time.perf_counter() - t0, 1))
+                i, seconds = line.split()[1:3]
+                c = steps[int(i)].cost
+                pace.add(c, float(seconds))
+                left[k], last[k], n_done = max(0.0, left[k] - c), now, n_done + 1
+                bar.update(c)
+        eta = max(max(0.0, r * pace.seconds_per_cost - (now - t)) for r, t in zip(left, last))
+        bar.update(0, f"{n_done}/{len(steps)}, ~{eta:.0f} s left")
+
+
+class Pace:
+    """Seconds of wall time per unit of step cost, from the steps done; before any, a guess: the
+    processes that want a core per core there is (this machine's others included)."""
+
+    def __init__(self, guess):
+        self.cost, self.seconds, self.guess = 0.0, 0.0, guess
+
+    def add(self, cost, seconds):
+        self.cost, self.seconds = self.cost + cost, self.seconds + seconds
+
+    @property
+    def seconds_per_cost(self):
+        return self.seconds / self.cost if self.cost else self.guess
 
 
 def _worker(path, arith, indices):
-    """One worker's share: the model's steps at these indices, reported as they finish."""
+    """One worker's share: the model's steps at these indices, each reported with its seconds."""
     from ..formats.gguf import load_gguf            # here: formats/gguf.py imports this module
     model = load_gguf(path, arith=arith, warm=False)
     steps = warm_up_steps(model)
     with np.errstate(all="ignore"):
         for i in indices:
+            t = time.perf_counter()
             steps[i].run()
-            print(f"done {steps[i].name}", flush=True)
+            print(f"done {i} {time.perf_counter() - t:.3f}", flush=True)
 
 
 def main(argv=None):
