@@ -38,6 +38,7 @@ from .simd import HAS_AVX512
 from .tensor import QuantTensor
 
 LABEL = "compiling kernels for this CPU, once"
+KERNEL_FOLDERS = ("quant", "ops", "model")     # where the warm-up's kernels are written
 FMT = "{desc}{postfix}"         # "compiling kernels for this CPU, once, 3/11, ~40 s left"
 
 
@@ -204,9 +205,12 @@ def stamp_path(model, arith, steps):
     folder = numba.config.CACHE_DIR or os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
     if not os.access(folder if os.path.isdir(folder) else os.path.dirname(folder), os.W_OK):
         return None
+    # the folders of the kernels (numba invalidates a file's cache when it changes): an edit
+    # elsewhere needs no workers; a stale stamp costs only an in-process compile, with its line
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sources = sorted((os.path.relpath(os.path.join(d, f), package), os.stat(os.path.join(d, f)).st_mtime_ns)
-                     for d, _, files in os.walk(package) for f in files if f.endswith(".py"))
+                     for folder in KERNEL_FOLDERS for d, _, files in os.walk(os.path.join(package, folder))
+                     for f in files if f.endswith(".py"))
     key = repr((llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten(), numba.__version__, sources,
                 arith, [s.name for s in steps], _model_kinds(model)))
     return os.path.join(folder, f"ffnlab-warm-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
@@ -306,8 +310,10 @@ def _worker(path, arith, indices):
 
 
 def main(argv=None):
-    """python -m ffnlab.quant.warmup [MODEL ...]: load each installed model (default smollm2), which
-    compiles its kernels for this CPU once, with the progress line."""
+    """Compile the kernels of installed models for this CPU, once (what scripts/install.sh runs).
+
+    python -m ffnlab.quant.warmup [MODEL ...]: load each model (default smollm2), which compiles
+    its kernels with the progress line, or only reads numba's cache when they are there."""
     import argparse
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
