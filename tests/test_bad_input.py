@@ -347,3 +347,74 @@ def test_model_config_checks_every_field_type_and_range(kw, msg):
     from ffnlab.config import ConfigError, ModelConfig
     with pytest.raises(ConfigError, match=msg.replace("(", r"\(")):
         ModelConfig(**kw)
+
+
+def test_gguf_file_type_as_a_string_is_one_line(tmp_path, capsys):
+    """general.file_type "Q4" (the spec: a uint32) was int('Q4')'s traceback, after the kernels had compiled"""
+    import gguf
+    path = rewrite_gguf(tiny_gguf(tmp_path / "a.gguf"), tmp_path / "b.gguf",
+                        {"general.file_type": ("Q4", gguf.GGUFValueType.STRING, None)})
+    line = one_error_line(capsys, "-m", path, "-p", "hi", "-n", "2")
+    assert "general.file_type" in line and "must be an integer" in line and "'Q4'" in line
+
+
+def _kernels_dispatched(monkeypatch):
+    """-> the list that records the module of every numba kernel compiled or loaded from now on"""
+    from numba.core import dispatcher
+    seen, original = [], dispatcher.Dispatcher._compile_for_args
+
+    def record(self, *args, **kws):
+        seen.append(self.py_func.__module__)
+        return original(self, *args, **kws)
+    monkeypatch.setattr(dispatcher.Dispatcher, "_compile_for_args", record)
+    return seen
+
+
+@pytest.mark.parametrize("damage", ["tokenizer-merges", "file-type-string", "tokens-past-the-rows"])
+def test_a_damaged_quantized_gguf_is_refused_before_any_kernel(tmp_path, monkeypatch, damage):
+    """Every matrix Q4_1: each check of the file's contents comes before its packing and its kernels,
+    which on a machine without numba's cache take a minute to compile. The readers' own kernel
+    (formats/gguf_arrays.py: the spans of a string array) is the only one a refusal may load."""
+    import gguf
+    from test_quant_model import quant_model
+
+    from ffnlab.errors import ModelFileError
+    T = gguf.GGUFValueType
+    base = quant_model(tmp_path, "Q4_1")
+    tokens = gguf.GGUFReader(base).fields["tokenizer.ggml.tokens"].contents()
+    kv = {"tokenizer-merges": {"tokenizer.ggml.merges": (["a b"], T.ARRAY, T.STRING)},
+          "file-type-string": {"general.file_type": ("Q4", T.STRING, None)},
+          "tokens-past-the-rows": {"tokenizer.ggml.tokens": (tokens + ["<x>"], T.ARRAY, T.STRING),
+                                   "tokenizer.ggml.token_type": ([1] * (len(tokens) + 1), T.ARRAY, T.INT32)}}[damage]
+    path = rewrite_gguf(base, tmp_path / "damaged.gguf", kv)
+    seen = _kernels_dispatched(monkeypatch)
+    with pytest.raises(ModelFileError):
+        ffnlab_load(path)
+    assert [m for m in seen if not m.startswith("ffnlab.formats.")] == []
+
+
+def ffnlab_load(path):
+    import ffnlab
+    return ffnlab.load(path, progress=False)
+
+
+@pytest.mark.parametrize("fmt", ["hf", "checkpoint"])
+def test_tokenizer_ids_past_the_embedding_are_refused_at_load(tmp_path, capsys, fmt):
+    """200 embedding rows, a byte tokenizer of 256 tokens: 'hi' would run (ids < 200) and a later
+    byte past 199 would index out of the table; refused at load instead, naming the tokenizer file,
+    its size and the rows (transformers warns, llama.cpp refuses)."""
+    from fuzz_cases import checkpoint_dir
+    d = tmp_path / "m"
+    if fmt == "hf":
+        hf_dir(d, vocab=200)
+    else:
+        checkpoint_dir(d, vocab=200)
+    line = one_error_line(capsys, "-m", str(d), "-p", "hi", "-n", "2")
+    assert f"{d}/tokenizer.json: the tokenizer has 256 tokens" in line and "has 200 rows" in line
+
+
+def test_more_embedding_rows_than_tokens_still_loads(tmp_path):
+    """Real models pad the table (Qwen2: 151,936 rows for 151,665 tokens): not an error"""
+    hf_dir(tmp_path / "m", vocab=300)
+    m = ffnlab_load(str(tmp_path / "m"))
+    assert m.params["token_embd.weight"].shape[0] == 300 and m.tokenizer.vocab_size == 256

@@ -52,12 +52,56 @@ def test_numba_uses_the_same_number_whether_imported_before_or_after(numba_first
     assert out.split() == ["1"]
 
 
-@pytest.mark.parametrize("load,expected", [(0.0, 2), (0.4, 2), (0.6, 1), (1.0, 1), (7.5, 1)])
-def test_default_leaves_the_cores_other_processes_use(monkeypatch, load, expected):
+@pytest.mark.parametrize("busy,expected", [(0.0, 2), (0.4, 2), (0.6, 1), (1.0, 1), (7.5, 1), (None, 2)])
+def test_default_leaves_the_cores_other_processes_use_now(monkeypatch, busy, expected):
+    """None: no /proc (not Linux): every core, as llama.cpp's default."""
     monkeypatch.setattr(T, "available_cores", lambda: 2)
-    monkeypatch.setattr(T.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(T, "busy_cores", lambda: busy)
     assert T.default_threads() == expected
     assert T.set_threads(0) == expected and T.set_threads(-1) == expected
+
+
+def fake_proc(tmp_path, running, own_states):
+    """A /proc/stat with procs_running = running and a /proc/self/task of threads in own_states"""
+    stat = tmp_path / "stat"
+    stat.write_text(f"cpu  1 2 3 4\nctxt 99\nprocs_running {running}\nprocs_blocked 0\n")
+    for i, state in enumerate(own_states):
+        (tmp_path / "task" / str(i)).mkdir(parents=True)
+        (tmp_path / "task" / str(i) / "stat").write_text(f"{i} (py thon) {state} 1 2 3\n")
+    return str(stat), str(tmp_path / "task")
+
+
+@pytest.mark.parametrize("running,own,expected", [(1, "R", 0.0), (3, "R", 2.0), (3, "RRS", 1.0), (1, "S", 0.0)])
+def test_busy_cores_counts_runnable_threads_other_than_ours(tmp_path, running, own, expected):
+    """procs_running counts this process's runnable threads too (the reader at least: a process
+    whose threads all read S is counted as one)."""
+    stat, task = fake_proc(tmp_path, running, own)
+    assert T.busy_cores(samples=3, interval=0, stat=stat, own=task) == expected
+
+
+def test_busy_cores_without_proc_is_none(tmp_path):
+    assert T.busy_cores(samples=1, stat=str(tmp_path / "none"), own=str(tmp_path)) is None
+
+
+def test_a_competing_process_counts_as_a_busy_core():
+    """A lower bound only: the machine may be running other work too."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        import time
+        time.sleep(0.3)                                       # let it get its core
+        assert T.busy_cores() >= 0.8
+    finally:
+        burner.kill()
+        burner.wait()
+
+
+def test_threads_before_any_setting_measures_the_default_once(monkeypatch):
+    """threads() is asked on every product: a 20 ms measurement each time would cost more than they do."""
+    calls = []
+    monkeypatch.setattr(T, "default_threads", lambda: calls.append(1) or 2)
+    monkeypatch.setattr(T, "_threads", None)
+    monkeypatch.setattr(T, "_default", None)
+    assert [T.threads() for _ in range(3)] == [2, 2, 2] and len(calls) == 1
 
 
 def test_every_command_that_computes_has_t():

@@ -79,3 +79,76 @@ def test_llvm_code_is_released_after_load_and_comes_back(tmp_path):
     assert after_compile > after_load                                   # faulted back in to compile
     m = ffnlab.load(path, progress=False)
     assert out[3].strip() == str(m.generate(list(range(2, 12)), n_predict=4, temp=0).ids)
+
+
+def test_split_keeps_each_group_whole_and_balances_the_cost():
+    from ffnlab.quant.warmup import Step, _split
+    steps = [Step("a", None, "one-token", 5.0), Step("b", None, "one-token", 5.0), Step("c", None, "prompt", 9.0),
+             Step("d", None, "attention", 6.0), Step("e", None, "rows", 3.0)]
+    shares = _split(steps, 2)
+    assert sorted(i for s in shares for i in s) == [0, 1, 2, 3, 4]            # every step, once
+    assert any({0, 1} <= set(s) for s in shares)                              # a group is never split
+    cost = sorted(sum(steps[i].cost for i in s) for s in shares)
+    assert cost == [13.0, 15.0]                                               # {a, b, e} | {c, d}: the best split
+    assert _split(steps, 9) == [[0, 1], [2], [3], [4]]                        # no empty share
+
+
+def test_the_time_left_comes_from_the_pace_so_far():
+    from ffnlab.quant.warmup import Pace, _note
+    assert _note(3, 11, 10.0, 40.0, 5.0) == "3/11, ~15 s left"               # 10 of 40 in 5 s: 30 more in 15 s
+    pace = Pace(2.0)
+    assert pace.seconds_per_cost == 2.0                                      # nothing done: the guess
+    pace.add(4.0, 2.0)
+    pace.add(6.0, 13.0)
+    assert pace.seconds_per_cost == 1.5                                      # 15 s for 10 units of cost
+
+
+@pytest.fixture
+def stamp(tmp_path, monkeypatch):
+    from ffnlab.quant import warmup
+    path = tmp_path / "stamp"
+    monkeypatch.setattr(warmup, "stamp_path", lambda model, arith, steps: str(path))
+    return path
+
+
+def test_a_first_load_compiles_in_workers_and_stamps_and_the_next_reads_the_cache(tmp_path, monkeypatch, stamp):
+    """No stamp: workers (one per core and one more: 3 for 2 cores) run the steps; then the stamp is
+    written, and the next load runs the steps in this process only."""
+    from ffnlab.quant import warmup
+    from test_quant_model import quant_model
+    calls = []
+    monkeypatch.setattr(warmup, "available_cores", lambda: 2)
+    monkeypatch.setattr(warmup, "_compile_in_workers", lambda path, arith, steps, n, bar: calls.append((path, n)))
+    path = quant_model(tmp_path, "Q4_1")
+    ffnlab.load(path, progress=False)
+    assert calls == [(path, 3)] and stamp.exists()
+    ffnlab.load(path, progress=False)
+    assert len(calls) == 1
+
+
+def test_one_core_compiles_in_this_process(tmp_path, monkeypatch, stamp):
+    from ffnlab.quant import warmup
+    from test_quant_model import quant_model
+    monkeypatch.setattr(warmup, "available_cores", lambda: 1)
+    monkeypatch.setattr(warmup, "_compile_in_workers", lambda *a: pytest.fail("a worker on one core"))
+    ffnlab.load(quant_model(tmp_path, "Q4_1"), progress=False)
+    assert stamp.exists()
+
+
+def test_the_workers_run_every_step_and_report_each(tmp_path):
+    """The real worker processes (python -m ffnlab.quant.warmup --worker), on this machine's cache:
+    every step of the model is reported done once, whichever worker ran it."""
+    from ffnlab.formats.gguf import load_gguf
+    from ffnlab.quant.warmup import _compile_in_workers, warm_up_steps
+    from test_quant_model import quant_model
+    path = quant_model(tmp_path, "Q4_1")
+    steps = warm_up_steps(load_gguf(path, warm=False))
+
+    class Bar:
+        notes = []
+
+        def update(self, n, note=""):
+            self.notes.append((n, note))
+    _compile_in_workers(path, "f32", steps, 2, Bar())
+    assert sum(n for n, _ in Bar.notes) == pytest.approx(sum(s.cost for s in steps))   # every step's cost, once
+    assert Bar.notes[-1][1].startswith(f"{len(steps)}/{len(steps)}, ~0 s left")

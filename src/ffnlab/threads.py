@@ -2,8 +2,8 @@
 
     set_threads(2)        # every BLAS pool loaded now (OpenBLAS under NumPy, MKL/OpenMP under
                           # torch if loaded), and numba's kernels, now or when numba is imported
-    set_threads(None)     # the default: the cores other processes leave idle (all of them on an
-                          # idle machine, as llama.cpp's -t; fewer on a loaded one)
+    set_threads(None)     # the default: the cores other processes leave idle now (all of them on
+                          # an idle machine, as llama.cpp's -t; fewer beside a busy process)
     threads()             # -> the number set (the default if set_threads was never called)
     report()              # -> {"threads": n, "libraries": {"openblas": 2, "openmp": 2}, "numba": 2 | None}
 
@@ -17,9 +17,11 @@ import itertools
 import os
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 _threads = None          # the number set by set_threads(); None: not set yet
+_default = None          # default_threads() as first measured, for threads() before any set_threads()
 _limiter = None          # threadpoolctl's handle (kept so the limits stay applied)
 _pool = None             # parallel_for()'s worker threads, started on first use
 _blas = None             # threadpoolctl's controller of the BLAS libraries, for blas_single()
@@ -34,18 +36,52 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def default_threads() -> int:
-    """The cores no other process is using: available_cores() minus the 1-minute load average
-    (rounded), at least 1. On an idle machine that is every core (llama.cpp's default); on a
-    loaded one, fewer threads than cores, because a product split across a core another process
-    holds waits for that core's next time slice (bench/RESULTS.md: 2 threads beside one busy
-    process were 5-10x slower than 1 thread on a 2-core machine)."""
-    cores = available_cores()
+def busy_cores(samples=10, interval=0.002, stat="/proc/stat", own="/proc/self/task"):
+    """How many cores other processes keep busy now: the kernel's count of runnable threads
+    (procs_running in /proc/stat) less this process's own runnable threads, averaged over
+    `samples` reads `interval` seconds apart (20 ms in all). A process that ended a moment ago
+    counts for nothing, unlike in the 1-minute load average, which stays near 1.0-1.6 on an idle
+    2-core machine for a minute after an ffnlab or llama.cpp run. -> cores, or None without /proc."""
+    total = 0
+    for i in range(samples):
+        if i:
+            time.sleep(interval)
+        try:
+            with open(stat) as f:
+                running = next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+        except (OSError, StopIteration, ValueError, IndexError):   # not Linux, or no such line
+            return None
+        total += max(0, running - _own_running(own))
+    return total / samples
+
+
+def _own_running(own) -> int:
+    """This process's threads in state R (the one reading, at least; BLAS threads still spinning)."""
+    n = 0
     try:
-        busy = int(os.getloadavg()[0] + 0.5)
-    except OSError:                              # no load average on this platform
-        busy = 0
-    return max(1, min(cores, cores - busy))
+        tasks = os.listdir(own)
+    except OSError:
+        return 1
+    for t in tasks:
+        try:
+            with open(os.path.join(own, t, "stat")) as f:
+                n += f.read().rpartition(")")[2].split()[0] == "R"     # the state follows the (name)
+        except (OSError, IndexError):                                  # a thread that just ended
+            pass
+    return max(n, 1)
+
+
+def default_threads() -> int:
+    """The cores no other process is using now: available_cores() minus busy_cores() (rounded),
+    at least 1. On an idle machine that is every core (llama.cpp's default: the physical cores);
+    beside a busy process, fewer threads than cores, because a product split across a core another
+    process holds waits for that core's next time slice (bench/RESULTS.md: 2 threads beside one
+    busy process were 5-10x slower than 1 thread on a 2-core machine). Without /proc: every core."""
+    cores = available_cores()
+    busy = busy_cores()
+    if busy is None:
+        return cores
+    return max(1, min(cores, cores - int(busy + 0.5)))
 
 
 def set_threads(n=None) -> int:
@@ -68,7 +104,14 @@ def set_threads(n=None) -> int:
 
 
 def threads() -> int:
-    return _threads if _threads is not None else default_threads()
+    """The number set; before any set_threads(), the default measured once (products call this
+    on every call: a fresh 20 ms measurement each time would cost more than they do)."""
+    global _default
+    if _threads is not None:
+        return _threads
+    if _default is None:
+        _default = default_threads()
+    return _default
 
 
 def report() -> dict:

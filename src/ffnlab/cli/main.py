@@ -162,6 +162,8 @@ def main(argv=None):
         print(f"ffnlab {command}: error: {e}", file=sys.stderr)
         return 1
     try:
+        from ..progress import quiet
+        quiet(getattr(args, "json", False))        # machine-readable output: no progress lines
         if "threads" in args:                      # -t/--threads: one setting for BLAS and numba
             _apply_threads(args)
         return args._run(args) or 0

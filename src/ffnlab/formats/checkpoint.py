@@ -106,6 +106,9 @@ def _check_tokenizer_meta(tmeta, where):
 
 def load_checkpoint(path):
     """-> (ModelConfig, {GGUF name: float32 array}, Tokenizer)"""
+    from .tokenizer import check_vocab
     meta = read_meta(path)
     cfg = read_config(path, meta)
-    return cfg, read_weights(path, cfg), read_tokenizer(path, meta)
+    tok = read_tokenizer(path, meta)                    # checked before the weights are read
+    check_vocab(tok, cfg.vocab_size, os.path.join(path, TOKENIZER_FILE), os.path.join(path, META_FILE))
+    return cfg, read_weights(path, cfg), tok

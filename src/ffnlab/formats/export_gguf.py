@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from ..progress import Progress
 from .export_targets import config_mismatches
 from .gguf_families import FAMILY_ARCHS, family_gguf_params, family_mismatches, write_family_keys
 from .gguf_moe import gguf_moe_arch, write_moe_keys
@@ -245,11 +246,15 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
         write_moe_keys(w, cfg, arch)
     for key, val, vtype, sub in tokenizer_fields(tok, tok_meta):
         w.add_key_value(key, val, vtype, sub_type=sub)
-    for name, a in gguf_tensors(cfg, params, arch).items():
+    tensors = gguf_tensors(cfg, params, arch)
+    bar = Progress(len(tensors), "exporting", delay=0.5)      # a large model: minutes of quantizing
+    for name, a in tensors.items():
+        bar.update(1, name)
         if qtype == "q8_0" and quantizable(name, a):
             w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
                          raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:
             w.add_tensor(name, a)
+    bar.close()
     finish_atomically(w, tmp, out_path)
     return out_path

@@ -22,7 +22,7 @@ from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.pages import release_code, release_pages, trim_heap
-from ..quant.warmup import compile_decode, compile_kernels, compile_prompt
+from ..quant.warmup import warm_up
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -31,6 +31,7 @@ from .gguf_tokenizer import tokenizer_from_gguf
 # because running without them gives plausible but wrong logits
 UNSUPPORTED_TENSORS = {}
 ROPE_FREQS = "rope_freqs.weight"       # Llama 3.x: RoPE frequency divisors [n_rot/2] -> cfg.rope_freq_factors
+VOCAB_TENSORS = ("token_embd.weight", "output.weight")   # [vocab, d_model]: a row per token id
 
 
 def _gguf_version():
@@ -87,9 +88,10 @@ def _with_rope_freqs(cfg, factors, path):
         raise ModelFileError(f"{path}: tensor {ROPE_FREQS}: {e}") from None
 
 
-def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32") -> Model:
+def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32", warm=True) -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
-    matrices stay in their blocks (float32 products only, so another dtype implies dequantize)."""
+    matrices stay in their blocks (float32 products only, so another dtype implies dequantize).
+    warm: compile or load the kernels now (quant/warmup.py); False only for its own workers."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     dequantize = dequantize or np.dtype(dtype) != np.float32
@@ -97,7 +99,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
     cfg = config_from_gguf(reader, path)
     expected = param_shapes(cfg)
     params, fallback = {}, []
-    bar = Progress(len(reader.tensors), "loading", enabled=progress)
+    bar = Progress(len(reader.tensors), "loading", enabled=progress, delay=0.5)   # a big file: minutes
     for t in reader.tensors:
         bar.update(1, t.name)
         if t.name in UNSUPPORTED_TENSORS:
@@ -114,6 +116,11 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
             continue
         if t.name not in expected:
             raise ModelFileError(f"{path}: unexpected tensor {t.name} for a {cfg.arch} model with this metadata")
+        if (shape != expected[t.name] and t.name in VOCAB_TENSORS and shape[1:] == expected[t.name][1:]
+                and "tokenizer.ggml.tokens" in reader.fields):
+            # the tokenizer's ids index these rows: one id per token (llama.cpp refuses the same file)
+            raise ModelFileError(f"{path}: tensor {t.name} has {shape[0]} rows but tokenizer.ggml.tokens holds "
+                                 f"{cfg.vocab_size} tokens: the tokenizer and the model's vocabulary disagree")
         if shape != expected[t.name]:
             raise ModelFileError(f"{path}: tensor {t.name} has ggml shape {_ggml_shape(shape)} but the metadata "
                                  f"implies {_ggml_shape(expected[t.name])} (d_model={cfg.d_model}, d_ff={cfg.d_ff}, "
@@ -129,17 +136,20 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         print(f"{path}: {len(fallback)} weight matrices of type {'/'.join(types)} ({fallback[0].name}"
               f"{', ...' if len(fallback) > 1 else ''}) dequantized to float32 at load: ffnlab has no "
               f"kernel for {'these types' if len(types) > 1 else 'this type'}", file=sys.stderr)
-    cached = not dequantize and pack_cache.restore(path, reader, params, arith)   # laid out on an earlier load
+    # every check of the file's contents before anything is packed or compiled: a damaged file is
+    # refused in milliseconds, not after the kernels' first compile (seconds to minutes)
     tok = tokenizer_cache.load(reader)                     # built on an earlier load of the same header
     if tok is None:
         tok = tokenizer_from_gguf(tokenizer_meta(reader, path), path)
         tokenizer_cache.store(reader, tok)
+    file_type = file_type_name(reader, path)
+    cached = not dequantize and pack_cache.restore(path, reader, params, arith)   # laid out on an earlier load
     m = Model(cfg, params, tok, source=path, pack_weights=True, arith=arith)
     if not dequantize and not cached:
         pack_cache.store(path, reader, params, arith)
     m.pack_cached = cached
     # numba: compiled once, then loaded from its disk cache; here, so that no timed step pays for it
-    m.compile_seconds = compile_kernels(params) + compile_decode(m) + compile_prompt(m)
+    m.compile_seconds = warm_up(m, None if dequantize else path, arith, progress) if warm else 0.0
     release_code()                                         # numba's LLVM: not needed again unless a kernel compiles
     if not dequantize:
         # the file's pages that reading the metadata and copying the small tensors mapped, with
@@ -148,5 +158,5 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         release_pages(reader.data)
     trim_heap()
     m.load_seconds = time.perf_counter() - t0
-    m.file_type = file_type_name(reader)
+    m.file_type = file_type
     return m

@@ -175,22 +175,41 @@ def get_key(reader, key, path, default=..., kind=None, lo=None, hi=None):
 _KIND = {int: "an integer", float: "a number", str: "a string", bool: "a bool", list: "an array"}
 
 
-def file_type_name(reader) -> str:
+# The general.* keys ffnlab reads and the type the GGUF spec gives each (docs/gguf.md in ggml:
+# architecture, name and type are strings; file_type, quantization_version and alignment are
+# uint32). Checked together at the start of a load, so a wrong type is one line naming the key,
+# whichever of them a later step would have read first.
+GENERAL_KEYS = {"general.architecture": str, "general.name": str, "general.type": str,
+                "general.file_type": int, "general.quantization_version": int, "general.alignment": int}
+U32_MAX = 2**32 - 1
+
+
+def check_general_keys(reader, path):
+    """Each general.* key ffnlab reads, when present, has its spec's type (ModelFileError naming it)."""
+    for key, kind in GENERAL_KEYS.items():
+        if kind is int:
+            get_key(reader, key, path, None, int, 0, U32_MAX)
+        else:
+            get_key(reader, key, path, None, kind)
+
+
+def file_type_name(reader, path="GGUF") -> str:
     """general.file_type as llama-quantize names it (Q4_K_M, Q8_0, F16, ...), or '' when absent."""
     from gguf.constants import LlamaFileType
 
-    ft = reader.fields.get("general.file_type")
+    ft = get_key(reader, "general.file_type", path, None, int, 0, U32_MAX)
     if ft is None:
         return ""
     try:
-        return LlamaFileType(int(ft.contents())).name.replace("MOSTLY_", "").replace("ALL_", "")
+        return LlamaFileType(ft).name.replace("MOSTLY_", "").replace("ALL_", "")
     except ValueError:
-        return f"file_type {int(ft.contents())}"
+        return f"file_type {ft}"
 
 
 def config_from_gguf(reader, path) -> ModelConfig:
     """A GGUFReader's metadata + tensor names -> ModelConfig (what llama.cpp would build)."""
     path = os.fspath(path)
+    check_general_keys(reader, path)
     arch = get_key(reader, "general.architecture", path, kind=str)
     if arch not in ARCHS:
         raise ModelFileError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")

@@ -26,6 +26,7 @@ from .hf_families import family_gguf_name, family_tensor
 from .hf_moe import expert_entries, moe_gguf_name, read_experts
 from .hf_tokenizer import tokenizer_from_hf
 from .safetensors_io import read_tensors, safetensors_index
+from .tokenizer import check_vocab
 
 _GPT2 = {
     "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
@@ -82,6 +83,8 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise ModelFileError(f"{path}: no *.safetensors weights (ffnlab never unpickles *.bin files)")
+    tok = tokenizer_from_hf(path, d)                  # checked before any weight is read
+    check_vocab(tok, cfg.vocab_size, os.path.join(path, "tokenizer.json"), cfg_path)
     index = safetensors_index(files)
     experts = expert_entries(index, cfg, cfg_path) if cfg.moe else {}   # per-expert tensors, stacked below
     entries = _weight_entries(index, cfg, cfg_path)   # every check before any read
@@ -110,7 +113,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
             a = a.T                                 # Conv1D [in, out] -> [out, in]
         a = family_tensor(name, a, cfg)             # Gemma 2's 1 + w norms, GPT-NeoX's per-head qkv
         params[name] = np.ascontiguousarray(a).reshape(shapes.get(name, a.shape))
-    m = Model(cfg, params, tokenizer_from_hf(path, d), source=path, pack_weights=True)
+    m = Model(cfg, params, tok, source=path, pack_weights=True)
     m.load_seconds = time.perf_counter() - t0
     return m
 

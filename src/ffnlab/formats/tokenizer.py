@@ -6,6 +6,8 @@ tokenizer.ggml.add_bos_token and special tokens in the text are parsed.
 """
 from __future__ import annotations
 
+from ..errors import ModelFileError
+
 
 class Tokenizer:
     def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=(), add_eos=False,
@@ -37,3 +39,24 @@ class Tokenizer:
 
     def token_text(self, i: int) -> str:
         return self.tk.id_to_token(i) or ""
+
+
+def max_token_id(tok: Tokenizer) -> int:
+    """The largest id the tokenizer can produce (its vocabulary and its added tokens): ids need
+    not be dense, so the size alone can understate it."""
+    ids = tok.tk.get_vocab(with_added_tokens=True).values()
+    return max(ids, default=-1)
+
+
+def check_vocab(tok, n_rows, tokenizer_file, model_file):
+    """Every id tok can produce indexes a row of the embedding table [n_rows, d_model]; otherwise a
+    ModelFileError naming both files. More rows than tokens is fine (real models pad the table:
+    SmolLM2 and Gemma 3 do not, Qwen2's 151,936 rows hold 151,665 tokens); an id past the last row
+    would index out of the table at the first such token, as llama.cpp refuses and transformers
+    warns."""
+    if tok is None:
+        return
+    top = max_token_id(tok)
+    if top >= n_rows:
+        raise ModelFileError(f"{tokenizer_file}: the tokenizer has {tok.vocab_size} tokens (ids up to {top}), but the "
+                             f"model's embedding has {n_rows} rows ({model_file}): its ids must be < {n_rows}")

@@ -80,7 +80,10 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
     out = Generation(prompt_ids=prompt_ids)
     tok = model.tokenizer
     t0 = time.perf_counter()
-    logits = model.forward_last(prompt_ids, kv)                        # prefill: [vocab] for the last position
+    # overflow inside a forward is reported by check_logits (one line naming the first NaN/Inf
+    # node), not as NumPy's RuntimeWarning and a source line on stderr
+    with np.errstate(over="ignore", invalid="ignore"):
+        logits = model.forward_last(prompt_ids, kv)                    # prefill: [vocab] for the last position
     check_logits(model, logits, prompt_ids)                            # NaN/Inf: name the first bad node
     out.timings.prompt_tokens, out.timings.prompt_ms = len(prompt_ids), 1000 * (time.perf_counter() - t0)
     history = list(prompt_ids)
@@ -102,7 +105,8 @@ def generate(model, prompt_ids, n_predict=64, params: SamplingParams | None = No
             on_token(nxt, text[len(text_so_far):] if text.startswith(text_so_far) else text)
             text_so_far = text
         if step + 1 < n_predict:
-            logits = model.forward_last([nxt], kv)                     # one token against the cache
+            with np.errstate(over="ignore", invalid="ignore"):
+                logits = model.forward_last([nxt], kv)                 # one token against the cache
             check_logits(model, logits, history)
     else:
         out.stop_reason = "context" if capped else "length"

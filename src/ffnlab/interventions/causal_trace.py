@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..model.hooks import Editor
+from ..progress import Progress
 from .common import as_float
 
 KINDS = {"hidden": "l_out", "mlp": "ffn_out", "attn": "attn_out"}
@@ -105,11 +106,14 @@ def causal_trace(model, ids, first, last, target=None, noise=3.0, samples=10, wi
         value[r_rows, r_pos] = value[0, r_pos]
         return value
 
+    bar = Progress(len(KINDS) * L, "causal trace")
     for kind, node in KINDS.items():
         grid = np.zeros((L, T))
         for il in range(L):
+            bar.update(1, f"{kind} layer {il}")
             layers = [il] if kind == "hidden" else window_layers(il, L, window)
             p = _probs(run(rows, {f"{node}-{j}": restore for j in layers}), target)
             grid[il] = [_mean(p[1 + t * S:1 + (t + 1) * S]) for t in range(T)]
         out[kind] = grid.tolist()
+    bar.close()
     return out

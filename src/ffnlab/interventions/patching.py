@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..model.hooks import Editor
+from ..progress import Progress
 from .api import capture, node_names
 from .common import layer_nodes
 
@@ -41,8 +42,9 @@ def patch(model, clean, corrupt, target, foil, node="l_out"):
             raise UsageError(f"--node {node}: {n} has shape {acts[n].shape}, no leading position axis to patch")
     batch = np.tile(np.asarray(corrupt), (T, 1))                          # [T, T]: row b patches position b
     rows = np.arange(T)
-    effect = []
+    effect, bar = [], Progress(len(names), "patching")
     for n in names:
+        bar.update(1, n)
         clean_rows = acts[n]                                                # [T, ...]
 
         def put(value, name, positions, clean_rows=clean_rows):
@@ -52,4 +54,5 @@ def patch(model, clean, corrupt, target, foil, node="l_out"):
         logits = model.forward(batch, hooks=Editor({n: put}), last_only=True)   # [T, 1, vocab]
         m = metric(logits[:, -1], target, foil)                             # [T]
         effect.append(((m - m_corrupt) / (m_clean - m_corrupt)).tolist())
+    bar.close()
     return {"node": node, "effect": effect, "clean": m_clean, "corrupt": m_corrupt}

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..config import FFN_KINDS, ModelConfig
 from ..errors import FfnlabError, UsageError
+from ..progress import Progress
 from ..model.params import param_shapes
 from .checkpoint import atomic_write, atomic_write_json, check_writable, read_trainer
 from .presets import default_d_ff
@@ -190,6 +191,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
            "MKL_NUM_THREADS": str(threads)}
     running, failed, t0 = [], [], time.monotonic()
     queue = list(todo)
+    bar = Progress(len(todo), "ablation runs")             # stderr, on a terminal; the log lines stay
     while queue or running:
         while queue and len(running) < jobs:
             spec = queue.pop(0)
@@ -205,6 +207,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
                 continue
             running.remove(item)
             logf.close()
+            bar.update(1)
             name = f"{spec['variant']} seed {spec['seed']}"
             state = run_state(out, spec)
             if p.returncode != 0 or state not in ("done", "diverged"):
@@ -213,6 +216,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
             else:
                 log(f"  {state} {name}  [{len(todo) - len(queue) - len(running)}/{len(todo)}, "
                     f"{time.monotonic() - t0:.0f}s]")
+    bar.close()
     if failed:
         raise FfnlabError(f"{len(failed)} run(s) failed: {', '.join(failed)}; see their train.log under {out}/runs")
     rows = collect(out, runs, base["settings"]["seq_len"])

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import FfnlabError, UsageError
 from ..model.params import init_params
 from ..model import Model
+from ..progress import Progress as Bar
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
@@ -155,31 +156,19 @@ def diverged(step, what, model, x):
 
 # --- progress -----------------------------------------------------------------------------
 class Progress:
-    """One status line on stderr: rewritten in place on a terminal, a line per eval otherwise."""
+    """The training line (ffnlab/progress.py's bar, on a terminal: step, loss, lr, tokens/s) and
+    a line per eval, printed above it on a terminal and plainly otherwise; nothing when disabled."""
 
     def __init__(self, total, enabled=True, stream=None):
-        self.total = total
-        self.stream = stream or sys.stderr
         self.enabled = enabled
-        self.tty = enabled and self.stream.isatty()
-        self.last = 0.0
+        self.bar = Bar(total, "training", enabled=None if enabled else False, stream=stream)
 
     def step(self, step, loss, lr, tok_s):
-        if not self.tty:
-            return
-        now = time.monotonic()
-        if now - self.last < 0.1 and step < self.total:
-            return
-        self.last = now
-        bar = "#" * int(20 * step / self.total)
-        self.stream.write(f"\r[{bar:<20}] step {step}/{self.total}  loss {loss:.4f}  lr {lr:.2e}  {tok_s / 1e3:.1f}k tok/s ")
-        self.stream.flush()
+        self.bar.update(step - self.bar.n, f"loss {loss:.4f}  lr {lr:.2e}  {tok_s / 1e3:.1f}k tok/s")
 
     def line(self, text):
-        if not self.enabled:
-            return
-        self.stream.write(("\r\033[K" if self.tty else "") + text + "\n")
-        self.stream.flush()
+        if self.enabled:
+            self.bar.write(text)
 
 
 # --- the loop -----------------------------------------------------------------------------
