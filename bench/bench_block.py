@@ -3,7 +3,7 @@
   python3 bench/bench_block.py [--threads N] [--repeats R] [-T 256]
 
 Block: d_model 768, 12 heads, d_ff 3072, GELU tanh, LayerNorm, fused qkv with biases; batch 1.
-The PyTorch side is tests/torch_reference.py's block (F.linear, F.layer_norm, softmax attention)
+The PyTorch side is tests/reference/torch_reference.py's block (F.linear, F.layer_norm, softmax attention)
 with autograd. Both use N threads: OpenBLAS through OPENBLAS_NUM_THREADS (set before NumPy is
 imported), PyTorch through torch.set_num_threads. Prints the median of R timed repeats (the two sides
 alternate) after two warm-ups, and the ratio ffnlab / torch.
@@ -24,7 +24,7 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402  (after the thread variables)
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 import torch_reference as R  # noqa: E402
 
 from ffnlab.config import ModelConfig  # noqa: E402

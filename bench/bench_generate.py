@@ -53,8 +53,8 @@ for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA
 
 import numpy as np  # noqa: E402  (after the thread variables)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import models as M  # noqa: E402  (tests/models.py: the llama.cpp C-API wrapper, shared GGUF readers)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+import models as M  # noqa: E402  (tests/reference/models.py: the llama.cpp C-API wrapper, shared GGUF readers)
 
 if args.child is None:           # a llama.cpp child measures llama.cpp's memory, not ffnlab's imports
     import ffnlab

@@ -26,8 +26,8 @@ from ffnlab.quant import ggml_packed, simd  # noqa: E402
 from ffnlab.quant.blocks import table_for  # noqa: E402
 from ffnlab.quant.ggml_quants import Q8Rows  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from test_ggml_quants import PAIRS, activations, random_blocks  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
+from ggml_blocks import PAIRS, activations, random_blocks  # noqa: E402
 from bench_ggml import cpu_model  # noqa: E402
 
 SHAPES = [(T.Q4_1, 1536, 576), (T.Q4_1, 576, 1536), (T.Q8_0, 4096, 576), (T.Q4_0, 1536, 576), (T.Q5_0, 1536, 640),

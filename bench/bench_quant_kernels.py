@@ -2,7 +2,7 @@
 
   python3 bench/bench_quant_kernels.py [--rows 1536] [--cols 576] [--repeats 200] [TYPE ...]
 
-For each ggml type: random blocks of a [rows, cols] matrix (tests/quant_blocks.py), then
+For each ggml type: random blocks of a [rows, cols] matrix (tests/reference/quant_blocks.py), then
   dequant   QuantTensor.dequantize() into float32 (the prefill path's tile work)
   matvec    the row kernels on the blocks as they lie in the file (quant/kernels.py), W x
   packed    the decode kernel a loaded model runs: the blocks packed row-interleaved
@@ -22,7 +22,7 @@ for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from quant_blocks import random_blocks  # noqa: E402
 

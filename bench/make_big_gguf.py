@@ -84,7 +84,7 @@ def main():
     args = ap.parse_args()
     src = args.tokenizer
     if src is None:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
         import models
         src = models.model_path("smollm2")
     t0 = time.perf_counter()

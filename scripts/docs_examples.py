@@ -20,7 +20,7 @@ ffnlab.cli.main).
 A line `_Timings above: ..._` says where the timings of the examples before it (run's ffnlab_perf
 lines, tokens/s) come from; a rewrite puts this machine's CPU, load average, commit and date in it.
 
-tests/test_docs_examples.py imports find_examples() and runs every command with small sizes
+tests/engines/test_docs_examples.py imports find_examples() and runs every command with small sizes
 (SMALL below), so a doc example that stops working fails a test.
 """
 import argparse

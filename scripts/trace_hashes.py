@@ -6,7 +6,7 @@
 
 One line per node of a traced forward (name, op, shape, sources, sha1 of the array's bytes) and
 one per logits array, for: every family's tiny random model (the configs of
-tests/test_model_vs_torch.py and a mixture of experts with a shared expert), in float32 and ggml
+tests/reference/block_checks.py and a mixture of experts with a shared expert), in float32 and ggml
 arithmetic, the full forward, a KV-cache decode of 4 tokens (the one-token fast path), and the
 real models (SmolLM2, Gemma 3) when installed; then the results of the lab's own computations
 (lens, patching, causal tracing, attribution, neuron and expert scans, perplexity) in both
@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "reference"))
 
 
 def sha(a):
@@ -49,9 +49,9 @@ def fingerprint_forward(label, model, ids):
 
 def tiny_models():
     from ffnlab.model import Model
-    from test_model_vs_torch import CONFIGS, random_params
-    from test_moe import moe_config
-    from test_moe import random_params as moe_params
+    from block_checks import CONFIGS, random_params
+    from moe_models import moe_config
+    from moe_models import random_params as moe_params
     for arch, cfg in CONFIGS.items():
         yield arch, cfg, random_params(cfg)
     cfg = moe_config(shared=True)
