@@ -378,7 +378,7 @@ def test_a_damaged_quantized_gguf_is_refused_before_any_kernel(tmp_path, monkeyp
     which on a machine without numba's cache take a minute to compile. The readers' own kernel
     (formats/gguf_arrays.py: the spans of a string array) is the only one a refusal may load."""
     import gguf
-    from test_quant_model import quant_model
+    from quant_models import quant_model
 
     from ffnlab.errors import ModelFileError
     T = gguf.GGUFValueType

@@ -50,8 +50,8 @@ def test_png_without_matplotlib_is_one_line_before_any_work(tmp_path, command):
 def moe_checkpoint(tmp_path):
     from ffnlab.training.checkpoint import save_model
     from ffnlab.training.data import tokenizer_meta
-    from test_moe_experts import model
-    m = model()
+    from moe_models import byte_moe_model
+    m = byte_moe_model()
     save_model(str(tmp_path / "moe"), m.config, m.params, m.tokenizer, tokenizer_meta(m.tokenizer, "byte"))
     return str(tmp_path / "moe")
 

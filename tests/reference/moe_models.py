@@ -30,3 +30,11 @@ def random_params(cfg, dtype=np.float32, seed=0):
                 a *= 3.0
         p[name] = a.astype(dtype)
     return p
+
+
+def byte_moe_model():
+    """A 2-layer mixture of 5 experts (2 per token) with the byte tokenizer: the expert-scan tests' model."""
+    from ffnlab.model import Model
+    from ffnlab.training.data import byte_tokenizer
+    cfg = moe_config(E=5, K=2, vocab_size=256, n_ctx=128)
+    return Model(cfg, random_params(cfg), tokenizer=byte_tokenizer())

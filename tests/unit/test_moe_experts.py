@@ -8,14 +8,13 @@ from ffnlab.evaluation.experts import layer_report, scan_routing
 from ffnlab.model import Model
 from ffnlab.model.transformer import forward
 from ffnlab.training.data import byte_tokenizer
-from moe_models import moe_config, random_params
+from moe_models import byte_moe_model
 
 TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
 
 
 def model():
-    cfg = moe_config(E=5, K=2, vocab_size=256, n_ctx=128)
-    return Model(cfg, random_params(cfg), tokenizer=byte_tokenizer())
+    return byte_moe_model()
 
 
 def test_counts_cofiring_and_entropy_equal_the_routers_outputs():

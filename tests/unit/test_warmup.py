@@ -115,7 +115,7 @@ def test_a_first_load_compiles_in_workers_and_stamps_and_the_next_reads_the_cach
     """No stamp: workers (one per core and one more: 3 for 2 cores) run the steps; then the stamp is
     written, and the next load runs the steps in this process only."""
     from ffnlab.quant import warmup
-    from test_quant_model import quant_model
+    from quant_models import quant_model
     calls = []
     monkeypatch.setattr(warmup, "available_cores", lambda: 2)
     monkeypatch.setattr(warmup, "_compile_in_workers", lambda path, arith, steps, n, bar: calls.append((path, n)))
@@ -128,7 +128,7 @@ def test_a_first_load_compiles_in_workers_and_stamps_and_the_next_reads_the_cach
 
 def test_one_core_compiles_in_this_process(tmp_path, monkeypatch, stamp):
     from ffnlab.quant import warmup
-    from test_quant_model import quant_model
+    from quant_models import quant_model
     monkeypatch.setattr(warmup, "available_cores", lambda: 1)
     monkeypatch.setattr(warmup, "_compile_in_workers", lambda *a: pytest.fail("a worker on one core"))
     ffnlab.load(quant_model(tmp_path, "Q4_1"), progress=False)
@@ -140,7 +140,7 @@ def test_the_workers_run_every_step_and_report_each(tmp_path):
     every step of the model is reported done once, whichever worker ran it."""
     from ffnlab.formats.gguf import load_gguf
     from ffnlab.quant.warmup import _compile_in_workers, warm_up_steps
-    from test_quant_model import quant_model
+    from quant_models import quant_model
     path = quant_model(tmp_path, "Q4_1")
     steps = warm_up_steps(load_gguf(path, warm=False))
 
