@@ -7,7 +7,7 @@ COMMAND = "prune"
 HELP = "drop the least important MLP hidden units of every layer and write a smaller GGUF"
 
 
-# pruning.gguf_rewrite.TYPES, what its encode() writes (tests/test_startup.py holds the two equal):
+# pruning.gguf_rewrite.TYPES, what its encode() writes (tests/engines/test_startup.py holds the two equal):
 # importing that module here would load NumPy for `ffnlab prune --help`
 TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 

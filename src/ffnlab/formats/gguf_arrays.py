@@ -9,7 +9,7 @@ reads it: a number array as [item type, count, all items] (data -> the items), a
 [item type, count, one uint8 view per string] (data -> each string), where the string views are
 made when read (StringParts: the strings' offsets, found by one compiled scan). The leading parts
 are as gguf's, so code that reads field.parts[3] for an array's item type still works; contents()
-gives the same values (tests/test_gguf_arrays.py).
+gives the same values (tests/engines/test_gguf_arrays.py).
 """
 from collections.abc import Sequence
 

@@ -25,7 +25,7 @@ Two tensors change on the way in, as llama.cpp's converter changes them for GGUF
   ...): they are reordered to [3, n_head, head_dim], the q; k; v blocks of a fused attn_qkv.
 
 Every field of the three config classes is used, known not to change the logits, or refused:
-formats/hf_fields.py lists them, tests/test_hf_fields.py holds the lists to transformers' classes.
+formats/hf_fields.py lists them, tests/engines/test_hf_fields.py holds the lists to transformers' classes.
 """
 import re
 

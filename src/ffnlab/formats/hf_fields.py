@@ -7,7 +7,7 @@ sliding_window did). So each family lists each field of its transformers 5 confi
   irrelevant  cannot change a forward pass's logits (a label, an output option, dropout, init), with why
   refused     changes the math in a way ffnlab does not implement: a value other than the accepted
               ones raises ConfigError naming the field (refuse_unsupported below, called by config_from_hf)
-tests/test_hf_fields.py enumerates the classes (LlamaConfig, ...) and holds these lists to them. A new
+tests/engines/test_hf_fields.py enumerates the classes (LlamaConfig, ...) and holds these lists to them. A new
 family adds one entry to FAMILIES. The MoE families keep their lists in hf_moe.py.
 """
 from dataclasses import dataclass, field

@@ -13,7 +13,7 @@ projections (q_norm over q_dim, k_norm over kv_dim) before the heads are split.
 Every field of transformers 5's MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig and OlmoeConfig
 is either read (formats/hf_config.py's common decoder fields and moe_fields below), listed in
 IRRELEVANT with the reason it cannot change the logits, or refused (REFUSED: a value other than
-the one ffnlab implements raises ConfigError naming the field). tests/test_hf_moe.py holds the
+the one ffnlab implements raises ConfigError naming the field). tests/engines/test_hf_moe.py holds the
 lists against the config classes.
 
 Tensors as the hub stores them, one per expert (model.layers.L.):

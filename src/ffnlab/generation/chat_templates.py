@@ -3,7 +3,7 @@ whose file carries none.
 
 Each is a jinja2 template (rendered by generation/chat.py's sandbox, like a model's own) that
 writes what llama.cpp's llm_chat_apply_template() writes for that name (src/llama-chat.cpp);
-tests/test_chat_templates.py holds every one to llama.cpp's own output. Roles are "system",
+tests/engines/test_chat_templates.py holds every one to llama.cpp's own output. Roles are "system",
 "user", "assistant"; none writes BOS (the tokenizer adds it, as llama.cpp's does).
 
     chatml      <|im_start|>role\\ncontent<|im_end|>\\n            (Qwen, SmolLM2; llama.cpp's fallback)

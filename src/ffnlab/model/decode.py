@@ -14,7 +14,7 @@ axis and no mask (a sliding window is a slice of the cache), and RMSNorm of a ve
 cache writes and the whole attention of a layer are one compiled call each (decode_kernels.py):
 ~15 calls per layer where forward() makes ~70.
 
-Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/test_generation.py
+Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/engines/test_generation.py
 checks it against the full forward for every architecture.
 """
 import math

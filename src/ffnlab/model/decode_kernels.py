@@ -5,7 +5,7 @@ take ~15 ms of a token and the NumPy calls between them ~7 ms: RoPE, the cache w
 attention scores, softmax and the weighted sum are a dozen calls per layer on vectors of 64
 numbers, each costing more to dispatch than to compute. Here each of those runs of small calls
 is one compiled function. Same math, same order of operations, float32 throughout (fastmath lets
-LLVM reorder the sums, which moves results by float32 rounding only: tests/test_generation.py
+LLVM reorder the sums, which moves results by float32 rounding only: tests/engines/test_generation.py
 compares against the full forward with float32 bounds).
 """
 import numpy as np

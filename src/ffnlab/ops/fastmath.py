@@ -10,7 +10,7 @@ float32 arithmetic so LLVM turns a loop of it into 8-wide AVX2 code:
     e^r = 1 + r + r^2 P(r)       (degree-5 minimax polynomial on |r| <= ln2 / 2)
     e^x = e^r 2^n                (2^n built from its IEEE bits: ((n + 127) << 23))
 
-Cephes gives its relative error as 1.7e-7 over [-MAXLOG, MAXLOG]; tests/test_fastmath.py measures
+Cephes gives its relative error as 1.7e-7 over [-MAXLOG, MAXLOG]; tests/unit/test_fastmath.py measures
 the maximum over 4M points against float64. Below e^-86.6 (2.4e-38, where 2^n would leave the
 normal range) the result is 0; above ln(FLT_MAX) it is inf; nan stays nan.
 
@@ -284,6 +284,6 @@ def qk_rows(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T):
     each head RMS-normed with weight w (norm: Gemma 3, Qwen3), rotated by its position's angles
     (cos / sin [T, n_rot / 2], pairs as rope_rows), times scale (scaled: Gemma's q). Each step
     rounds as rms_norm_rows, rope_rows and NumPy's multiply do, in the same order, so the values
-    are those of the three steps bit for bit (tests/test_fastmath.py)."""
+    are those of the three steps bit for bit (tests/unit/test_fastmath.py)."""
     f = _qk_parallel if a.shape[0] > 1 and a.size >= PARALLEL_MIN // 4 else _qk_serial   # ~1.4 ns a value serially
     f(a, w, eps, norm, cos, sin, neox, scale, scaled, out, T)

@@ -2,7 +2,7 @@
 
 One function per ggml type, each a straight transcription of the block layout in blocks.py,
 written with the same float32 operations in the same order as gguf-py's dequantize_blocks (so
-the values are the ones gguf.quants.dequantize gives, bit for bit; tests/test_quant_kernels.py
+the values are the ones gguf.quants.dequantize gives, bit for bit; tests/unit/test_quant_kernels.py
 checks it). `row` is a 1-D uint8 array (one row's blocks), `out` a float32 array of the row's
 weights, `table` the 16-bit -> float32 table of blocks.py, `half` = 16 (a run-time value, so
 that LLVM vectorizes the 16- and 32-lane loops instead of unrolling them into scalar code, as it

@@ -28,7 +28,7 @@ for the 256-bit tile (`_gemm_y`), which every other x86-64 CPU with AVX2 and FMA
 Arithmetic: float32, each product fused into its sum (FMA, one rounding), the sum over j in
 order (both tiles; the 512-bit one stores a tile's sums after a block of j and reloads them).
 BLAS's kernels sum the same way (its order of j varies by build); the error bound of a length-n
-float32 dot product holds for both (tests/test_quant_gemm.py checks it against float64). Tokens
+float32 dot product holds for both (tests/unit/test_quant_gemm.py checks it against float64). Tokens
 past T in the last register tile read token T - 1 again and store nothing.
 """
 import numpy as np

@@ -11,7 +11,7 @@ out of the block's sum; the other types dequantize a row into a buffer that stay
 its dot product with x.
 
 All sums are float32 (fastmath lets LLVM split them into SIMD lanes), so a product differs from
-the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/test_quant_kernels.py uses.
+the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/unit/test_quant_kernels.py uses.
 """
 import numpy as np
 from numba import njit, prange

@@ -6,7 +6,7 @@ Per MoE layer, over its N tokens:
     aux_layer = E * sum_e f_e * P_e
 The model loss adds coef * mean over layers of aux_layer. With perfectly balanced routing
 f_e = k/E and P_e = 1/E, so aux_layer = k: its minimum value. For one layer this is
-transformers' load_balancing_loss_func exactly (tests/test_moe_train.py).
+transformers' load_balancing_loss_func exactly (tests/model/test_moe_train.py).
 
 Its gradient reaches only P: d aux / d p_{n,e} = coef / L * E * f_e / N, handed to the MoE
 backward through the layer's cache (MoECache.daux), which chains it through the softmax into the
