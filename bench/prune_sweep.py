@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import ffnlab
-from ffnlab.evaluation.activations import token_windows
+from ffnlab.evaluation.activations import context_windows
 from ffnlab.evaluation.perplexity import RunningNLL, chunk_nll, paired_ratio, perplexity, text_chunks
 from ffnlab.formats.load import default_model_path
 from ffnlab.pruning.gguf_rewrite import write_pruned_gguf
@@ -77,9 +77,9 @@ def main():
                  "llama_cpp_ppl": lc[0], "llama_cpp_stderr": lc[1], "seconds": base.seconds})
     log("baseline", base.ppl, lc)
 
-    windows, _ = token_windows(model.tokenizer.encode(calib, add_bos=False), args.ctx, None, args.calib_chunks)
+    cw = context_windows(model.tokenizer.encode(calib, add_bos=False), args.ctx, bos_id=None, max_windows=args.calib_chunks)
     t0 = time.perf_counter()
-    act, n_calib = activation_scores(model, windows, 4)
+    act, n_calib = activation_scores(model, cw, 4)
     log(f"activation scores on {n_calib} tokens in {time.perf_counter() - t0:.0f} s")
     scores = {"activation": act, "weight": weight_scores(model.params, cfg)}
     from scipy.stats import spearmanr

@@ -14,7 +14,7 @@ import torch
 import ffnlab
 import torch_reference as ref
 from ffnlab.cli.main import main
-from ffnlab.evaluation.activations import token_windows
+from ffnlab.evaluation.activations import context_windows
 from ffnlab.formats.gguf_meta import open_gguf
 from ffnlab.pruning.gguf_rewrite import write_pruned_gguf
 from ffnlab.pruning.prune import (activation_scores, alignment, kept_width, prune_params, select_units,
@@ -72,23 +72,27 @@ def test_activation_scores_equal_mean_abs_of_ffn_down_input_in_torch(kind, monke
     m = ffnlab.load(tiny_gguf(kind))
     tok = m.tokenizer
     bos = tok.bos_id if tok.add_bos else None
-    windows, _ = token_windows(tok.encode(TEXT, add_bos=False), 128, bos)   # 5 full windows and a shorter last one
-    assert len(windows) == 6 and len(windows[-1]) < 128
-    got, n = activation_scores(m, windows, batch=2)
+    cw = context_windows(tok.encode(TEXT, add_bos=False), 128, 16, bos)   # overlapping by 16 tokens
+    windows = cw.windows
+    assert len(windows) >= 6
+    got, n = activation_scores(m, cw, batch=2)
     tp = ref.params_to_torch(m.params, requires_grad=False)
     downs = {id(tp[f"blk.{il}.ffn_down.weight"]): il for il in range(m.config.n_layer)}
     sums = np.zeros_like(got)
     linear = torch.nn.functional.linear
 
+    scored_from = [0]
+
     def recording_linear(x, w, b=None):                               # ffn_down's input is the activation node
-        if id(w) in downs:
-            sums[downs[id(w)]] += x[:, (1 if bos is not None else 0):].abs().sum(dim=(0, 1)).numpy()
+        if id(w) in downs:                                            # only the window's scored positions count
+            sums[downs[id(w)]] += x[:, scored_from[0]:].abs().sum(dim=(0, 1)).numpy()
         return linear(x, w, b)
 
     monkeypatch.setattr(ref.F, "linear", recording_linear)
-    for w in windows:
+    for w, f in zip(windows, cw.scored_from):
+        scored_from[0] = f
         ref.forward(tp, m.config, w[None])
-    n_text = sum(len(w) - (1 if bos is not None else 0) for w in windows)
+    n_text = len(tok.encode(TEXT, add_bos=False)) - 16                  # every text token past the first 16, once
     assert n == n_text
     np.testing.assert_allclose(got, sums / n_text, rtol=1e-4)
 
@@ -159,8 +163,8 @@ def test_pruned_smollm2_runs_in_llama_cpp_and_ffnlab(tmp_path):
     (measured: 3.3% of the largest logit on the original, 3.4% pruned; argmax equal)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     m = smollm2()
-    windows, _ = token_windows(m.tokenizer.encode(TEXT, add_bos=False), 32, None, max_windows=2)
-    scores, _ = activation_scores(m, windows, batch=2)
+    cw = context_windows(m.tokenizer.encode(TEXT, add_bos=False), 32, 8, None, max_windows=2)
+    scores, _ = activation_scores(m, cw, batch=2)
     keep = select_units(scores, kept_width(m.config.d_ff, 0.75))
     out = str(tmp_path / "smol75.gguf")
     rep = write_pruned_gguf(m.source, out, keep, "q8_0")
@@ -237,7 +241,7 @@ def test_cli_reports_sizes_alignment_and_perplexity(tmp_path, capsys):
     assert r["mlp_params"] - r["mlp_params_after"] == 2 * 3 * 64 * 32
     assert r["params"] - r["params_after"] == r["mlp_params"] - r["mlp_params_after"]
     assert r["bytes"] > r["bytes_after"]
-    assert r["calib_tokens"] == 4 * 64
+    assert r["calib_tokens"] == 4 * (64 - 16)      # 4 windows overlapping by --min-context 16: 48 scored each
     ev = r["eval"]
     assert ev["tokens_scored"] == 4 * 31 and ev["before"]["ppl"] > 1 and ev["after"]["ppl"] > 1
     assert ev["ppl_ratio"] == pytest.approx(ev["after"]["ppl"] / ev["before"]["ppl"], rel=1e-9)

@@ -14,6 +14,7 @@ TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
 
 def add_arguments(p):
     from .common import add_model_argument, count_or_all, needs, positive, refuse_together
+    from .neurons import add_min_context_argument
     add_model_argument(p)
     p.add_argument("--keep", type=float, required=True,
                    help="fraction of MLP hidden units to keep per layer, in (0, 1]; rounded to a multiple of 32")
@@ -30,9 +31,11 @@ def add_arguments(p):
     p.add_argument("--calib-chunks", type=count_or_all("--calib-chunks"), default=16, help="calibration windows of --ctx tokens; -1 = all (default 16)")
     p.add_argument("--eval-chunks", type=count_or_all("--eval-chunks"), default=8, help="perplexity chunks; -1 = all (default 8)")
     p.add_argument("--batch", type=positive("--batch"), default=4, help="windows per forward (default 4)")
+    add_min_context_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     refuse_together(p, "--by=weight", "--calib", "weight importance reads no text")
     refuse_together(p, "--by=weight", "--calib-chunks", "weight importance reads no text")
+    refuse_together(p, "--by=weight", "--min-context", "weight importance reads no text")
     needs(p, "--eval-chunks", "--eval", "the chunks are of --eval's text")
 
 
@@ -61,7 +64,7 @@ def run(args):
     import numpy as np
 
     from ..errors import UsageError
-    from ..evaluation.activations import token_windows
+    from ..evaluation.activations import context_windows
     from ..evaluation.perplexity import check_ctx, paired_ratio, perplexity, text_chunks
     from ..formats.load import load
     from ..progress import Progress
@@ -84,9 +87,9 @@ def run(args):
     if args.by == "activation":
         tok = model.tokenizer
         bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
-        windows, _ = token_windows(tok.encode(calib, add_bos=False), args.ctx, bos, args.calib_chunks)
-        bar = Progress(len(windows), "calibrating")
-        scores, n_tokens = activation_scores(model, windows, args.batch, lambda done: bar.update(done - bar.n))
+        cw = context_windows(tok.encode(calib, add_bos=False), args.ctx, args.min_context, bos, args.calib_chunks)
+        bar = Progress(len(cw.windows), "calibrating")
+        scores, n_tokens = activation_scores(model, cw, args.batch, lambda done: bar.update(done - bar.n))
         bar.close()
     else:
         scores, n_tokens = weight_scores(model.params, cfg), 0

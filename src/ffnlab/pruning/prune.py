@@ -59,24 +59,22 @@ def weight_scores(params, cfg):
     return out
 
 
-def activation_scores(model, windows, batch=4, on_batch=None):
-    """-> [n_layer, d_ff]: mean |activation| of every unit over the calibration windows (BOS excluded),
-    and the number of tokens it averaged."""
+def activation_scores(model, cw, batch=4, on_batch=None):
+    """cw: evaluation/activations.py's context_windows over the calibration text -> [n_layer, d_ff]:
+    mean |activation| of every unit over the scored tokens (each text token once, with its
+    min_context tokens of context; never BOS or a window's first positions, whose attention-sink
+    outliers would rank units by the cut), and the number of tokens it averaged."""
     from ..evaluation.activations import stream_activations
 
     cfg = model.config
     sums = np.zeros((cfg.n_layer, cfg.d_ff))
-    lead = 1 if model.tokenizer is not None and model.tokenizer.add_bos and model.tokenizer.bos_id is not None else 0
-    count = [0]
 
-    def on_acts(il, acts, _first):                                    # acts [B, T, d_ff]
-        text = acts[:, lead:]
-        sums[il] += np.abs(text).sum(axis=(0, 1), dtype=np.float64)
-        if il == 0:
-            count[0] += text.shape[0] * text.shape[1]
+    def on_acts(il, acts, first):                                     # acts [B, T, d_ff]
+        _, scored = cw.positions(first, *acts.shape[:2])             # [B, T] bool
+        sums[il] += np.abs(acts[scored]).sum(axis=0, dtype=np.float64)   # [n scored, d_ff] -> [d_ff]
 
-    stream_activations(model, windows, list(range(cfg.n_layer)), batch, on_acts, on_batch)
-    return sums / max(count[0], 1), count[0]
+    stream_activations(model, cw.windows, list(range(cfg.n_layer)), batch, on_acts, on_batch)
+    return sums / max(cw.n_scored, 1), cw.n_scored
 
 
 def select_units(scores, n_keep):
