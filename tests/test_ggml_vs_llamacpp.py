@@ -23,15 +23,6 @@ from ffnlab.generation.chat_templates import BUILTIN
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-# ffnlab's --arith ggml reproduces the kernels of ggml-cpu's AVX2 build (8-lane f32 dot products
-# for kq/kqv, the AVX2 exp and SiLU). A llama.cpp built for AVX-512 sums kq's dot products 16
-# lanes wide: kq differs in the last bit (measured: 7.6e-6 of 71, verify's kq-0 on SmolLM2), and
-# the 8-bit quantization of the next products' inputs turns such a bit into logits ~0.9 apart
-# after 30 layers. These tests compare bit for bit, so they need a llama.cpp running AVX2 kernels.
-if "AVX512 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace"):
-    pytest.skip("this llama.cpp runs its AVX-512 kernels; --arith ggml reproduces the AVX2 ones "
-                "(end-to-end bit equality needs the same kernels)", allow_module_level=True)
-
 LOGIT_TOL = 0.02
 MARGIN = 0.04
 PROMPTS = {

@@ -11,11 +11,10 @@ import numpy as np
 from numba import njit
 
 from ..quant.ggml_quants import f16_round
-from .ggml_math import _soft_max_row
+from .ggml_math import _soft_max_row, vec_dot_f16
 
 # no fastmath: ggml's roundings; error_model "numpy": a division by zero gives inf or nan, as in C
 JIT = dict(cache=True, nogil=True, error_model="numpy")
-F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")   # the lane FMAs of ggml_vec_dot_f16
 
 
 @njit(**JIT)
@@ -103,22 +102,6 @@ def rope1(qk, cos, sin, neox):
             qk[i, i1] = np.float32(x0 * s + np.float64(b))
 
 
-@njit(**F16_DOT)
-def _vec_dot_f16(a, b, n):
-    """ggml_vec_dot_f16's order (ggml_math._f16_vec_dot) over a[:n], b[:n] (f16 values in
-    float32), n padded with zeros to a multiple of 32"""
-    acc = np.zeros(32, np.float32)
-    for k0 in range(0, n, 32):
-        for t in range(32):
-            k = k0 + t
-            if k < a.shape[0]:
-                acc[t] = a[k] * b[k] + acc[t]
-    x = np.empty(8, np.float32)
-    for t in range(8):
-        x[t] = (acc[t] + acc[16 + t]) + (acc[8 + t] + acc[24 + t])
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
-
-
 @njit(**JIT)
 def _scale_mask(kq, scale, lo, w):
     """soft_max's w = kq * scale, -inf before lo (the sliding window's mask)"""
@@ -127,20 +110,21 @@ def _scale_mask(kq, scale, lo, w):
 
 
 @njit(**JIT)
-def attend1(q, kbits, vbits, table, n, lo, scale, out):
+def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     """q [H, hd] (roped, scaled where the graph scales q), kbits / vbits [Hkv, n_ctx, hd] uint16:
     the f16 cache with position n written, table: f16 bits -> float32; positions lo..n attended
-    (0..lo-1 masked, as forward()'s rows keep them) -> out [H, hd]"""
+    (0..lo-1 masked, as forward()'s rows keep them) -> out [H, hd]. lanes: the ggml path's
+    (ggml_vec_dot_f16 for both products: one token is never tinyBLAS's)"""
     H, hd = q.shape
     Hkv = kbits.shape[0]
     S = n + 1
-    pad_d, pad_s = hd + (-hd % 32), S + (-S % 32)
+    pad_s = S + (-S % 64)                                  # KQV runs over n_kv cells: zeros past S (ggml_math.f16_matmul)
     qh = np.empty(hd, np.float32)
     kr = np.empty(hd, np.float32)
     kq = np.empty(S, np.float32)
     w = np.empty(S, np.float32)
-    p = np.empty(S, np.float32)
-    vcol = np.empty(S, np.float32)
+    p = np.zeros(pad_s, np.float32)
+    vcol = np.zeros(pad_s, np.float32)
     vt = np.empty((Hkv, hd, S), np.float32)                # V^T as floats, per kv head
     for g in range(Hkv):
         for t in range(S):
@@ -154,12 +138,12 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out):
         for t in range(S):
             for j in range(hd):
                 kr[j] = table[kbits[g, t, j]]
-            kq[t] = _vec_dot_f16(kr, qh, pad_d)
+            kq[t] = vec_dot_f16(kr, qh, lanes)
         _scale_mask(kq, sc, lo, w)
-        _soft_max_row(w, p)
+        _soft_max_row(w, p[:S], lanes)
         for t in range(S):
             p[t] = f16_round(p[t])
         for j in range(hd):
             for t in range(S):
                 vcol[t] = vt[g, j, t]
-            out[h, j] = _vec_dot_f16(vcol, p, pad_s)
+            out[h, j] = vec_dot_f16(vcol, p, lanes)

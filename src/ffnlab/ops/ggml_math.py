@@ -26,6 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..quant import ggml_path
 from .activations import GELU_TANH_COEF, SQRT_2_OVER_PI
 
 JIT = dict(cache=True, nogil=True)          # no fastmath: the roundings are ggml's
@@ -90,33 +91,76 @@ def _expf_vec(x, y, nb, kb):
             y[i] = _expf1(x[i])
 
 
+@njit(**JIT)
+def _expf512_vec(x, y, kb):
+    """ggml_v_expf's __AVX512F__ && __AVX512DQ__ version (vec.h) of each x[i]: the same range
+    reduction, but the polynomial keeps its 1 (j = exp(b), not exp(b) - 1) and 2^n is applied by
+    vscalefps, one multiplication rounded once (also into the subnormals); |n| > 192 gives 0 or
+    inf. j 2^n is exact in float64 for |n| <= 192, so its one rounding to float32 is vscalefps'.
+    kb [len] int64: scratch for the float64 bits of 2^n."""
+    one = np.float32(1.0)
+    for i in range(x.shape[0]):
+        xi = x[i]
+        n = _fma(xi, LOG2E, EXP_R) - EXP_R
+        b = _fma(-n, LN2_LO, _fma(-n, LN2_HI, xi))
+        u = b * b
+        y[i] = _fma(_fma(_fma(C5, b, C4), u, _fma(C3, b, C2)), u, _fma(C1, b, one))
+        kb[i] = (np.int64(min(max(n, np.float32(-193.0)), np.float32(193.0))) + 1023) << 52
+    k = kb.view(np.float64)
+    for i in range(x.shape[0]):
+        v = np.float32(np.float64(y[i]) * k[i])
+        y[i] = np.float32(0.0) if k[i] < 2.0 ** -192 else (np.float32(np.inf) if k[i] > 2.0 ** 192 else v)
+
+
+@njit(**JIT)
+def _expf_row(x, y, lanes):
+    """y = ggml_v_expf(x) as ggml's `lanes`-wide loops compute it: 16 -> the AVX-512 expf,
+    8 -> the AVX2 one; 1 (a scalar build) -> libm's expf (numba's math.exp of a float32)"""
+    if lanes == 16:
+        _expf512_vec(x, y, np.empty(x.shape[0], np.int64))
+    elif lanes == 8:
+        _expf_vec(x, y, np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.int32))
+    else:
+        for i in range(x.shape[0]):
+            y[i] = math.exp(x[i])
+
+
 @njit(parallel=True, **JIT)
-def _expf_rows(x, y):
+def _expf_rows(x, y, lanes):
     for i in prange(x.shape[0]):
-        for j in range(x.shape[1]):
-            y[i, j] = _expf1(x[i, j])
+        _expf_row(x[i], y[i], lanes)
 
 
-def v_expf(x):
-    """float32 array -> ggml_v_expf of each element"""
+def v_expf(x, lanes=None):
+    """float32 array -> ggml_v_expf of each element, on ggml path `lanes` (16, 8, 1; default:
+    this machine's, quant/ggml_path.py)"""
     x = np.ascontiguousarray(x, np.float32)
     y = np.empty_like(x)
-    _expf_rows(x.reshape(-1, x.shape[-1] if x.ndim else 1), y.reshape(-1, x.shape[-1] if x.ndim else 1))
+    _expf_rows(x.reshape(-1, x.shape[-1] if x.ndim else 1), y.reshape(-1, x.shape[-1] if x.ndim else 1),
+               ggml_path.LANES[ggml_path.PATH] if lanes is None else lanes)
     return y
 
 
 @njit(parallel=True, **JIT)
-def _silu_rows(x, y):
+def _silu_rows(x, y, lanes):
     for i in prange(x.shape[0]):
-        _silu_row(x[i], y[i])
+        _silu_row(x[i], y[i], lanes)
 
 
 @njit(**JIT)
-def _silu_row(x, y):
+def _silu_row(x, y, lanes):
+    """ggml_vec_silu_f32: x / (1 + v_expf(-x)) over whole vectors of `lanes`, the tail (and a
+    scalar build) as ggml_silu_f32, x / (1 + expf(-x)) with libm's expf"""
     one = np.float32(1.0)
-    neg = -x
-    _expf_vec(neg, y, np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.int32))
-    for j in range(x.shape[0]):
+    n = x.shape[0]
+    body = n - n % lanes if lanes > 1 else 0
+    neg = np.empty(n, np.float32)
+    for j in range(n):
+        neg[j] = np.float32(0.0) - x[j]                          # _mm512_sub_ps(zero, x); AVX2 negates: exp(+-0) = 1 either way
+    _expf_row(neg[:body], y[:body], lanes)
+    for j in range(body, n):
+        y[j] = math.exp(neg[j])
+    for j in range(n):
         y[j] = x[j] / (one + y[j])
 
 
@@ -124,7 +168,7 @@ def silu(x):
     """x / (1 + v_expf(-x)), float32 (ggml_v_silu; SwiGLU multiplies it by up afterwards)"""
     x = np.ascontiguousarray(x, np.float32)
     y = np.empty_like(x)
-    _silu_rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]))
+    _silu_rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), ggml_path.LANES[ggml_path.PATH])
     return y
 
 
@@ -160,35 +204,61 @@ def gelu(x):
 
 
 @njit(**JIT)
-def _hsum8(v, o):
-    """hsum_float_8 of v[o:o+8] (lanes past the row's end are 0: a padded, masked column)"""
-    a = np.zeros(1, np.float32)[0]
-    l = [a] * 8
-    for k in range(8):
-        if o + k < v.shape[0]:
-            l[k] = v[o + k]
-    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-
-
-@njit(parallel=True, **JIT)
-def _soft_max_rows(w, y):
-    """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale)"""
-    for i in prange(w.shape[0]):
-        _soft_max_row(w[i], y[i])
+def _lane(v, i):
+    """v[i], or 0 past the row's end (a padded, masked column: llama.cpp's rows are n_kv long)"""
+    return v[i] if i < v.shape[0] else np.float32(0.0)
 
 
 @njit(**JIT)
-def _soft_max_row(row, y):
+def _hsum8(v, o):
+    """the 8 lanes v[o:o+8] summed as ggml's AVX2 code does (hsum_float_8, the softmax's and
+    tinyBLAS's hsum(__m256)): ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
+    a0, a1 = _lane(v, o) + _lane(v, o + 4), _lane(v, o + 1) + _lane(v, o + 5)
+    a2, a3 = _lane(v, o + 2) + _lane(v, o + 6), _lane(v, o + 3) + _lane(v, o + 7)
+    return (a0 + a2) + (a1 + a3)
+
+
+@njit(**JIT)
+def _hsum16(v, o):
+    """the 16 lanes v[o:o+16] summed as GCC's _mm512_reduce_add_ps: the upper 256 bits added to
+    the lower (t_i = l_i + l_{8+i}), then t's 8 lanes as _hsum8 pairs them"""
+    t = np.empty(8, np.float32)
+    for i in range(8):
+        t[i] = _lane(v, o + i) + _lane(v, o + 8 + i)
+    return _hsum8(t, 0)
+
+
+@njit(**JIT)
+def hsum(v, o, lanes):
+    """one vector register's lanes v[o:o+lanes] summed as ggml's reduction for that width"""
+    if lanes == 16:
+        return _hsum16(v, o)
+    if lanes == 8:
+        return _hsum8(v, o)
+    return _lane(v, o)
+
+
+@njit(parallel=True, **JIT)
+def _soft_max_rows(w, y, lanes):
+    """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale)"""
+    for i in prange(w.shape[0]):
+        _soft_max_row(w[i], y[i], lanes)
+
+
+@njit(**JIT)
+def _soft_max_row(row, y, lanes):
+    """ggml_vec_soft_max_f32: y = v_expf(row - max) one vector of `lanes` at a time, each
+    vector's sum (hsum) added to a float64 total; a scalar build adds each expf(row - max)"""
     mx = np.float32(-np.inf)
     for j in range(row.shape[0]):
         mx = max(mx, row[j])
     shifted = np.empty(row.shape[0], np.float32)
     for j in range(row.shape[0]):
         shifted[j] = row[j] - mx
-    _expf_vec(shifted, y, np.empty(row.shape[0], np.float32), np.empty(row.shape[0], np.int32))
+    _expf_row(shifted, y, lanes)
     total = 0.0
-    for j0 in range(0, row.shape[0], 8):                           # one 8-lane vector at a time
-        total += np.float64(_hsum8(y, j0))
+    for j0 in range(0, row.shape[0], lanes):
+        total += np.float64(hsum(y, j0, lanes))
     inv = np.float32(1.0 / total)
     for j in range(row.shape[0]):
         y[j] *= inv
@@ -196,13 +266,15 @@ def _soft_max_row(row, y):
 
 def soft_max(kq, scale, allowed):
     """kq: [..., T, S] raw scores, allowed: [T, S] bool or None -> probs [..., T, S] float32.
-    The masked scores are -inf, so their exp is 0 wherever they fall in the 8-lane groups: ggml's
-    KV cache is padded with such columns, and its rows split into the same groups of 8 from 0."""
+    The masked scores are -inf, so their exp is 0 wherever they fall in the vector groups: ggml's
+    KV cache is padded with such columns to n_kv (a multiple of 256), so its rows split into
+    whole vectors from 0 and no row has a scalar tail."""
     w = np.multiply(kq, np.float32(scale), dtype=np.float32)
     if allowed is not None:
         np.copyto(w, np.float32(-np.inf), where=~allowed)
     y = np.empty_like(w)
-    _soft_max_rows(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), y.reshape(-1, w.shape[-1]))
+    _soft_max_rows(np.ascontiguousarray(w).reshape(-1, w.shape[-1]), y.reshape(-1, w.shape[-1]),
+                   ggml_path.LANES[ggml_path.PATH])
     return y
 
 
@@ -283,91 +355,104 @@ def rope(x, cos, sin, pairing="normal"):
 F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"})
 
 
+@njit(**F16_DOT)
+def vec_dot_f16(a, b, lanes):
+    """ggml_vec_dot_f16 (vec.cpp) of a [K], b [K] (f16 values in float32), on the path of `lanes`:
+    four accumulators of `lanes` floats over each step of 4 x lanes k's (accumulator j takes
+    k = step + j lanes + lane, one FMA each), added (0+2, 1+3, then 0+1: GGML_F32xN_REDUCE)
+    and reduced to one float (AVX2: (l0+l4)+(l1+l5) + (l2+l6)+(l3+l7), two hadds; AVX-512:
+    _mm512_reduce_add_ps); the K mod (4 lanes) k's left over are added in float64, as is every
+    product on a scalar build (lanes 1). The product of two halves is exact in float32."""
+    K = a.shape[0]
+    step = 4 * lanes if lanes > 1 else 1
+    body = K - K % step if lanes > 1 else 0
+    total = 0.0
+    if body:
+        acc = np.zeros(step, np.float32)
+        for k0 in range(0, body, step):
+            for t in range(step):
+                acc[t] = a[k0 + t] * b[k0 + t] + acc[t]
+        x = np.empty(lanes, np.float32)
+        for t in range(lanes):
+            x[t] = (acc[t] + acc[2 * lanes + t]) + (acc[lanes + t] + acc[3 * lanes + t])
+        if lanes == 8:
+            r = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
+        else:
+            r = _hsum16(x, 0)
+        total = np.float64(r)
+    for k in range(body, K):
+        total += np.float64(a[k]) * np.float64(b[k])
+    return np.float32(total)
+
+
 @njit(parallel=True, **F16_DOT)
-def _f16_gemm(a, b, c):
-    """a: [G, M, K], b: [G, N, K] (f16 values in float32) -> c: [G, N, M], c[g, n, m] = a[g, m] . b[g, n]
-    as llamafile's tinyBLAS<8, __m256> (sgemm.cpp): lane l accumulates the products k = l mod 8
-    with one FMA each, in k order; the lanes are then summed as hsum_float_8."""
+def _f16_vec_dots(a, b, c, lanes):
+    """c[g, n, m] = vec_dot_f16(a[g, m], b[g, n]): a [G, M, K], b [G, N, K] -> c [G, N, M]"""
     G, M, K = a.shape
     N = b.shape[1]
     for task in prange(G * N):
         g, n = task // N, task % N
         for m in range(M):
-            l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = np.float32(0.0)
-            for k in range(0, K, 8):
-                l0 = a[g, m, k] * b[g, n, k] + l0
-                l1 = a[g, m, k + 1] * b[g, n, k + 1] + l1
-                l2 = a[g, m, k + 2] * b[g, n, k + 2] + l2
-                l3 = a[g, m, k + 3] * b[g, n, k + 3] + l3
-                l4 = a[g, m, k + 4] * b[g, n, k + 4] + l4
-                l5 = a[g, m, k + 5] * b[g, n, k + 5] + l5
-                l6 = a[g, m, k + 6] * b[g, n, k + 6] + l6
-                l7 = a[g, m, k + 7] * b[g, n, k + 7] + l7
-            c[g, n, m] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))
+            c[g, n, m] = vec_dot_f16(a[g, m], b[g, n], lanes)
 
 
 @njit(parallel=True, **F16_DOT)
-def _f16_vec_dot(a, b, c):
-    """As _f16_gemm, in ggml_vec_dot_f16's order (vec.cpp, AVX2): four 8-lane accumulators over
-    each 32 k's (accumulator j takes k = 32i + 8j + lane), added (0+2, 1+3, then 0+1) and reduced
-    as GGML_F32x8_REDUCE: (l0+l4)+(l1+l5) + (l2+l6)+(l3+l7), two hadds. K is a multiple of 32."""
-    G, M, K = a.shape
-    N = b.shape[1]
-    for task in prange(G * N):
-        g, n = task // N, task % N
-        acc = np.zeros(32, np.float32)
-        for m in range(M):
-            acc[:] = 0
-            for k0 in range(0, K, 32):
-                for t in range(32):
-                    acc[t] = a[g, m, k0 + t] * b[g, n, k0 + t] + acc[t]
-            x = np.empty(8, np.float32)
-            for t in range(8):
-                x[t] = (acc[t] + acc[16 + t]) + (acc[8 + t] + acc[24 + t])
-            c[g, n, m] = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
-
-
-@njit(parallel=True, **F16_DOT)
-def _f16_gemm_t(at, b, c):
-    """_f16_gemm's order, vectorized over M: at [G, K, M] (a transposed), b [G, N, K] -> c [G, N, M].
-    For each (g, n) the eight lane accumulators of all M outputs are updated together, k by k:
-    acc[k mod 8, m] = a[m, k] b[n, k] + acc[k mod 8, m], then hsum_float_8 per m."""
+def _f16_gemm_t(at, b, c, lanes):
+    """llamafile's tinyBLAS<lanes, __m256 | __m512> (sgemm.cpp) vectorized over M: at [G, K, M]
+    (a transposed), b [G, N, K] -> c [G, N, M]. Output (n, m) has `lanes` accumulators, lane l
+    taking the products k = l mod lanes with one FMA each, in k order (the tile shapes change
+    which outputs are computed together, not this order); then hsum of the lanes."""
     G, K, M = at.shape
     N = b.shape[1]
     for task in prange(G * N):
         g, n = task // N, task % N
-        _f16_gemm_t_row(at[g], b[g, n], c[g, n])
+        _f16_gemm_t_row(at[g], b[g, n], c[g, n], lanes)
 
 
 @njit(**F16_DOT)
-def _f16_gemm_t_row(at, bn, cn):
+def _f16_gemm_t_row(at, bn, cn, lanes):
     K, M = at.shape
-    acc = np.zeros((8, M), np.float32)
+    acc = np.zeros((lanes, M), np.float32)
     for k in range(K):
-        a, bk, l = at[k], bn[k], acc[k % 8]
+        a, bk, l = at[k], bn[k], acc[k % lanes]
         for m in range(M):
             l[m] = a[m] * bk + l[m]
+    col = np.empty(lanes, np.float32)
     for m in range(M):
-        cn[m] = ((acc[0, m] + acc[4, m]) + (acc[2, m] + acc[6, m])) + ((acc[1, m] + acc[5, m]) + (acc[3, m] + acc[7, m]))
+        for t in range(lanes):
+            col[t] = acc[t, m]
+        cn[m] = hsum(col, 0, lanes)
 
 
-def f16_matmul(a, b, tokens=2):
+def tinyblas_takes(path, M, N, K):
+    """whether llamafile_sgemm computes an f16 x f16 product of M x K by N x K on `path`: not on a
+    scalar build, not for one column (n < 2: prompt processing only), K a multiple of the lanes
+    (tinyBLAS::matmul's k % KN) and M of 4 (its smallest tile row count)"""
+    lanes = ggml_path.LANES[path]
+    return lanes > 1 and N >= 2 and K % lanes == 0 and M % 4 == 0
+
+
+def f16_matmul(a, b, tokens=2, cells=None):
     """a: [..., M, K] (the f16 operand: K or V^T), b: [..., N, K] (rounded to f16 here, as mul_mat
-    converts src1 to the vec_dot_type F16) -> [..., N, M] float32. tokens: the product's src1 rows
-    per head in ggml; llamafile's tinyBLAS takes it from 2 up (sgemm.cpp: n < 2 returns false),
-    ggml_vec_dot_f16 for one. K is padded with zeros to a multiple of 32, as llama.cpp pads its
-    KV cache with masked cells (zero probabilities)."""
+    converts src1 to the vec_dot_type F16) -> [..., N, M] float32, on this machine's ggml path.
+    tokens: the product's src1 rows per head in ggml (tinyblas_takes' N). cells: the axis that
+    runs over KV cells, "m" (KQ: K's rows) or "k" (KQV: V^T's columns), None for neither.
+    llama.cpp's n_kv is a multiple of 256 and the cells past the attended ones have probability 0,
+    so along "k" the operands are padded with zeros to a multiple of 64 (every path's step; a zero
+    product adds nothing to a lane), and along "m" tinyBLAS sees a multiple of 256 rows."""
+    path = ggml_path.PATH
+    lanes = ggml_path.LANES[path]
     lead, (M, K), N = a.shape[:-2], a.shape[-2:], b.shape[-2]
-    pad = -K % 32
+    pad = -K % 64 if cells == "k" else 0
     a2 = np.zeros((int(np.prod(lead, dtype=np.int64)), M, K + pad), np.float32)
     b2 = np.zeros((a2.shape[0], N, K + pad), np.float32)
     a2[:, :, :K] = to_f16(a).reshape(-1, M, K)
     b2[:, :, :K] = to_f16(b).reshape(-1, N, K)
     c = np.empty((a2.shape[0], N, M), np.float32)
-    if tokens >= 2:
-        _f16_gemm_t(np.ascontiguousarray(a2.transpose(0, 2, 1)), b2, c)
+    if tinyblas_takes(path, M + (-M % 256 if cells == "m" else 0), tokens, K + pad):
+        _f16_gemm_t(np.ascontiguousarray(a2.transpose(0, 2, 1)), b2, c, lanes)
     else:
-        _f16_vec_dot(a2, b2, c)
+        _f16_vec_dots(a2, b2, c, lanes)
     return c.reshape(*lead, N, M)
 
 
