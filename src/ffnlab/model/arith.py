@@ -99,4 +99,6 @@ def arith_named(name):
     """"f32" | "ggml" -> Arith"""
     if name not in ARITH:
         raise ValueError(f"arith must be one of {', '.join(ARITH)}, not {name!r}")
+    if name == "ggml" and ggml_path.PATH_ERROR is not None:      # FFNLAB_GGML_PATH asks for what this CPU lacks
+        raise ggml_path.PATH_ERROR
     return ARITH[name]

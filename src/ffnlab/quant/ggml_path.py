@@ -21,19 +21,22 @@ reproduces the f16 attention and the softmax, not the quantized products.
 The CPU flags are llvmlite's, as quant/simd.py reads them (not simd.HAS_AVX512 itself: that is
 ffnlab's own kernel choice, switched off by FFNLAB_NO_AVX512, while llama.cpp's build has no such
 switch). FFNLAB_GGML_PATH=avx512|avx2|scalar forces a path, to compare with a llama.cpp built for
-it; forcing one this CPU could not run is refused in one line (GgmlPathError), as llama.cpp's build
-for it would not run here either.
+it; forcing one this CPU could not run is refused in one line (GgmlPathError, when ggml mode is
+asked for), as llama.cpp's build for it would not run here either.
 """
 import os
 
 from llvmlite import binding
 
+from ..errors import UsageError
+
 PATHS = ("avx512", "avx2", "scalar")
 LANES = {"avx512": 16, "avx2": 8, "scalar": 1}        # float32 lanes of one vector register
 ENV = "FFNLAB_GGML_PATH"
+NEEDS = {"avx512": "AVX-512 F and DQ", "avx2": "AVX2 with FMA and F16C", "scalar": "CPU"}
 
 
-class GgmlPathError(ValueError):
+class GgmlPathError(UsageError):
     """FFNLAB_GGML_PATH names no path, or one this CPU cannot run"""
 
 
@@ -56,13 +59,15 @@ def choose(env=None, features=None):
     if want not in PATHS:
         raise GgmlPathError(f"{ENV}={want}: not a ggml path (one of {', '.join(PATHS)})")
     if PATHS.index(want) < PATHS.index(native):
-        raise GgmlPathError(f"{ENV}={want}: this CPU has no {want.upper()} (its llama.cpp build takes the {native} path)")
+        raise GgmlPathError(f"{ENV}={want}: this CPU has no {NEEDS[want]} (a llama.cpp built for it takes the "
+                            f"{native} path)")
     return want
 
 
 def llamacpp_path(system_info):
     """llama_print_system_info()'s text -> the path that llama.cpp build runs"""
-    flags = dict(part.strip().split(" = ", 1) for part in system_info.split("|") if " = " in part)
+    flags = dict(p.strip().rsplit(" = ", 1) for p in system_info.split("|") if " = " in p)
+    flags = {k.split(":")[-1].strip(): v for k, v in flags.items()}          # "CPU : SSE3" -> "SSE3"
     if flags.get("AVX512") == "1":
         return "avx512"
     if flags.get("AVX2") == "1" and flags.get("FMA", "1") == "1":
@@ -76,3 +81,28 @@ except GgmlPathError as e:              # reported where ggml mode is asked for 
     PATH, PATH_ERROR = cpu_path(), e
 else:
     PATH_ERROR = None
+
+
+def llamacpp_build():
+    """the installed llama-cpp-python's path and its version -> ("avx512", "0.3.36"), or None
+    when it is not installed"""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llamacpp_path(llama_cpp.llama_print_system_info().decode(errors="replace")), llama_cpp.__version__
+
+
+def mismatch_hint(ours, theirs):
+    """why ggml mode cannot match a llama.cpp build on path `theirs`, or None when it can"""
+    if theirs == "scalar" or ours == "scalar":
+        return ("ffnlab does not transcribe the scalar build's quantized products (quants.c's generic C), so "
+                "the MUL_MAT nodes of quantized weights differ in their last bits")
+    if ours != theirs:
+        forced = os.environ.get(ENV, "")
+        how = f"{ENV}={forced}" if forced else "this CPU's"
+        fix = f"unset {ENV}, or compare" if forced else f"set {ENV}={theirs} if this CPU has it, or compare"
+        return (f"ffnlab reproduced the {ours} path ({how}) and llama.cpp runs its {theirs} kernels: their float "
+                f"sums differ in the last bits from kq-0 on, and each product's 8-bit activation rounding grows "
+                f"such bits; {fix} with a llama.cpp built for {ours}")
+    return None
