@@ -1,7 +1,8 @@
 """Arithmetic: one setting, chosen at load, that says how the graph's numbers are computed.
 
   f32   float32 everywhere, weights dequantized exactly: the HF / PyTorch reference
-  ggml  llama.cpp's CPU backend (its default context: flash attention off, f16 K/V cache):
+  ggml  llama.cpp's CPU backend on this CPU's code path (quant/ggml_path.py: AVX-512, AVX2 or
+        scalar), run with flash attention off, an f16 K/V cache and no weight repacking:
         activations quantized to 8-bit blocks before each quantized product and integer dot
         products (quant/ggml_kernels.py, selected in the QuantTensor at load); K and V kept in
         f16 and q rounded to f16 for KQ, the softmax output rounded to f16 for KQV; ggml's exp,
@@ -41,7 +42,7 @@ class Arith(NamedTuple):
 def _ggml_kq(q, k):
     """q: [B, T, H, hd], k: [B, S, Hkv, hd] -> [B, H, T, S]. ggml_mul_mat(k, q): k is f16 (the
     cache), so q is converted to f16 (the vec_dot_type of F16); the f16 x f16 products are exact
-    in float32 and summed in tinyBLAS's eight lanes (ops/ggml_math.py's f16_matmul)"""
+    in float32 and summed in tinyBLAS's lanes (ops/ggml_math.py's f16_matmul)"""
     B, T, H, hd = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     qg = q.reshape(B, T, Hkv, H // Hkv, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, H // Hkv * T, hd)

@@ -1,13 +1,17 @@
-"""The pointwise and reduction ops as llama.cpp's CPU backend computes them (ggml-cpu, AVX2 build).
+"""The pointwise and reduction ops as llama.cpp's CPU backend computes them (ggml-cpu), on the code
+path of this CPU (quant/ggml_path.py: "avx512", "avx2" or "scalar"; the kernels whose float order
+depends on it take `lanes`, the float32 lanes of one vector: 16, 8, or 1 for a scalar build).
 
   v_expf      ggml_v_expf (vec.h): ARM's optimized-routines exp, a degree-5 polynomial after a
-              range reduction by ln 2, FMAs throughout; within ~1.5 ulp of exp, not correctly rounded
+              range reduction by ln 2, FMAs throughout; within ~1.5 ulp of exp, not correctly
+              rounded. AVX2: exp(b) - 1 and 2^n from its exponent bits; AVX-512: exp(b) and
+              vscalefps; a scalar build (and a tail past whole vectors): libm's expf
   silu        ggml_v_silu (vec.h): x / (1 + v_expf(-x)); SwiGLU (ggml_vec_swiglu_f32) is silu(x) * g
   gelu        ggml_vec_gelu_f32 with GGML_GELU_FP16 (vec.h): |x| < 10 reads a 65536-entry table of
               f16(gelu_tanh(h)) at h = f16(x); x <= -10 gives 0, x >= 10 gives x. GeGLU: the same times g
   soft_max    ggml_compute_forward_soft_max_f32 (ops.cpp): w = x * scale + mask, max, y = v_expf(w - max)
-              per 8 lanes, each 8-lane float32 sum added to a float64 total (ggml_vec_soft_max_f32),
-              y *= (float)(1 / total)
+              one vector at a time, each vector's float32 sum (hsum) added to a float64 total
+              (ggml_vec_soft_max_f32), y *= (float)(1 / total)
   rms_norm    ggml_compute_forward_rms_norm_f32 (ops.cpp): float32 squares summed in float64,
               mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x * scale (then * w)
   layer_norm  ggml_compute_forward_norm_f32: float64 sum for the mean, float64 sum of squared
@@ -18,6 +22,8 @@
               sinf (which are not always correctly rounded: 1 ulp off for some angles)
   rope        rotate_pairs (ops.cpp): x0 cos - x1 sin, x0 sin + x1 cos with the compiler's FMA
               contraction (the first product fused), which llama.cpp's build does
+  f16_matmul  KQ and KQV: llamafile's tinyBLAS<lanes> for 2+ tokens where sgemm.cpp takes them,
+              ggml_vec_dot_f16 (4 vectors per step, a float64 tail) otherwise
   to_f16      ggml_cpu_fp32_to_fp16 (F16C, round to nearest even): the K/V cache, and the float32
               operand of an f16 product (mul_mat's vec_dot_type for F16 is F16)
 """
