@@ -126,6 +126,7 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     p = np.zeros(pad_s, np.float32)
     vcol = np.zeros(pad_s, np.float32)
     vt = np.empty((Hkv, hd, S), np.float32)                # V^T as floats, per kv head
+    acc = np.empty(64, np.float32)                         # vec_dot_f16's scratch
     for g in range(Hkv):
         for t in range(S):
             for j in range(hd):
@@ -138,7 +139,7 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
         for t in range(S):
             for j in range(hd):
                 kr[j] = table[kbits[g, t, j]]
-            kq[t] = vec_dot_f16(kr, qh, lanes)
+            kq[t] = vec_dot_f16(kr, qh, lanes, acc)
         _scale_mask(kq, sc, lo, w)
         _soft_max_row(w, p[:S], lanes)
         for t in range(S):
@@ -146,4 +147,4 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
         for j in range(hd):
             for t in range(S):
                 vcol[t] = vt[g, j, t]
-            out[h, j] = vec_dot_f16(vcol, p, lanes)
+            out[h, j] = vec_dot_f16(vcol, p, lanes, acc)

@@ -228,10 +228,11 @@ def _hsum8(v, o):
 def _hsum16(v, o):
     """the 16 lanes v[o:o+16] summed as GCC's _mm512_reduce_add_ps: the upper 256 bits added to
     the lower (t_i = l_i + l_{8+i}), then t's 8 lanes as _hsum8 pairs them"""
-    t = np.empty(8, np.float32)
-    for i in range(8):
-        t[i] = _lane(v, o + i) + _lane(v, o + 8 + i)
-    return _hsum8(t, 0)
+    t0, t1 = _lane(v, o) + _lane(v, o + 8), _lane(v, o + 1) + _lane(v, o + 9)
+    t2, t3 = _lane(v, o + 2) + _lane(v, o + 10), _lane(v, o + 3) + _lane(v, o + 11)
+    t4, t5 = _lane(v, o + 4) + _lane(v, o + 12), _lane(v, o + 5) + _lane(v, o + 13)
+    t6, t7 = _lane(v, o + 6) + _lane(v, o + 14), _lane(v, o + 7) + _lane(v, o + 15)
+    return ((t0 + t4) + (t2 + t6)) + ((t1 + t5) + (t3 + t7))
 
 
 @njit(**JIT)
@@ -362,29 +363,29 @@ F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"})
 
 
 @njit(**F16_DOT)
-def vec_dot_f16(a, b, lanes):
+def vec_dot_f16(a, b, lanes, acc):
     """ggml_vec_dot_f16 (vec.cpp) of a [K], b [K] (f16 values in float32), on the path of `lanes`:
     four accumulators of `lanes` floats over each step of 4 x lanes k's (accumulator j takes
     k = step + j lanes + lane, one FMA each), added (0+2, 1+3, then 0+1: GGML_F32xN_REDUCE)
     and reduced to one float (AVX2: (l0+l4)+(l1+l5) + (l2+l6)+(l3+l7), two hadds; AVX-512:
     _mm512_reduce_add_ps); the K mod (4 lanes) k's left over are added in float64, as is every
-    product on a scalar build (lanes 1). The product of two halves is exact in float32."""
+    product on a scalar build (lanes 1). The product of two halves is exact in float32.
+    acc [>= 4 lanes] float32: scratch."""
     K = a.shape[0]
-    step = 4 * lanes if lanes > 1 else 1
+    step = 4 * lanes
     body = K - K % step if lanes > 1 else 0
     total = 0.0
     if body:
-        acc = np.zeros(step, np.float32)
+        acc[:step] = 0
         for k0 in range(0, body, step):
             for t in range(step):
                 acc[t] = a[k0 + t] * b[k0 + t] + acc[t]
-        x = np.empty(lanes, np.float32)
-        for t in range(lanes):
-            x[t] = (acc[t] + acc[2 * lanes + t]) + (acc[lanes + t] + acc[3 * lanes + t])
+        for t in range(lanes):                                      # in place: reads only lanes >= t
+            acc[t] = (acc[t] + acc[2 * lanes + t]) + (acc[lanes + t] + acc[3 * lanes + t])
         if lanes == 8:
-            r = ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
+            r = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
         else:
-            r = _hsum16(x, 0)
+            r = _hsum16(acc, 0)
         total = np.float64(r)
     for k in range(body, K):
         total += np.float64(a[k]) * np.float64(b[k])
@@ -398,8 +399,9 @@ def _f16_vec_dots(a, b, c, lanes):
     N = b.shape[1]
     for task in prange(G * N):
         g, n = task // N, task % N
+        acc = np.empty(64, np.float32)
         for m in range(M):
-            c[g, n, m] = vec_dot_f16(a[g, m], b[g, n], lanes)
+            c[g, n, m] = vec_dot_f16(a[g, m], b[g, n], lanes, acc)
 
 
 @njit(parallel=True, **F16_DOT)
@@ -427,7 +429,7 @@ def _f16_gemm_t_row(at, bn, cn, lanes):
     for m in range(M):
         for t in range(lanes):
             col[t] = acc[t, m]
-        cn[m] = hsum(col, 0, lanes)
+        cn[m] = hsum(col, 0, lanes)                                 # one output's lanes, as tinyBLAS's hsum
 
 
 def tinyblas_takes(path, M, N, K):
