@@ -210,6 +210,66 @@ def _dot_q4_k(row, table, qx, dx, bsums, acc):
 
 
 @njit(**JIT)
+def _dot_q5_k(row, table, qx, dx, bsums, acc):
+    """Q5_K x Q8_K as ggml_vec_dot_q5_K_q8_K's AVX2 code: Q4_K's lanes (lane i sums scale_s * q.x
+    over elements 4i..4i+3 of every 32-wide sub-block s) with 5-bit q (sub-block s takes bit s of
+    qh); the mins summed to one integer per superblock, summs = fma(dmin, that, summs);
+    acc = fma(d, lane, acc); the result hsum_float_8(acc) + summs."""
+    acc[:] = 0
+    summs = np.float32(0.0)
+    for b in range(dx.shape[0]):
+        o, xo = b * 176, b * 256
+        d = dx[b] * half_float(row, o, table)
+        dmin = -dx[b] * half_float(row, o + 2, table)
+        lanes = np.zeros(8, np.int32)
+        mins = np.int32(0)
+        for s in range(8):
+            sc, m = _k_scale_min(row, o + 4, s)
+            mins += np.int32(m) * (np.int32(bsums[b * 16 + 2 * s]) + np.int32(bsums[b * 16 + 2 * s + 1]))
+            qo, shift = o + 48 + (s // 2) * 32, 4 * (s % 2)
+            for i in range(8):
+                t = 0
+                for k in range(4):
+                    e = 4 * i + k
+                    q = ((np.int32(row[qo + e]) >> shift) & 15) | (((np.int32(row[o + 16 + e]) >> s) & 1) << 4)
+                    t += q * np.int32(qx[xo + s * 32 + e])
+                lanes[i] += np.int32(sc) * t
+        summs = _fma(dmin, np.float32(mins), summs)
+        for i in range(8):
+            acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
+    return _hsum8(acc) + summs
+
+
+@njit(**JIT)
+def _dot_q2_k(row, table, qx, dx, bsums, acc):
+    """Q2_K x Q8_K as ggml_vec_dot_q2_K_q8_K's AVX2 code: per superblock first
+    acc_i = fma(dmin, min_2i bsum_2i + min_2i+1 bsum_2i+1, acc_i), then acc_i = fma(d, lane_i, acc_i),
+    lane i summing scale * q.x over elements 4i..4i+3 of each 32-wide group (the group's two
+    16-wide sub-blocks: lanes 0-3 and 4-7); the result hsum_float_8(acc)."""
+    acc[:] = 0
+    for b in range(dx.shape[0]):
+        o, xo = b * 84, b * 256
+        d = dx[b] * half_float(row, o + 80, table)
+        dmin = -dx[b] * half_float(row, o + 82, table)
+        lanes = np.zeros(8, np.int32)
+        for j in range(2):                                           # 128-wide halves
+            for k in range(4):                                       # 32-wide groups: bits 2k of qs[32j:32j+32]
+                for i in range(8):
+                    t = 0
+                    for u in range(4):
+                        e = 4 * i + u
+                        q = (np.int32(row[o + 16 + 32 * j + e]) >> (2 * k)) & 3
+                        t += q * np.int32(qx[xo + 128 * j + 32 * k + e])
+                    lanes[i] += (np.int32(row[o + 8 * j + 2 * k + i // 4]) & 15) * t
+        for i in range(8):
+            m = (np.int32(row[o + 2 * i]) >> 4) * np.int32(bsums[b * 16 + 2 * i]) \
+                + (np.int32(row[o + 2 * i + 1]) >> 4) * np.int32(bsums[b * 16 + 2 * i + 1])
+            acc[i] = _fma(dmin, np.float32(m), acc[i])
+            acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
+    return _hsum8(acc)
+
+
+@njit(**JIT)
 def _dot_q6_k(row, table, qx, dx, bsums, acc):
     """Q6_K x Q8_K as ggml_vec_dot_q6_K_q8_K's AVX2 code: unsigned 6-bit q (0..63) times x, lane i
     summing scale * q.x over elements 4i..4i+3 of each 32-wide group, minus 32 (scale_2i bsum_2i
@@ -447,6 +507,10 @@ def gemm(qtype, data, table, qs, d, e, y):
                     y[t, r] = _dot_q4_k(data[r], table, qs[t], d[t], e[t], acc)
                 elif qtype == Q6_K:
                     y[t, r] = _dot_q6_k(data[r], table, qs[t], d[t], e[t], acc)
+                elif qtype == Q5_K:
+                    y[t, r] = _dot_q5_k(data[r], table, qs[t], d[t], e[t], acc)
+                elif qtype == Q2_K:
+                    y[t, r] = _dot_q2_k(data[r], table, qs[t], d[t], e[t], acc)
                 elif kbytes:
                     y[t, r] = _dot_k(qtype, kbytes, data[r], table, qs[t], d[t], e[t], q, sc, mn)
                 else:
