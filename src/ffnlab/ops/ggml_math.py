@@ -419,17 +419,25 @@ def _f16_gemm_t(at, b, c, lanes):
 
 @njit(**F16_DOT)
 def _f16_gemm_t_row(at, bn, cn, lanes):
+    """one (g, n): the lanes of all M outputs side by side, acc [lanes, M], and their hsum done
+    row against row (vectorized over M), in hsum's pairing: AVX-512 first adds the upper 8
+    lanes to the lower 8 (_mm512_reduce_add_ps), then hsum(__m256) adds lane i + 4 to lane i
+    and sums (0 + 2) + (1 + 3)"""
     K, M = at.shape
     acc = np.zeros((lanes, M), np.float32)
     for k in range(K):
-        a, bk, l = at[k], bn[k], acc[k % lanes]
+        l, bk = k % lanes, bn[k]
         for m in range(M):
-            l[m] = a[m] * bk + l[m]
-    col = np.empty(lanes, np.float32)
+            acc[l, m] = at[k, m] * bk + acc[l, m]
+    if lanes == 16:
+        for i in range(8):
+            for m in range(M):
+                acc[i, m] = acc[i, m] + acc[8 + i, m]
+    for i in range(4):
+        for m in range(M):
+            acc[i, m] = acc[i, m] + acc[4 + i, m]
     for m in range(M):
-        for t in range(lanes):
-            col[t] = acc[t, m]
-        cn[m] = hsum(col, 0, lanes)                                 # one output's lanes, as tinyBLAS's hsum
+        cn[m] = (acc[0, m] + acc[2, m]) + (acc[1, m] + acc[3, m])
 
 
 def tinyblas_takes(path, M, N, K):
