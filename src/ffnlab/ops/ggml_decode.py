@@ -127,6 +127,7 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     vcol = np.zeros(pad_s, np.float32)
     vt = np.empty((Hkv, hd, S), np.float32)                # V^T as floats, per kv head
     acc = np.empty(64, np.float32)                         # vec_dot_f16's scratch
+    scratch = np.empty(3 * S, np.int32)                    # the softmax's
     for g in range(Hkv):
         for t in range(S):
             for j in range(hd):
@@ -141,7 +142,7 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
                 kr[j] = table[kbits[g, t, j]]
             kq[t] = vec_dot_f16(kr, qh, lanes, acc)
         _scale_mask(kq, sc, lo, w)
-        _soft_max_row(w, p[:S], lanes)
+        _soft_max_row(w, p[:S], lanes, scratch)
         for t in range(S):
             p[t] = f16_round(p[t])
         for j in range(hd):

@@ -119,22 +119,24 @@ def _expf512_vec(x, y, kb):
 
 
 @njit(**JIT)
-def _expf_row(x, y, lanes):
+def _expf_row(x, y, lanes, scratch):
     """y = ggml_v_expf(x) as ggml's `lanes`-wide loops compute it: 16 -> the AVX-512 expf,
-    8 -> the AVX2 one; 1 (a scalar build) -> libm's expf (numba's math.exp of a float32)"""
+    8 -> the AVX2 one; 1 (a scalar build) -> libm's expf (numba's math.exp of a float32).
+    scratch: int32 [>= 2 len(x)] (a row's allocations cost more than its exps)"""
+    n = x.shape[0]
     if lanes == 16:
-        _expf512_vec(x, y, np.empty(x.shape[0], np.int64))
+        _expf512_vec(x, y, scratch[:2 * n].view(np.int64))
     elif lanes == 8:
-        _expf_vec(x, y, np.empty(x.shape[0], np.float32), np.empty(x.shape[0], np.int32))
+        _expf_vec(x, y, scratch[:n].view(np.float32), scratch[n:2 * n])
     else:
-        for i in range(x.shape[0]):
+        for i in range(n):
             y[i] = math.exp(x[i])
 
 
 @njit(parallel=True, **JIT)
 def _expf_rows(x, y, lanes):
     for i in prange(x.shape[0]):
-        _expf_row(x[i], y[i], lanes)
+        _expf_row(x[i], y[i], lanes, np.empty(2 * x.shape[1], np.int32))
 
 
 def v_expf(x, lanes=None):
@@ -150,20 +152,20 @@ def v_expf(x, lanes=None):
 @njit(parallel=True, **JIT)
 def _silu_rows(x, y, lanes):
     for i in prange(x.shape[0]):
-        _silu_row(x[i], y[i], lanes)
+        _silu_row(x[i], y[i], lanes, np.empty(3 * x.shape[1], np.int32))
 
 
 @njit(**JIT)
-def _silu_row(x, y, lanes):
+def _silu_row(x, y, lanes, scratch):
     """ggml_vec_silu_f32: x / (1 + v_expf(-x)) over whole vectors of `lanes`, the tail (and a
-    scalar build) as ggml_silu_f32, x / (1 + expf(-x)) with libm's expf"""
+    scalar build) as ggml_silu_f32, x / (1 + expf(-x)) with libm's expf. scratch: int32 [3 n]"""
     one = np.float32(1.0)
     n = x.shape[0]
     body = n - n % lanes if lanes > 1 else 0
-    neg = np.empty(n, np.float32)
+    neg = scratch[2 * n:3 * n].view(np.float32)
     for j in range(n):
         neg[j] = np.float32(0.0) - x[j]                          # _mm512_sub_ps(zero, x); AVX2 negates: exp(+-0) = 1 either way
-    _expf_row(neg[:body], y[:body], lanes)
+    _expf_row(neg[:body], y[:body], lanes, scratch)
     for j in range(body, n):
         y[j] = math.exp(neg[j])
     for j in range(n):
@@ -247,22 +249,28 @@ def hsum(v, o, lanes):
 
 @njit(parallel=True, **JIT)
 def _soft_max_rows(w, y, lanes):
-    """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale)"""
-    for i in prange(w.shape[0]):
-        _soft_max_row(w[i], y[i], lanes)
+    """w: [R, S] scaled and masked scores -> y: [R, S] (ggml_vec_soft_max_f32 + the final scale),
+    in blocks of 64 rows sharing one scratch"""
+    R = w.shape[0]
+    for blk in prange((R + 63) // 64):
+        scratch = np.empty(3 * w.shape[1], np.int32)
+        for i in range(blk * 64, min(R, blk * 64 + 64)):
+            _soft_max_row(w[i], y[i], lanes, scratch)
 
 
 @njit(**JIT)
-def _soft_max_row(row, y, lanes):
+def _soft_max_row(row, y, lanes, scratch):
     """ggml_vec_soft_max_f32: y = v_expf(row - max) one vector of `lanes` at a time, each
-    vector's sum (hsum) added to a float64 total; a scalar build adds each expf(row - max)"""
+    vector's sum (hsum) added to a float64 total; a scalar build adds each expf(row - max).
+    scratch: int32 [>= 3 len(row)]"""
+    n = row.shape[0]
     mx = np.float32(-np.inf)
-    for j in range(row.shape[0]):
+    for j in range(n):
         mx = max(mx, row[j])
-    shifted = np.empty(row.shape[0], np.float32)
-    for j in range(row.shape[0]):
+    shifted = scratch[2 * n:3 * n].view(np.float32)
+    for j in range(n):
         shifted[j] = row[j] - mx
-    _expf_row(shifted, y, lanes)
+    _expf_row(shifted, y, lanes, scratch)
     total = 0.0
     for j0 in range(0, row.shape[0], lanes):
         total += np.float64(hsum(y, j0, lanes))
