@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..quant import ggml_path
+from ..quant.ggml_quants import f16_round_array
 from .activations import GELU_TANH_COEF, SQRT_2_OVER_PI
 
 JIT = dict(cache=True, nogil=True)          # no fastmath: the roundings are ggml's
@@ -485,28 +486,5 @@ def to_f16(x):
     float32: NumPy's astype(float16) and back, in compiled passes (~2.5x faster)"""
     x = np.ascontiguousarray(x, np.float32)
     out = np.empty_like(x)
-    _f16_round(x.reshape(-1), x.reshape(-1).view(np.uint32), out.reshape(-1), out.reshape(-1).view(np.uint32))
+    f16_round_array(x.reshape(-1), out.reshape(-1))
     return out
-
-
-F16_MIN_NORMAL = np.float32(2.0 ** -14)
-F16_ROUND_UP = np.float32(65520.0)                  # from here up a half is infinite (65504 is the largest)
-
-
-@njit(**JIT)
-def _f16_round(x, xb, out, ob):
-    """x [n] float32 and its bits xb -> out (bits ob): normal halves keep 11 significant bits, so
-    the float32's 13 low mantissa bits are rounded off (ties to even; a carry moves into the
-    exponent as it should); below 2^-14 a half's step is 2^-24, the ulp of 0.5 in float32, so
-    (x + 0.5) - 0.5 rounds there (the sign kept for zeros); from 65520 up the half is infinite; NaN and inf pass."""
-    for i in range(xb.shape[0]):
-        u = xb[i]
-        ob[i] = (u + np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
-    for i in range(x.shape[0]):
-        v = x[i]
-        a = abs(v)
-        if a < F16_MIN_NORMAL:
-            h = np.float32(0.5) if v >= 0 else np.float32(-0.5)
-            out[i] = np.float32(math.copysign((v + h) - h, v))       # -1e-9 -> -0, as the half
-        elif not a < F16_ROUND_UP:                                   # also NaN
-            out[i] = v if not math.isfinite(v) else (np.float32(np.inf) if v > 0 else np.float32(-np.inf))
