@@ -341,28 +341,34 @@ def rope_angles(pos, head_dim, theta, scale=1.0, freq_factors=()):
     return cos, sin
 
 
+@njit(parallel=True, **JIT)
+def _rope_rows(x, cos, sin, neox, out):
+    """x, out [L, T, H, hd], cos / sin [T, n_rot/2]: out's first n_rot dims rotated in pairs
+    (neox: j and j + n_rot/2; else 2j and 2j + 1), in float64 with the one rounding of each
+    second product to float32 that the fused first product leaves"""
+    L, T, H, _ = x.shape
+    half = cos.shape[1]
+    for lt in prange(L * T):
+        l, t = lt // T, lt % T
+        for h in range(H):
+            for j in range(half):
+                i0, i1 = (j, j + half) if neox else (2 * j, 2 * j + 1)
+                x0, x1 = np.float64(x[l, t, h, i0]), np.float64(x[l, t, h, i1])
+                c, s = np.float64(cos[t, j]), np.float64(sin[t, j])
+                out[l, t, h, i0] = np.float32(x0 * c - np.float64(np.float32(x1 * s)))   # fma(x0, cos, -(x1 sin))
+                out[l, t, h, i1] = np.float32(x0 * s + np.float64(np.float32(x1 * c)))   # fma(x0, sin, x1 cos)
+
+
 def rope(x, cos, sin, pairing="normal"):
     """x: [..., T, H, hd], cos/sin: [T, hd/2] -> rotated x, as rotate_pairs (ops.cpp) compiles:
-    x0 cos - x1 sin and x0 sin + x1 cos, each with its first product fused into the add"""
-    n_rot = 2 * cos.shape[-1]
-    if n_rot < x.shape[-1]:                                        # partial rotary: the tail passes through
-        out = np.array(x, np.float32)
-        out[..., :n_rot] = rope(np.ascontiguousarray(x[..., :n_rot]), cos, sin, pairing)
-        return out
-    c = cos[:, None, :].astype(np.float64)
-    s = sin[:, None, :].astype(np.float64)
-    if pairing == "normal":
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-    else:
-        x0, x1 = x[..., :x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    x0, x1 = x0.astype(np.float64), x1.astype(np.float64)
-    y0 = (x0 * c - (x1 * s).astype(np.float32)).astype(np.float32)    # fma(x0, cos, -(x1 sin))
-    y1 = (x0 * s + (x1 * c).astype(np.float32)).astype(np.float32)    # fma(x0, sin, x1 cos)
-    out = np.empty(x.shape, np.float32)
-    if pairing == "normal":
-        out[..., 0::2], out[..., 1::2] = y0, y1
-    else:
-        out[..., :x.shape[-1] // 2], out[..., x.shape[-1] // 2:] = y0, y1
+    x0 cos - x1 sin and x0 sin + x1 cos, each with its first product fused into the add
+    (a product of two float32 values is exact in float64). With fewer rotated dims than hd
+    (partial rotary) the tail passes through."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = x.copy()
+    T, H, hd = x.shape[-3:]
+    _rope_rows(x.reshape(-1, T, H, hd), np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32),
+               pairing != "normal", out.reshape(-1, T, H, hd))
     return out
 
 
