@@ -79,6 +79,11 @@ def test_verify_explains_a_path_mismatch():
     assert "runs its avx512 kernels" in text and "cannot agree bit for bit" in text
 
 
+def test_verify_says_the_scalar_builds_quantized_products_are_not_transcribed():
+    report = Report("llama.cpp", 1e-3, 1e-6, ggml_path="scalar", llamacpp_build=("scalar", "0.3.36"))
+    assert "quantized products" in "\n".join(summary_lines(report))
+
+
 def test_verify_gives_no_hint_when_the_paths_agree():
     report = Report("llama.cpp", 1e-3, 1e-6, ggml_path="avx512", llamacpp_build=("avx512", "0.3.36"))
     assert "cannot agree" not in "\n".join(summary_lines(report))

@@ -95,9 +95,6 @@ def llamacpp_build():
 
 def mismatch_hint(ours, theirs):
     """why ggml mode cannot match a llama.cpp build on path `theirs`, or None when it can"""
-    if theirs == "scalar" or ours == "scalar":
-        return ("ffnlab does not transcribe the scalar build's quantized products (quants.c's generic C), so "
-                "the MUL_MAT nodes of quantized weights differ in their last bits")
     if ours != theirs:
         forced = os.environ.get(ENV, "")
         how = f"{ENV}={forced}" if forced else "this CPU's"
@@ -105,4 +102,7 @@ def mismatch_hint(ours, theirs):
         return (f"ffnlab reproduced the {ours} path ({how}) and llama.cpp runs its {theirs} kernels: their float "
                 f"sums differ in the last bits from kq-0 on, and each product's 8-bit activation rounding grows "
                 f"such bits; {fix} with a llama.cpp built for {ours}")
+    if ours == "scalar":
+        return ("ffnlab does not transcribe the scalar build's quantized products (quants.c's generic C), so "
+                "the MUL_MAT nodes of quantized weights differ in their last bits")
     return None
