@@ -136,6 +136,24 @@ def test_small_heads_match_llamacpp(tmp_path, n_head):
     _random_logits_match(quant_model(tmp_path, "Q8_0", n_ctx=256, n_head=n_head, n_kv_head=n_head // 4))
 
 
+def test_layernorm_gelu_model_matches_llamacpp(tmp_path):
+    """A GPT-2-layout GGUF (LayerNorm with biases, fused QKV, learned positions, GELU) of random
+    Q8_0 matrices: ggml_compute_forward_norm_f32's mean and ggml_vec_cvar_f32's variance"""
+    from gguf import GGMLQuantizationType as T
+    from models import TINY, tiny_gguf
+    from quant_blocks import fill_random_blocks
+
+    from ffnlab.config import ModelConfig
+    from ffnlab.model.params import param_shapes
+    cfg = dict(arch="gpt2", n_layer=2, d_model=256, n_head=4, n_kv_head=4, d_ff=512, ffn="gelu_tanh", ffn_bias=True,
+               attn_bias=True, attn_out_bias=True, fused_qkv=True, norm="layernorm", positions="learned", n_ctx=256,
+               tie_embeddings=True)
+    matrices = [n for n, sh in param_shapes(ModelConfig(**{**TINY, **cfg})).items() if len(sh) == 2 and "pos" not in n]
+    path = tiny_gguf(tmp_path / "gpt2.gguf", tensor_types={n: T.Q8_0 for n in matrices},
+                     meta={"attention.layer_norm_epsilon": 1e-5}, **cfg)
+    _random_logits_match(fill_random_blocks(path))
+
+
 def test_perplexity_equals_llamacpps_to_4_digits(model):
     text = " ".join([PROMPTS["paragraph"]] * 3)
     chunks = text_chunks(model, text, n_ctx=48, n_chunks=2)        # llama-perplexity's chunks and BOS rule

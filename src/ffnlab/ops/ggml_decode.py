@@ -18,66 +18,12 @@ JIT = dict(cache=True, nogil=True, error_model="numpy")
 
 
 @njit(**JIT)
-def _block_sum(a, lo, n):
-    """NumPy's pairwise_sum (loops_utils.h) for n <= 128: eight running sums, then the rest"""
-    if n < 8:
-        s = 0.0
-        for i in range(lo, lo + n):
-            s += a[i]
-        return s
-    r = np.empty(8)
-    for j in range(8):
-        r[j] = a[lo + j]
-    i = 8
-    while i < n - n % 8:
-        for j in range(8):
-            r[j] += a[lo + i + j]
-        i += 8
-    s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    for k in range(i, n):
-        s += a[lo + k]
-    return s
-
-
-@njit(**JIT)
-def _pairwise_sum(a):
-    """a.sum() for float64 a in NumPy's order (pairwise_sum: halves, split at a multiple of 8,
-    until 128 or fewer), so that the bits are ggml_math.rms_norm's. The halving is walked with
-    an explicit stack: numba's disk cache does not keep recursive functions safely."""
-    los, ns = np.empty(64, np.int64), np.empty(64, np.int64)
-    stage, part = np.zeros(64, np.int64), np.empty(64)
-    top, ret = 0, 0.0
-    los[0], ns[0] = 0, a.shape[0]
-    while top >= 0:
-        lo, m = los[top], ns[top]
-        if m <= 128:
-            ret = _block_sum(a, lo, m)
-            top -= 1
-            continue
-        m2 = m // 2
-        m2 -= m2 % 8
-        if stage[top] == 0:                                  # the left half first
-            stage[top] = 1
-            top += 1
-            los[top], ns[top], stage[top] = lo, m2, 0
-        elif stage[top] == 1:                                # left done: the right half
-            part[top], stage[top] = ret, 2
-            top += 1
-            los[top], ns[top], stage[top] = lo + m2, m - m2, 0
-        else:                                                # both done
-            ret = part[top] + ret
-            top -= 1
-    return ret
-
-
-@njit(**JIT)
 def rms_norm1(x, w, eps):
-    """ggml_math.rms_norm of one vector: float32 squares summed in float64, mean rounded to
-    float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w"""
-    sq = np.empty(x.shape[0])
+    """ggml_math.rms_norm of one vector: float32 squares added one by one in float64, mean
+    rounded to float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w"""
+    total = 0.0
     for i in range(x.shape[0]):
-        sq[i] = np.float64(x[i] * x[i])
-    total = _pairwise_sum(sq)
+        total += np.float64(x[i] * x[i])
     mean = np.float32(total / x.shape[0])
     scale = np.float32(1.0) / np.float32(np.sqrt(mean + np.float32(eps)))
     out = np.empty_like(x)

@@ -12,10 +12,11 @@ depends on it take `lanes`, the float32 lanes of one vector: 16, 8, or 1 for a s
   soft_max    ggml_compute_forward_soft_max_f32 (ops.cpp): w = x * scale + mask, max, y = v_expf(w - max)
               one vector at a time, each vector's float32 sum (hsum) added to a float64 total
               (ggml_vec_soft_max_f32), y *= (float)(1 / total)
-  rms_norm    ggml_compute_forward_rms_norm_f32 (ops.cpp): float32 squares summed in float64,
-              mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x * scale (then * w)
-  layer_norm  ggml_compute_forward_norm_f32: float64 sum for the mean, float64 sum of squared
-              deviations (ggml_vec_cvar_f32), both rounded to float32
+  rms_norm    ggml_compute_forward_rms_norm_f32 (ops.cpp): float32 squares added one by one in
+              float64, mean = (float)(sum / n), scale = 1.0f / sqrtf(mean + eps), y = x * scale (then * w)
+  layer_norm  ggml_compute_forward_norm_f32: the mean from a float64 sum rounded to float32 and
+              divided in float32; the variance as ggml_vec_cvar_f32 (per-vector float32 sums of the
+              squared deviations added in float64)
   rope_angles ggml_rope_cache_init (ops.cpp): theta_scale = powf(base, -2/n_dims) in float32 and
               theta multiplied by it once per pair, in float32: the angle of pair i at position p is
               p * theta_scale^i with i float32 roundings (not the float64 angle), then libm's cosf /
@@ -294,25 +295,61 @@ def soft_max(kq, scale, allowed):
     return y
 
 
+@njit(parallel=True, **JIT)
+def _sum_squares(x, out):
+    """out[r] = the float32 squares of x[r] added one by one in float64, as
+    ggml_compute_forward_rms_norm_f32's `sum += (ggml_float)(x[i00] * x[i00])` (no SIMD there)"""
+    for r in prange(x.shape[0]):
+        s = 0.0
+        for i in range(x.shape[1]):
+            s += np.float64(x[r, i] * x[r, i])
+        out[r] = s
+
+
 def rms_norm(x, w, eps):
     """x: [..., D], w: [D] or None -> y, cache (x_hat, scale) as ops/norms.py's rmsnorm_forward"""
-    x = np.asarray(x, np.float32)
-    sq = np.square(x, dtype=np.float32).astype(np.float64)       # float32 products, summed in float64
-    mean = (sq.sum(axis=-1, keepdims=True) / x.shape[-1]).astype(np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    total = np.empty(x.shape[:-1] + (1,), np.float64)
+    _sum_squares(x.reshape(-1, x.shape[-1]), total.reshape(-1))
+    mean = (total / x.shape[-1]).astype(np.float32)                 # (float)(sum / n)
     scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
     x_hat = x * scale
     return (x_hat * w if w is not None else x_hat), (x_hat, scale)
 
 
+@njit(parallel=True, **JIT)
+def _norm_stats(x, lanes, mean, var):
+    """ggml_compute_forward_norm_f32's statistics of each row x[r]: mean = (float)(the float64 sum
+    of x, one by one) / n in float32 (ggml_vec_sum_f32); var = ggml_vec_cvar_f32: the deviations'
+    float32 squares summed per vector of `lanes` (hsum) into a float64 total, the tail (and a
+    scalar build) one by one, / n"""
+    R, n = x.shape
+    for r in prange(R):
+        s = 0.0
+        for i in range(n):
+            s += np.float64(x[r, i])
+        m = np.float32(s) / np.float32(n)
+        sq = np.empty(n, np.float32)
+        for i in range(n):
+            d = x[r, i] - m
+            sq[i] = d * d
+        body = n - n % lanes if lanes > 1 else 0
+        total = 0.0
+        for j0 in range(0, body, lanes):
+            total += np.float64(hsum(sq, j0, lanes))
+        for i in range(body, n):
+            total += np.float64(sq[i])
+        mean[r], var[r] = m, np.float32(total / n)
+
+
 def layer_norm(x, w, b, eps):
     """x: [..., D] -> y, cache (x_hat, scale), as layernorm_forward"""
-    x = np.asarray(x, np.float32)
-    mean = (x.astype(np.float64).sum(axis=-1, keepdims=True) / x.shape[-1]).astype(np.float32)
-    xc = x - mean
-    var = (np.square(xc, dtype=np.float32).astype(np.float64).sum(axis=-1, keepdims=True)
-           / x.shape[-1]).astype(np.float32)
+    x = np.ascontiguousarray(x, np.float32)
+    mean = np.empty(x.shape[:-1] + (1,), np.float32)
+    var = np.empty_like(mean)
+    _norm_stats(x.reshape(-1, x.shape[-1]), ggml_path.LANES[ggml_path.PATH], mean.reshape(-1), var.reshape(-1))
     scale = np.float32(1.0) / np.sqrt(var + np.float32(eps))
-    x_hat = xc * scale
+    x_hat = (x - mean) * scale
     y = x_hat * w
     if b is not None:
         y += b
