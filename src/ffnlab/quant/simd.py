@@ -51,8 +51,9 @@ HAS_AVX2 = _host_has_avx2()
 HAS_AVX512 = HAS_AVX2 and bool(binding.get_host_cpu_features().get("avx512f")) \
     and os.environ.get("FFNLAB_NO_AVX512", "") in ("", "0")
 
-# AVX-512 VNNI with VL: vpdpbusd on 256-bit registers (FFNLAB_NO_AVX512=1 keeps vpmaddubsw + vpmaddwd)
-HAS_VNNI = HAS_AVX512 and bool(binding.get_host_cpu_features().get("avx512vnni")) \
+# AVX-512 VNNI with VL: vpdpbusd on 256-bit registers. Read inside an intrinsic's codegen, so it
+# must depend on the CPU alone (numba's cache is keyed by the CPU, not by FFNLAB_NO_AVX512)
+HAS_VNNI = HAS_AVX2 and bool(binding.get_host_cpu_features().get("avx512vnni")) \
     and bool(binding.get_host_cpu_features().get("avx512vl"))
 
 I8x32 = ir.VectorType(ir.IntType(8), 32)
