@@ -116,13 +116,30 @@ def _random_logits_match(path):
         assert np.abs(ours - ref).max() <= LOGIT_TOL, T
         sure = _margin(ref) >= MARGIN
         assert np.array_equal(ours.argmax(-1)[sure], ref.argmax(-1)[sure]), T
+    _greedy_matches(m, path, ids[:5], 32)
+
+
+def _greedy_matches(m, path, ids, steps):
+    """`steps` greedy tokens, one decode each on both sides (model/decode.py's one-token step
+    here), equal up to the first step whose margin is below MARGIN, logits within LOGIT_TOL"""
+    _, ref_ids, ref_logits = R.llama_logits(path, ids, steps=steps)
+    kv = m.new_cache(n_ctx=len(ids) + steps)
+    logits, ours = m.forward_last(ids, kv), []
+    for s in range(steps):
+        ours.append(int(np.argmax(logits)))
+        logits = m.forward_last([ours[-1]], kv)
+        if ref_ids[:s + 1] == ours:
+            assert np.abs(logits - ref_logits[s]).max() <= LOGIT_TOL, s
+    margin = _margin(ref_logits)
+    first_close = next((s for s in range(steps) if s and margin[s - 1] < MARGIN), steps)
+    assert ours[:first_close] == ref_ids[:first_close]
 
 
 @pytest.mark.parametrize("qtype", RANDOM_TYPES)
 def test_random_gguf_logits_match_llamacpp(tmp_path, qtype):
     """A 2-layer model (d_model 256, d_ff 512, head dim 64) of random qtype blocks, for 1, 5 and 20
     tokens: one token takes ggml_vec_dot_f16 and the row kernels, 5 tinyBLAS for the f16 and Q0
-    products, 20 also the tiled K-quant matmul (8+ tokens)."""
+    products, 20 also the tiled K-quant matmul (8+ tokens); then 32 greedy steps."""
     from test_quant_model import quant_model
     _random_logits_match(quant_model(tmp_path, qtype, n_ctx=256))
 
