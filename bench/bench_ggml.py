@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 
 from ffnlab.formats.installed import resolve_model  # noqa: E402
 from ffnlab.formats.load import load  # noqa: E402
+from ffnlab.quant import ggml_path  # noqa: E402
 from machine import cpu_model  # noqa: E402
 
 
@@ -70,7 +71,7 @@ def main():
     ids = rng.integers(100, models["f32"].config.vocab_size - 100, args.prompt_tokens).tolist()
     results = measure(models, ids, args.decode, args.repeats)
     print(f"{os.path.basename(path)} on {cpu_model()}, 1 thread, median CPU time of {args.repeats}; "
-          f"load average {os.getloadavg()[0]:.1f}\n")
+          f"load average {os.getloadavg()[0]:.1f}; ggml mode on llama.cpp's {ggml_path.PATH} path\n")
     print("| arith | prompt (%d tokens) s | prompt tok/s | decode ms/token | decode tok/s |" % args.prompt_tokens)
     print("|---|---|---|---|---|")
     for arith, (p, d) in results.items():

@@ -61,6 +61,7 @@ def run(args):
     import numpy as np
 
     from ..errors import UsageError
+    from ..quant import ggml_path
     from ..tracing import NonFiniteError, Tracer
     from ..tracing.api import attached
     from ..tracing.dump import Dumper
@@ -80,6 +81,9 @@ def run(args):
     if not ids:
         raise UsageError("the prompt encodes to no tokens")
     dumper = Dumper(args.dump, model.source, prompt, ids) if args.dump else None
+    path = ggml_path.PATH if model.arith.name == "ggml" else None
+    if path and not args.json:                 # llama-eval-callback prints no such line: only in ggml mode
+        print(f"# arith ggml: llama.cpp's {path} code path (quant/ggml_path.py; FFNLAB_GGML_PATH forces one)")
     records = []
     line = logical_line if args.layout == "logical" else ggml_line
 
@@ -121,7 +125,8 @@ def run(args):
         raise UsageError(no_match(args.filter, list(tracer.names)))
     if args.json:
         from ..threads import threads
-        out = {"model": model.source, "threads": threads(), "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}
+        out = {"model": model.source, "threads": threads(), "arith": model.arith.name, "ggml_path": path,
+               "prompt": prompt, "ids": [int(i) for i in ids], "nodes": records}
         if args.check_finite:
             out["non_finite"] = None if bad is None else {
                 "node": bad.node.name, "op": bad.node.op, "stats": bad.stats,

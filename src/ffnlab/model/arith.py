@@ -1,7 +1,8 @@
 """Arithmetic: one setting, chosen at load, that says how the graph's numbers are computed.
 
   f32   float32 everywhere, weights dequantized exactly: the HF / PyTorch reference
-  ggml  llama.cpp's CPU backend (its default context: flash attention off, f16 K/V cache):
+  ggml  llama.cpp's CPU backend on this CPU's code path (quant/ggml_path.py: AVX-512, AVX2 or
+        scalar), run with flash attention off, an f16 K/V cache and no weight repacking:
         activations quantized to 8-bit blocks before each quantized product and integer dot
         products (quant/ggml_kernels.py, selected in the QuantTensor at load); K and V kept in
         f16 and q rounded to f16 for KQ, the softmax output rounded to f16 for KQV; ggml's exp,
@@ -18,6 +19,7 @@ from ..ops.activations import ACTIVATIONS
 from ..ops.attention import attention_mix, attention_probs, attention_scores
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
+from ..quant import ggml_path
 from ..quant.blocks import F16_TABLE
 from .decode_kernels import rms_norm1
 
@@ -40,11 +42,11 @@ class Arith(NamedTuple):
 def _ggml_kq(q, k):
     """q: [B, T, H, hd], k: [B, S, Hkv, hd] -> [B, H, T, S]. ggml_mul_mat(k, q): k is f16 (the
     cache), so q is converted to f16 (the vec_dot_type of F16); the f16 x f16 products are exact
-    in float32 and summed in tinyBLAS's eight lanes (ops/ggml_math.py's f16_matmul)"""
+    in float32 and summed in tinyBLAS's lanes (ops/ggml_math.py's f16_matmul)"""
     B, T, H, hd = q.shape
     S, Hkv = k.shape[1], k.shape[2]
     qg = q.reshape(B, T, Hkv, H // Hkv, hd).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, H // Hkv * T, hd)
-    kq = ggml_math.f16_matmul(k.transpose(0, 2, 1, 3), qg, T)             # [B, Hkv, G*T, S]
+    kq = ggml_math.f16_matmul(k.transpose(0, 2, 1, 3), qg, T, "m")           # [B, Hkv, G*T, S]
     return kq.reshape(B, H, T, S)
 
 
@@ -53,7 +55,7 @@ def _ggml_kqv(probs, v):
     v is f16 (stored transposed), so the probabilities are rounded to f16 first"""
     B, H, T, S = probs.shape
     Hkv, hd = v.shape[2], v.shape[3]
-    out = ggml_math.f16_matmul(v.transpose(0, 2, 3, 1), probs.reshape(B, Hkv, H // Hkv * T, S), T)   # [B, Hkv, G*T, hd]
+    out = ggml_math.f16_matmul(v.transpose(0, 2, 3, 1), probs.reshape(B, Hkv, H // Hkv * T, S), T, "k")   # [B, Hkv, G*T, hd]
     return out.reshape(B, H, T, hd)
 
 
@@ -73,15 +75,15 @@ def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
         q, scale = q * np.asarray(scale, dtype=q.dtype), 1.0
     K[:, n], V[:, n] = qk[H:], v                                     # rounded to f16 by the cache
     if cfg.attn_softcap:                                            # Gemma 2: the general ops
-        kq = ggml_math.f16_matmul(K[:, :n + 1], q.reshape(Hkv, H // Hkv, hd), 1)   # [Hkv, G, S]: ggml_vec_dot_f16
+        kq = ggml_math.f16_matmul(K[:, :n + 1], q.reshape(Hkv, H // Hkv, hd), 1, "m")   # [Hkv, G, S]: ggml_vec_dot_f16
         c = cfg.attn_softcap
         kq = np.tanh(kq * np.asarray(scale / c, dtype=kq.dtype)) * np.asarray(c, dtype=kq.dtype)
         allowed = (np.arange(n + 1) >= lo)[None] if lo else None      # [1, S]
         probs = ggml_math.soft_max(kq, 1.0, allowed)                 # [Hkv, G, S]
-        return ggml_math.f16_matmul(V[:, :n + 1].transpose(0, 2, 1), probs, 1).reshape(H, hd)   # [Hkv, G, hd]
+        return ggml_math.f16_matmul(V[:, :n + 1].transpose(0, 2, 1), probs, 1, "k").reshape(H, hd)   # [Hkv, G, hd]
     out = np.empty((H, hd), np.float32)
     ggml_decode.attend1(np.ascontiguousarray(q, np.float32), K.view(np.uint16), V.view(np.uint16), F16_TABLE, n, lo,
-                        scale, out)
+                        scale, out, ggml_path.LANES[ggml_path.PATH])
     return out
 
 
@@ -98,4 +100,6 @@ def arith_named(name):
     """"f32" | "ggml" -> Arith"""
     if name not in ARITH:
         raise ValueError(f"arith must be one of {', '.join(ARITH)}, not {name!r}")
+    if name == "ggml" and ggml_path.PATH_ERROR is not None:      # FFNLAB_GGML_PATH asks for what this CPU lacks
+        raise ggml_path.PATH_ERROR
     return ARITH[name]

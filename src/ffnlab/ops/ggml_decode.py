@@ -11,74 +11,19 @@ import numpy as np
 from numba import njit
 
 from ..quant.ggml_quants import f16_round
-from .ggml_math import _soft_max_row
+from .ggml_math import _soft_max_row, vec_dot_f16
 
 # no fastmath: ggml's roundings; error_model "numpy": a division by zero gives inf or nan, as in C
 JIT = dict(cache=True, nogil=True, error_model="numpy")
-F16_DOT = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")   # the lane FMAs of ggml_vec_dot_f16
-
-
-@njit(**JIT)
-def _block_sum(a, lo, n):
-    """NumPy's pairwise_sum (loops_utils.h) for n <= 128: eight running sums, then the rest"""
-    if n < 8:
-        s = 0.0
-        for i in range(lo, lo + n):
-            s += a[i]
-        return s
-    r = np.empty(8)
-    for j in range(8):
-        r[j] = a[lo + j]
-    i = 8
-    while i < n - n % 8:
-        for j in range(8):
-            r[j] += a[lo + i + j]
-        i += 8
-    s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-    for k in range(i, n):
-        s += a[lo + k]
-    return s
-
-
-@njit(**JIT)
-def _pairwise_sum(a):
-    """a.sum() for float64 a in NumPy's order (pairwise_sum: halves, split at a multiple of 8,
-    until 128 or fewer), so that the bits are ggml_math.rms_norm's. The halving is walked with
-    an explicit stack: numba's disk cache does not keep recursive functions safely."""
-    los, ns = np.empty(64, np.int64), np.empty(64, np.int64)
-    stage, part = np.zeros(64, np.int64), np.empty(64)
-    top, ret = 0, 0.0
-    los[0], ns[0] = 0, a.shape[0]
-    while top >= 0:
-        lo, m = los[top], ns[top]
-        if m <= 128:
-            ret = _block_sum(a, lo, m)
-            top -= 1
-            continue
-        m2 = m // 2
-        m2 -= m2 % 8
-        if stage[top] == 0:                                  # the left half first
-            stage[top] = 1
-            top += 1
-            los[top], ns[top], stage[top] = lo, m2, 0
-        elif stage[top] == 1:                                # left done: the right half
-            part[top], stage[top] = ret, 2
-            top += 1
-            los[top], ns[top], stage[top] = lo + m2, m - m2, 0
-        else:                                                # both done
-            ret = part[top] + ret
-            top -= 1
-    return ret
 
 
 @njit(**JIT)
 def rms_norm1(x, w, eps):
-    """ggml_math.rms_norm of one vector: float32 squares summed in float64, mean rounded to
-    float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w"""
-    sq = np.empty(x.shape[0])
+    """ggml_math.rms_norm of one vector: float32 squares added one by one in float64, mean
+    rounded to float32, scale = 1 / sqrtf(mean + eps), y = (x * scale) * w"""
+    total = 0.0
     for i in range(x.shape[0]):
-        sq[i] = np.float64(x[i] * x[i])
-    total = _pairwise_sum(sq)
+        total += np.float64(x[i] * x[i])
     mean = np.float32(total / x.shape[0])
     scale = np.float32(1.0) / np.float32(np.sqrt(mean + np.float32(eps)))
     out = np.empty_like(x)
@@ -103,22 +48,6 @@ def rope1(qk, cos, sin, neox):
             qk[i, i1] = np.float32(x0 * s + np.float64(b))
 
 
-@njit(**F16_DOT)
-def _vec_dot_f16(a, b, n):
-    """ggml_vec_dot_f16's order (ggml_math._f16_vec_dot) over a[:n], b[:n] (f16 values in
-    float32), n padded with zeros to a multiple of 32"""
-    acc = np.zeros(32, np.float32)
-    for k0 in range(0, n, 32):
-        for t in range(32):
-            k = k0 + t
-            if k < a.shape[0]:
-                acc[t] = a[k] * b[k] + acc[t]
-    x = np.empty(8, np.float32)
-    for t in range(8):
-        x[t] = (acc[t] + acc[16 + t]) + (acc[8 + t] + acc[24 + t])
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]))
-
-
 @njit(**JIT)
 def _scale_mask(kq, scale, lo, w):
     """soft_max's w = kq * scale, -inf before lo (the sliding window's mask)"""
@@ -127,21 +56,24 @@ def _scale_mask(kq, scale, lo, w):
 
 
 @njit(**JIT)
-def attend1(q, kbits, vbits, table, n, lo, scale, out):
+def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     """q [H, hd] (roped, scaled where the graph scales q), kbits / vbits [Hkv, n_ctx, hd] uint16:
     the f16 cache with position n written, table: f16 bits -> float32; positions lo..n attended
-    (0..lo-1 masked, as forward()'s rows keep them) -> out [H, hd]"""
+    (0..lo-1 masked, as forward()'s rows keep them) -> out [H, hd]. lanes: the ggml path's
+    (ggml_vec_dot_f16 for both products: one token is never tinyBLAS's)"""
     H, hd = q.shape
     Hkv = kbits.shape[0]
     S = n + 1
-    pad_d, pad_s = hd + (-hd % 32), S + (-S % 32)
+    pad_s = S + (-S % 64)                                  # KQV runs over n_kv cells: zeros past S (ggml_math.f16_matmul)
     qh = np.empty(hd, np.float32)
     kr = np.empty(hd, np.float32)
     kq = np.empty(S, np.float32)
     w = np.empty(S, np.float32)
-    p = np.empty(S, np.float32)
-    vcol = np.empty(S, np.float32)
+    p = np.zeros(pad_s, np.float32)
+    vcol = np.zeros(pad_s, np.float32)
     vt = np.empty((Hkv, hd, S), np.float32)                # V^T as floats, per kv head
+    acc = np.empty(64, np.float32)                         # vec_dot_f16's scratch
+    scratch = np.empty(3 * S, np.int32)                    # the softmax's
     for g in range(Hkv):
         for t in range(S):
             for j in range(hd):
@@ -154,12 +86,12 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out):
         for t in range(S):
             for j in range(hd):
                 kr[j] = table[kbits[g, t, j]]
-            kq[t] = _vec_dot_f16(kr, qh, pad_d)
+            kq[t] = vec_dot_f16(kr, qh, lanes, acc)
         _scale_mask(kq, sc, lo, w)
-        _soft_max_row(w, p)
+        _soft_max_row(w, p[:S], lanes, scratch)
         for t in range(S):
             p[t] = f16_round(p[t])
         for j in range(hd):
             for t in range(S):
                 vcol[t] = vt[g, j, t]
-            out[h, j] = _vec_dot_f16(vcol, p, pad_s)
+            out[h, j] = vec_dot_f16(vcol, p, lanes, acc)

@@ -1,5 +1,6 @@
 """ggml's 32-weight block products with ggml's own instructions: byte multiplies into exact int32
-lane sums (vpmaddubsw, vpmaddwd: quant/simd.py), over a layout made once at load.
+lane sums (vpmaddubsw, vpmaddwd; one vpdpbusd on a CPU with AVX-512 VNNI: quant/simd.py), over a
+layout made once at load.
 
 ggml's AVX2 vec_dot for Q4_0 / Q4_1 / Q5_0 / Q8_0 (ggml-cpu/arch/x86/quants.c) takes one row's
 32-weight block and the activation's Q8_0 / Q8_1 block as 32 bytes each, multiplies them byte by

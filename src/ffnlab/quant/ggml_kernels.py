@@ -11,15 +11,12 @@ that is written out as ggml writes it:
                               llamafile's tinyBLAS (sgemm.cpp, prompt batches) has the same lanes.
   Q4_1 / Q5_1 x Q8_1          the same lanes for d_w d_x sum(q_w q_x), plus sum over blocks of
                               m_w * s_x in one float32 (s_x = f16(d_x sum q_x), quantize_row_q8_1).
-  Q4_K, Q6_K x Q8_K           as the AVX2 code: eight int32 lanes of scale * q.x sums (the lane
-                              layouts in _dot_q4_k and _dot_q6_k), fma(d_x f16(d_w), lane, acc),
-                              hsum_float_8; Q4_K's mins in four lanes of their own.
+  K-quants x Q8_K             as the AVX2 code: eight int32 lanes of scale * q.x sums (the lane
+                              layouts in _dot_q2_k, _dot_q3_k, _dot_q4_k, _dot_q5_k, _dot_q6_k),
+                              fma(d_x f16(d_w), lane, acc), hsum_float_8; the mins in lanes of
+                              their own (Q2_K: folded into acc first; Q4_K: four lanes; Q5_K: one
+                              float). An AVX-512 build runs this same AVX2 code.
   K-quants, 8+ tokens         ggml's tiled matmul (ggml-cpu/tiled/): _dot_k_tiled.
-  Q2_K, Q3_K, Q5_K x Q8_K     per 256-block: D = d_x * f16(d_w), Dm = d_x * f16(dmin_w), the integer
-                              sums of scale_j * (q_w . q_x)_j and min_j * bsum_j, accumulated as
-                              fma(D, S, acc) and fma(Dm, M, accm); result acc - accm. ggml's AVX2
-                              code spreads these sums over lanes (and the repacked Q4_K kernel over
-                              rows): the integers are the same, the float32 order may differ.
 A loaded model's products run quant/ggml_packed.py (the same arithmetic over 64 rows at a time,
 in the layout made at load) for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K; these row kernels compute
 the other types, and are the reference order the packed kernels are tested against.
@@ -152,31 +149,6 @@ def _unpack_k(qtype, row, o, table, q, sc, mn):
 
 
 @njit(**JIT)
-def _dot_k(qtype, nbytes, row, table, qx, dx, bsums, q, sc, mn):
-    """One K-quant weight row x one Q8_K row -> float32"""
-    acc = np.float32(0.0)
-    accm = np.float32(0.0)
-    for b in range(dx.shape[0]):
-        d, dmin, width = _unpack_k(qtype, row, b * nbytes, table, q, sc, mn)
-        xo = b * 256
-        S = 0
-        for j in range(256 // width):
-            s = 0
-            for l in range(width):
-                s += q[j * width + l] * np.int32(qx[xo + j * width + l])
-            S += sc[j] * s
-        M = 0
-        for j in range(256 // width):                                # bsums are per 16 values
-            if width == 16:
-                M += mn[j] * bsums[b * 16 + j]
-            else:
-                M += mn[j] * (bsums[b * 16 + 2 * j] + bsums[b * 16 + 2 * j + 1])
-        acc = _fma(dx[b] * d, S, acc)
-        accm = _fma(dx[b] * dmin, M, accm)
-    return acc - accm
-
-
-@njit(**JIT)
 def _dot_q4_k(row, table, qx, dx, bsums, acc):
     """Q4_K x Q8_K as ggml_vec_dot_q4_K_q8_K's AVX2 code: lane i (of 8) sums scale_s * q.x over
     elements 4i..4i+3 of every 32-wide sub-block s; the mins go to 4 lanes, lane k holding
@@ -207,6 +179,92 @@ def _dot_q4_k(row, table, qx, dx, bsums, acc):
         m2 = _fma(dmin, np.float32(mins[2]), m2)
         m3 = _fma(dmin, np.float32(mins[3]), m3)
     return _hsum8(acc) + ((m0 + m2) + (m1 + m3))
+
+
+@njit(**JIT)
+def _dot_q5_k(row, table, qx, dx, bsums, acc):
+    """Q5_K x Q8_K as ggml_vec_dot_q5_K_q8_K's AVX2 code: Q4_K's lanes (lane i sums scale_s * q.x
+    over elements 4i..4i+3 of every 32-wide sub-block s) with 5-bit q (sub-block s takes bit s of
+    qh); the mins summed to one integer per superblock, summs = fma(dmin, that, summs);
+    acc = fma(d, lane, acc); the result hsum_float_8(acc) + summs."""
+    acc[:] = 0
+    summs = np.float32(0.0)
+    for b in range(dx.shape[0]):
+        o, xo = b * 176, b * 256
+        d = dx[b] * half_float(row, o, table)
+        dmin = -dx[b] * half_float(row, o + 2, table)
+        lanes = np.zeros(8, np.int32)
+        mins = np.int32(0)
+        for s in range(8):
+            sc, m = _k_scale_min(row, o + 4, s)
+            mins += np.int32(m) * (np.int32(bsums[b * 16 + 2 * s]) + np.int32(bsums[b * 16 + 2 * s + 1]))
+            qo, shift = o + 48 + (s // 2) * 32, 4 * (s % 2)
+            for i in range(8):
+                t = 0
+                for k in range(4):
+                    e = 4 * i + k
+                    q = ((np.int32(row[qo + e]) >> shift) & 15) | (((np.int32(row[o + 16 + e]) >> s) & 1) << 4)
+                    t += q * np.int32(qx[xo + s * 32 + e])
+                lanes[i] += np.int32(sc) * t
+        summs = _fma(dmin, np.float32(mins), summs)
+        for i in range(8):
+            acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
+    return _hsum8(acc) + summs
+
+
+@njit(**JIT)
+def _dot_q2_k(row, table, qx, dx, bsums, acc):
+    """Q2_K x Q8_K as ggml_vec_dot_q2_K_q8_K's AVX2 code: per superblock first
+    acc_i = fma(dmin, min_2i bsum_2i + min_2i+1 bsum_2i+1, acc_i), then acc_i = fma(d, lane_i, acc_i),
+    lane i summing scale * q.x over elements 4i..4i+3 of each 32-wide group (the group's two
+    16-wide sub-blocks: lanes 0-3 and 4-7); the result hsum_float_8(acc)."""
+    acc[:] = 0
+    for b in range(dx.shape[0]):
+        o, xo = b * 84, b * 256
+        d = dx[b] * half_float(row, o + 80, table)
+        dmin = -dx[b] * half_float(row, o + 82, table)
+        lanes = np.zeros(8, np.int32)
+        for j in range(2):                                           # 128-wide halves
+            for k in range(4):                                       # 32-wide groups: bits 2k of qs[32j:32j+32]
+                for i in range(8):
+                    t = 0
+                    for u in range(4):
+                        e = 4 * i + u
+                        q = (np.int32(row[o + 16 + 32 * j + e]) >> (2 * k)) & 3
+                        t += q * np.int32(qx[xo + 128 * j + 32 * k + e])
+                    lanes[i] += (np.int32(row[o + 8 * j + 2 * k + i // 4]) & 15) * t
+        for i in range(8):
+            m = (np.int32(row[o + 2 * i]) >> 4) * np.int32(bsums[b * 16 + 2 * i]) \
+                + (np.int32(row[o + 2 * i + 1]) >> 4) * np.int32(bsums[b * 16 + 2 * i + 1])
+            acc[i] = _fma(dmin, np.float32(m), acc[i])
+            acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
+    return _hsum8(acc)
+
+
+@njit(**JIT)
+def _dot_q3_k(row, table, qx, dx, bsums, acc):
+    """Q3_K x Q8_K as ggml_vec_dot_q3_K_q8_K's AVX2 code: q = low 2 bits - 4 where the hmask bit
+    is clear (-4..3), lane i summing scale * q.x over elements 4i..4i+3 of each 32-wide group as
+    in _dot_q2_k (scales: the 6-bit values - 32); acc = fma(d, lane, acc); hsum_float_8(acc)."""
+    acc[:] = 0
+    for b in range(dx.shape[0]):
+        o, xo = b * 110, b * 256
+        d = dx[b] * half_float(row, o + 108, table)
+        lanes = np.zeros(8, np.int32)
+        for j in range(2):                                           # 128-wide halves
+            for k in range(4):                                       # 32-wide groups: bits 2k of qs, bit 4j+k of hmask
+                for i in range(8):
+                    t = 0
+                    for u in range(4):
+                        e = 4 * i + u
+                        q = (np.int32(row[o + 32 + 32 * j + e]) >> (2 * k)) & 3
+                        if not (np.int32(row[o + e]) >> (4 * j + k)) & 1:
+                            q -= 4
+                        t += q * np.int32(qx[xo + 128 * j + 32 * k + e])
+                    lanes[i] += _k_scale(row, o + 96, 8 * j + 2 * k + i // 4) * t
+        for i in range(8):
+            acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
+    return _hsum8(acc)
 
 
 @njit(**JIT)
@@ -447,7 +505,11 @@ def gemm(qtype, data, table, qs, d, e, y):
                     y[t, r] = _dot_q4_k(data[r], table, qs[t], d[t], e[t], acc)
                 elif qtype == Q6_K:
                     y[t, r] = _dot_q6_k(data[r], table, qs[t], d[t], e[t], acc)
-                elif kbytes:
-                    y[t, r] = _dot_k(qtype, kbytes, data[r], table, qs[t], d[t], e[t], q, sc, mn)
+                elif qtype == Q5_K:
+                    y[t, r] = _dot_q5_k(data[r], table, qs[t], d[t], e[t], acc)
+                elif qtype == Q2_K:
+                    y[t, r] = _dot_q2_k(data[r], table, qs[t], d[t], e[t], acc)
+                elif qtype == Q3_K:
+                    y[t, r] = _dot_q3_k(data[r], table, qs[t], d[t], e[t], acc)
                 else:
                     y[t, r] = _dot_32(qtype, data[r], table, qs[t], d[t], e[t], acc)

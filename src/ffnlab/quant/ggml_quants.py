@@ -48,30 +48,72 @@ def _q8_block(x, o, n, qs, scale_id):
     return s
 
 
+F16_MIN_NORMAL = np.float32(2.0 ** -14)
+F16_ROUND_UP = np.float32(65520.0)                  # from here up a half is infinite (65504 is the largest)
+
+
+@njit(**JIT)
+def f16_round_array(x, out):
+    """f16_round of every x [n] float32 into out [n], through the bits (vectorizable; f16_round's
+    frexp / ldexp are calls): normal halves keep 11 significant bits, so the float32's 13 low
+    mantissa bits are rounded off (ties to even; a carry moves into the exponent as it should);
+    below 2^-14 a half's step is 2^-24, the ulp of 0.5 in float32, so (x + 0.5) - 0.5 rounds
+    there (the sign kept for zeros); from 65520 up the half is infinite; NaN and inf pass."""
+    xb, ob = x.view(np.uint32), out.view(np.uint32)
+    for i in range(xb.shape[0]):
+        u = xb[i]
+        ob[i] = (u + np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    for i in range(x.shape[0]):
+        v = x[i]
+        a = abs(v)
+        if a < F16_MIN_NORMAL:
+            h = np.float32(0.5) if v >= 0 else np.float32(-0.5)
+            out[i] = np.float32(math.copysign((v + h) - h, v))       # -1e-9 -> -0, as the half
+        elif not a < F16_ROUND_UP:                                   # also NaN
+            out[i] = v if not math.isfinite(v) else (np.float32(np.inf) if v > 0 else np.float32(-np.inf))
+
+
+@njit(**JIT)
+def _block_amax(x, out):
+    """out[b] = max |x[32b : 32b + 32]| for a row x [n] float32, through the bits: with the sign
+    bit cleared, non-negative floats order as their bits do, and an integer max vectorizes
+    (a float max does not without fastmath)"""
+    xb, ob = x.view(np.uint32), out.view(np.uint32)
+    for b in range(out.shape[0]):
+        m = np.uint32(0)
+        for j in range(32):
+            m = max(m, xb[b * 32 + j] & np.uint32(0x7FFFFFFF))
+        ob[b] = m
+
+
 @njit(parallel=True, **JIT)
 def quantize_q8_0(x, qs, d):
     """x: [N, n] float32 -> qs: [N, n] int8, d: [N, n/32] float32 (the f16 block scales)"""
+    nb = x.shape[1] // 32
     for t in prange(x.shape[0]):
-        for b in range(x.shape[1] // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, b * 32 + j]))
-            d[t, b] = f16_round(amax / F32_127)
+        am, db = np.empty(nb, np.float32), np.empty(nb, np.float32)
+        _block_amax(x[t], am)
+        for b in range(nb):
+            amax = am[b]
+            db[b] = amax / F32_127
             _q8_block(x[t], b * 32, 32, qs[t], F32_127 / amax if amax != 0 else np.float32(0.0))
+        f16_round_array(db, d[t])
 
 
 @njit(parallel=True, **JIT)
 def quantize_q8_1(x, qs, d, s):
     """x: [N, n] float32 -> qs: [N, n] int8, d, s: [N, n/32] float32 (f16 d and f16 d * sum q)"""
+    nb = x.shape[1] // 32
     for t in prange(x.shape[0]):
-        for b in range(x.shape[1] // 32):
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, b * 32 + j]))
-            db = amax / F32_127                                        # float32, rounded to f16 only when stored
+        am, db, ds = np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(nb, np.float32)
+        _block_amax(x[t], am)
+        for b in range(nb):
+            amax = am[b]
+            db[b] = amax / F32_127                                     # float32, rounded to f16 only when stored
             total = _q8_block(x[t], b * 32, 32, qs[t], F32_127 / amax if amax != 0 else np.float32(0.0))
-            d[t, b] = f16_round(db)
-            s[t, b] = f16_round(db * np.float32(total))
+            ds[b] = db[b] * np.float32(total)
+        f16_round_array(db, d[t])
+        f16_round_array(ds, s[t])
 
 
 @njit(parallel=True, **JIT)

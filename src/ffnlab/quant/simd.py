@@ -14,6 +14,8 @@ types, kept in registers like any local, and each intrinsic writes the LLVM IR o
                      u8 a[4l..4l+3] x s8 b[4l..4l+3] (ggml's mul_sum_us8_pairs_float, less the
                      float conversion). A pair of products saturates int16 only past 32767;
                      here a <= 128 and |b| <= 127 (2 x 128 x 127 = 32512), so it never does.
+                     With AVX-512 VNNI (HAS_VNNI) one vpdpbusd gives the same sums (as ggml's
+                     build there: quants.c's mul_sum_us8_pairs_float under __AVX512VNNI__).
     lanes_s8(w, x)   the same for signed w: |w| x sign(x, w) (vpabsb, vpsignb), as ggml's
                      mul_sum_i8_pairs_float. sign(x, w) negates x where w < 0: exact while
                      x != -128 (activation codes are within +-127: ggml_quants.py).
@@ -48,6 +50,11 @@ def _host_has_avx2():
 HAS_AVX2 = _host_has_avx2()
 HAS_AVX512 = HAS_AVX2 and bool(binding.get_host_cpu_features().get("avx512f")) \
     and os.environ.get("FFNLAB_NO_AVX512", "") in ("", "0")
+
+# AVX-512 VNNI with VL: vpdpbusd on 256-bit registers. Read inside an intrinsic's codegen, so it
+# must depend on the CPU alone (numba's cache is keyed by the CPU, not by FFNLAB_NO_AVX512)
+HAS_VNNI = HAS_AVX2 and bool(binding.get_host_cpu_features().get("avx512vnni")) \
+    and bool(binding.get_host_cpu_features().get("avx512vl"))
 
 I8x32 = ir.VectorType(ir.IntType(8), 32)
 I16x16 = ir.VectorType(ir.IntType(16), 16)
@@ -357,6 +364,9 @@ def high_nibbles(typingctx, a):
 
 
 def _lanes(builder, a, b):
+    if HAS_VNNI:                 # vpdpbusd: the same 4-product int32 sums in one instruction, no int16 step
+        a32, b32 = builder.bitcast(a, I32x8), builder.bitcast(b, I32x8)
+        return _call(builder, "llvm.x86.avx512.vpdpbusd.256", I32x8, [ir.Constant(I32x8, [0] * 8), a32, b32])
     pairs = _call(builder, "llvm.x86.avx2.pmadd.ub.sw", I16x16, [a, b])        # 16 x (a0 b0 + a1 b1)
     return _call(builder, "llvm.x86.avx2.pmadd.wd", I32x8, [pairs, ir.Constant(I16x16, [1] * 16)])
 

@@ -24,16 +24,20 @@ Default tolerances follow each reference's arithmetic (measured figures: docs/gl
   hf               rtol 1e-4. transformers dequantizes the same GGUF to fp32; only summation
                    order differs (SmolLM2 7e-6).
   llama.cpp, a model loaded with arith="ggml"   rtol 1e-3. ffnlab computes as llama.cpp's CPU
-                   backend does (model/arith.py): SmolLM2 Q4_1 and Gemma 3 Q4_K_M agree bit for
-                   bit (rel 0); 1e-3 leaves room for another build's float order (a compiler's FMA
-                   contraction, another SIMD width), and a RoPE base off by 1% or an RMSNorm eps of
-                   1e-5 for 1e-6 moves its node by more (tests/test_ggml_vs_llamacpp.py).
+                   backend does on this CPU's code path (model/arith.py, quant/ggml_path.py):
+                   SmolLM2 Q4_1 and Gemma 3 Q4_K_M agree bit for bit (rel 0) on the AVX-512 path
+                   (Xeon, llama-cpp-python 0.3.36, 2026-12-01) and on the AVX2 one; 1e-3 leaves room
+                   for another build's float order (a compiler's FMA contraction), and a RoPE base off
+                   by 1% or an RMSNorm eps of 1e-5 for 1e-6 moves its node by more
+                   (tests/test_ggml_vs_llamacpp.py). The report names both paths, and says why they
+                   cannot agree where they differ (FFNLAB_GGML_PATH forced, another llama.cpp build).
 atol (default 1e-6) only matters for nodes that are all zeros.
 """
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..quant import ggml_path
 from .llamacpp import KQ_NODES
 from .tracer import ggml_shape
 
@@ -70,6 +74,8 @@ class Report:
     rtol: float
     atol: float
     rows: list = field(default_factory=list)
+    ggml_path: str | None = None        # the ggml code path ffnlab reproduced (arith="ggml"; quant/ggml_path.py)
+    llamacpp_build: tuple | None = None  # (its path, llama-cpp-python's version) when compared with llama.cpp
 
     @property
     def compared(self):
@@ -192,7 +198,34 @@ def verify(model, ids, against, rtol=None, atol=None, f32=False, reference=None)
         model.forward(np.asarray(ids))
     report = compare(t.nodes, reference, against, rtol, atol, f32, model.arith.name)
     report.against = against + (" (f32 weights, f32 KV cache)" if f32 and against == "llama.cpp" else "")
+    if model.arith.name == "ggml":
+        report.ggml_path = ggml_path.PATH
+        if against == "llama.cpp":
+            report.llamacpp_build = ggml_path.llamacpp_build()
     return report
+
+
+def path_lines(report):
+    """which ggml path ffnlab reproduced, which llama.cpp build it met, and why they cannot agree
+    when they cannot"""
+    if report.ggml_path is None:
+        return []
+    lines = [f"ggml mode reproduced llama.cpp's {report.ggml_path} code path (quant/ggml_path.py)"]
+    if report.llamacpp_build is not None:
+        theirs, version = report.llamacpp_build
+        lines.append(f"compared with llama-cpp-python {version}, whose llama.cpp runs its {theirs} kernels "
+                     "(flash attention off, f16 KV cache, no weight repacking)")
+        hint = mismatch_hint(report)
+        if hint is not None:
+            lines.append("  they cannot agree bit for bit: " + hint)
+    return lines
+
+
+def mismatch_hint(report):
+    """ggml_path.mismatch_hint for the report's two paths, or None"""
+    if report.ggml_path is None or report.llamacpp_build is None:
+        return None
+    return ggml_path.mismatch_hint(report.ggml_path, report.llamacpp_build[0])
 
 
 # --- printing ------------------------------------------------------------------------------
@@ -217,8 +250,9 @@ def summary_lines(report):
     n = len(report.compared)
     skipped = len(report.rows) - n
     worst = max((r for r in report.compared if r.rel is not None), key=lambda r: r.rel, default=None)
-    lines = [f"{n} nodes compared against {report.against} (rtol {report.rtol:g} of each node's max |ref|, "
-             f"atol {report.atol:g}); {skipped} ffnlab nodes have no counterpart there"]
+    lines = path_lines(report)
+    lines.append(f"{n} nodes compared against {report.against} (rtol {report.rtol:g} of each node's max |ref|, "
+                 f"atol {report.atol:g}); {skipped} ffnlab nodes have no counterpart there")
     if worst is not None:
         lines.append(f"largest relative error: {worst.name} ({worst.op}) {worst.rel:.3e}")
     bad, diff = report.first_bad, report.first_diff
@@ -239,6 +273,9 @@ def summary_lines(report):
         else:
             lines.append(f"  input {s} ({prev.op}): rel {prev.rel:.3e}, cosine {prev.cosine:.6f} -> "
                          f"{'ok' if prev.ok else 'FAIL'}")
+    if mismatch_hint(report) is not None:
+        lines.append(f"(ffnlab's ggml path is {report.ggml_path}, this llama.cpp's {report.llamacpp_build[0]}: "
+                     "see the hint above)")
     return lines
 
 
@@ -247,8 +284,10 @@ def report_dict(report):
         return {"index": r.index, "name": r.name, "op": r.op, "shape": list(r.shape), "max_abs": r.max_abs,
                 "max_ref": r.max_ref, "rel": r.rel, "cosine": r.cosine, "ok": r.ok, "note": r.note or None}
     bad, diff = report.first_bad, report.first_diff
+    build = report.llamacpp_build
     return {"against": report.against, "rtol": report.rtol, "atol": report.atol, "passed": report.passed,
-            "compared": len(report.compared),
+            "compared": len(report.compared), "ggml_path": report.ggml_path,
+            "llamacpp_path": None if build is None else build[0],
             "first_diff": None if diff is None else row(diff),
             "first_bad": None if bad is None else {
                 **row(bad), "inputs": [{"name": s, "row": None if p is None else row(p)}
