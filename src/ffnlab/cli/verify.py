@@ -38,7 +38,7 @@ def lora_reference(model, ids, args, tmp):
     from ..training.lora import adapters_of
     if args.against != "llama.cpp" or os.path.isdir(model.source):
         raise UsageError("--lora: verify compares an adapted GGUF model with llama.cpp (--against llama.cpp); "
-                         "for an HF directory, PEFT's logits are checked by tests/test_finetune.py")
+                         "for an HF directory, PEFT's logits are checked by tests/engines/test_finetune.py")
     adapters, scale = adapters_of(model.params)
     alphas = {round(s * adapters[w + ".lora_a"].shape[0], 6) for w, s in scale.items()}
     if len(alphas) != 1:

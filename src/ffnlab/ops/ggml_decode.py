@@ -5,7 +5,7 @@ ggml_vec_dot_f16) and soft_max, in the same order, for the shapes of a decoding 
 layer's norm, RoPE and attention are a few dozen NumPy calls on vectors of 64 numbers, each
 costing more to dispatch than to compute. The f16 K/V cache is read through its bits and the
 16-bit -> float32 table (exact); q and the probabilities are rounded to f16 with f16_round
-(round to nearest even, as F16C). tests/test_ggml_packed.py holds decode_step to forward().
+(round to nearest even, as F16C). tests/unit/test_ggml_packed.py holds decode_step to forward().
 """
 import numpy as np
 from numba import njit
@@ -14,7 +14,7 @@ from ..quant.ggml_quants import f16_round
 from .ggml_math import _soft_max_row, vec_dot_f16
 
 # no fastmath: ggml's roundings; error_model "numpy": a division by zero gives inf or nan, as in C
-JIT = dict(cache=True, nogil=True, error_model="numpy")
+JIT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @njit(**JIT)

@@ -37,7 +37,8 @@ from ..quant import ggml_path
 from ..quant.ggml_quants import f16_round_array
 from .activations import GELU_TANH_COEF, SQRT_2_OVER_PI
 
-JIT = dict(cache=True, nogil=True)          # no fastmath: the roundings are ggml's
+JIT = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: the roundings are ggml's, also when
+# a fastmath kernel calls these helpers first (tests/unit/test_numba_flags.py says why)
 
 
 @njit(**JIT)

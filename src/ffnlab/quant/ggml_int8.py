@@ -14,7 +14,7 @@ one vpmaddubsw against the lane's 4 activation codes broadcast (vpbroadcastd) an
 give lane j of 8 rows, exact. The float steps are ggml's, per row: the same FMA into the same
 lane accumulator in the same block order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ the Q8_1
 sum of m_w s_x). So the bits are ggml's, and quant/ggml_packed.py's float kernels' (the fallback
-on a CPU without AVX2; tests/test_ggml_packed.py holds both to quant/ggml_kernels.gemm).
+on a CPU without AVX2; tests/unit/test_ggml_packed.py holds both to quant/ggml_kernels.gemm).
 
 Layout (LanePacked), G groups of R = 64 rows, 8 chunks of 8 rows each, nb = n/32 blocks:
   "nib" (Q4_0, Q4_1): qs [G, 8, nb, 4, 8, 4] uint8: [.., j, r, i] = byte 4j+i of row r's block as
@@ -32,8 +32,8 @@ from .packed import R
 from .simd import (add, broadcast4, broadcast_f, fma, high_nibbles, lanes_s8, lanes_u8, load_f,
                    load_i, low_nibbles, mul, store_f, sub_i32, to_float, zeros_f)
 
-GG = dict(cache=True, nogil=True)        # no fastmath: every float step is written out as ggml's
-EXACT = dict(cache=True, nogil=True)
+GG = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: every float step is written out as ggml's
+EXACT = dict(cache=True, nogil=True, fastmath=False)
 CHUNK = 8                                # rows per vector: 8 int32 / float32 lanes of 256 bits
 TYPES = {Q4_0: ("nib", 8), Q4_1: ("nib", 0), Q5_0: ("i8", 0), Q8_0: ("i8", 0)}   # kind, zero
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)

@@ -12,7 +12,7 @@ any order), res = fma(-dmin_w, s2, d_w s1), acc = fma(res, d_x, acc). Both are c
 8 rows at a time, as ggml_int8.py does for the 32-weight types; the integer lanes are exact
 (pairs of products within int16: 2 x 15 x 127, 2 x 63 x 127; lane totals within int32) and the
 float steps are ggml's, so the bits are quant/ggml_kernels.py's _dot_q4_k / _dot_q6_k /
-_dot_k_tiled (tests/test_ggml_packed.py).
+_dot_k_tiled (tests/unit/test_ggml_packed.py).
 
 Layout (LaneKPacked), G groups of R = 64 rows, 8 chunks of 8 rows, ns = n/32 sub-blocks:
   Q4_K  qs [G, 8, ns, 4, 8, 4] uint8: [.., j, r, i] low nibble weight 4j+i of the sub-block, high
@@ -30,8 +30,8 @@ from .packed import R
 from .simd import (add, add_i32, broadcast4, broadcast_f, fma, high_nibbles, load_f, load_i, low_nibbles, madd,
                    maddubs, mul, mul_i32, pairs16, store_f, sub_i32, to_float, widen8, zeros_f, zeros_i)
 
-GG = dict(cache=True, nogil=True)
-EXACT = dict(cache=True, nogil=True)
+GG = dict(cache=True, nogil=True, fastmath=False)
+EXACT = dict(cache=True, nogil=True, fastmath=False)
 TILED_MIN_BATCH = 8                          # as ggml_kernels: batches of 8+ tokens go tiled
 _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)

@@ -28,7 +28,7 @@ from numba import njit, prange
 
 from .dequant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale, _k_scale_min, half_float
 
-JIT = dict(cache=True, nogil=True)           # no fastmath: the float32 roundings are ggml's
+JIT = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: the float32 roundings are ggml's
 ROWS_PER_TASK = 16
 TILED_MIN_BATCH = 8                          # ggml-cpu/tiled/tiled.cpp: K-quant batches of 8+ tokens go tiled
 

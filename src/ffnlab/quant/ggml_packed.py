@@ -3,7 +3,7 @@ the layout of quant/packed.py (R = 64 rows side by side per group), made once at
 
 pack() and product() are what QuantTensor calls in arith "ggml". On a CPU with AVX2 (INT8) they
 hand every type to quant/ggml_int8.py / ggml_int8_k.py (ggml's own byte multiplies, the same
-bits); the float kernels below are the fallback elsewhere, and tests/test_ggml_packed.py runs both.
+bits); the float kernels below are the fallback elsewhere, and tests/unit/test_ggml_packed.py runs both.
 
 Every float32 operation ggml makes is kept, in ggml's order, for each (row, token): the eight
 lanes of four products per 32-weight block (Q4_0 / Q4_1 / Q5_0 / Q8_0 against Q8_0 / Q8_1
@@ -15,7 +15,7 @@ activation code (|x| <= 127) are integers, and so is every partial sum; while th
 2^24 in magnitude float32 holds them exactly, whatever the order or fusion of the adds. Where
 a sum can pass 2^24 (Q4_K's 256-weight tiled sum, Q6_K's lanes) it is split into parts that
 cannot, converted to int32 and added there. So the bits are the row-at-a-time kernels' bits
-(tests/test_ggml_packed.py holds them to quant/ggml_kernels.gemm), and the loops over the 64
+(tests/unit/test_ggml_packed.py holds them to quant/ggml_kernels.gemm), and the loops over the 64
 rows vectorize like the f32 mode's (no horizontal sum per block, one broadcast per activation).
 
 Layouts: Q4_0 / Q4_1 / Q8_0 are packed.Packed as the f32 mode makes it (its d and m are the
@@ -38,7 +38,7 @@ from .packed import R
 from .simd import HAS_AVX2
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
-EXACT = dict(cache=True, nogil=True)
+EXACT = dict(cache=True, nogil=True, fastmath=False)
 BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # AVX2: ggml_int8.LanePacked; else packed.Packed ("nib", "i8")
 K_TYPES = (Q4_K, Q6_K)                               # AVX2: ggml_int8_k.LaneKPacked; else ggml_packed_k.KPacked
 TYPES = BLOCK32_TYPES + K_TYPES

@@ -10,7 +10,7 @@ from .dequant import Q4_K, _k_scale_min, half_float
 from .packed import R
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})   # ggml_packed.py says why
-EXACT = dict(cache=True, nogil=True)
+EXACT = dict(cache=True, nogil=True, fastmath=False)
 SIXTEENTH = np.float32(0.0625)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 

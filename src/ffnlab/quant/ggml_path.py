@@ -14,7 +14,7 @@ exactly as a llama.cpp built for this CPU (GGML_NATIVE, i.e. -march=native) comp
 The integer dot products of quants.c are the same code on avx512 and avx2 (AVX-512 only changes
 how an int32 sum is formed: vpdpbusd, exact), and so are tinyBLAS_Q0_AVX's __m256 lanes and the
 tiled K-quant matmul's epilogue up to its FMA (GCC's gnu++17 contracts the AVX-512 microtile's
-mul + add into the same FMA; measured equal, tests/test_ggml_vs_llamacpp.py). On a scalar build
+mul + add into the same FMA; measured equal, tests/engines/test_ggml_vs_llamacpp.py). On a scalar build
 the quantized products are quants.c's generic C, which ffnlab does not transcribe: there ggml mode
 reproduces the f16 attention and the softmax, not the quantized products.
 

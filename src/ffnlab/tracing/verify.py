@@ -2,7 +2,7 @@
 
 Both sides run the same token ids. Nodes are aligned by (name, op, k-th occurrence): "Qcur-0"
 is a MUL_MAT, a RESHAPE and a ROPE, and "norm-0" occurs once per norm in the block, in the same
-order on both sides (tests/test_trace_llamacpp.py checks that order).
+order on both sides (tests/engines/test_trace_llamacpp.py checks that order).
 
 The metric, per node, with a = ffnlab, r = reference:
   max_abs = max |a - r|
@@ -29,7 +29,7 @@ Default tolerances follow each reference's arithmetic (measured figures: docs/gl
                    (Xeon, llama-cpp-python 0.3.36, 2026-12-01) and on the AVX2 one; 1e-3 leaves room
                    for another build's float order (a compiler's FMA contraction), and a RoPE base off
                    by 1% or an RMSNorm eps of 1e-5 for 1e-6 moves its node by more
-                   (tests/test_ggml_vs_llamacpp.py). The report names both paths, and says why they
+                   (tests/engines/test_ggml_vs_llamacpp.py). The report names both paths, and says why they
                    cannot agree where they differ (FFNLAB_GGML_PATH forced, another llama.cpp build).
 atol (default 1e-6) only matters for nodes that are all zeros.
 """
