@@ -37,10 +37,15 @@ def test_gguf_general_keys_of_the_wrong_type(tmp_path):
     assert "'general.file_type' must be an integer, found 'Q4'" in by_name["gguf-general.file_type=string"]["stderr"]
 
 
-def test_weights_whose_products_overflow_float32_end_in_the_sentinels_line(tmp_path):
-    """Finite weights, products past float32's range: one line from the NaN/Inf sentinel, not NumPy's
-    RuntimeWarning with a source line (the fuzz driver runs with PYTHONWARNINGS=default)"""
+def test_weights_whose_products_overflow_float32_end_cleanly(tmp_path):
+    """Finite weights, products past float32's range: no NumPy RuntimeWarning with a source line (the
+    fuzz driver runs with PYTHONWARNINGS=default), and the one-token step computes what the batched
+    forward computes. Here the residual stream reaches ~1e36, its mean square is inf in float32, so
+    every RMSNorm after it gives 0 (as torch's and ggml's do) and the run ends normally; when the
+    step's logits were not finite where the traced forward's were, the sentinel could only say
+    that the two paths diverged."""
     cases = overflow_gguf(tmp_path)
     results = run_cases(cases, tmp_path)
-    assert_clean(cases, results, min_errors=1)
-    assert "NaN/Inf" in results[0]["stderr"] and "RuntimeWarning" not in results[0]["stderr"]
+    assert_clean(cases, results)
+    err = results[0]["stderr"]
+    assert "RuntimeWarning" not in err and "diverged" not in err

@@ -121,3 +121,19 @@ def test_one_token_rope_rounds_as_the_prompts_rope(neox):
     got = x.copy()
     _rope(got, cos[0], sin[0], neox)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 30.0, 1e20, 2.4e36])
+@pytest.mark.parametrize("D", [32, 576, 640])
+def test_one_token_rms_norm_rounds_as_the_prompts(D, scale):
+    """decode_kernels.rms_norm1 (the one-token step's RMSNorm) gives the batched forward's
+    rmsnorm_forward bits: the same float64 sum of squares, the mean square rounded to float32 before
+    + eps. At 2.4e36 the mean square is past float32's range in both, so 1/rms is 0 in both, as in
+    torch and ggml; the step used to keep it in float64, normalize to O(1) and then overflow where
+    the batched forward did not."""
+    from ffnlab.model.decode_kernels import rms_norm1
+    from ffnlab.ops.norms import rmsnorm_forward
+    rng = np.random.default_rng(D)
+    x = (rng.standard_normal(D) * scale).astype(np.float32)
+    w = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    np.testing.assert_array_equal(rms_norm1(x, w, 1e-6), rmsnorm_forward(x[None], w, 1e-6)[0][0])

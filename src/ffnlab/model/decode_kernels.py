@@ -11,7 +11,7 @@ compares against the full forward with float32 bounds).
 import numpy as np
 from numba import njit, prange
 
-from ..ops.fastmath import exp32
+from ..ops.fastmath import _sum_squares, exp32
 from ..quant.gemm import STRIP, empty_lines, gemm_prefix, gemm_strips
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
@@ -19,16 +19,18 @@ from ..quant.gemm import STRIP, empty_lines, gemm_prefix, gemm_strips
 FAST = dict(cache=True, nogil=True, fastmath=True, error_model="numpy")
 
 
-@njit(**FAST)
+@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def rms_norm1(x, w, eps):
-    """x [D] / sqrt(mean(x^2) + eps) * w  (RMSNorm of one vector)"""
-    ss = 0.0
-    for i in range(x.shape[0]):
-        ss += np.float64(x[i]) * x[i]
-    inv = x.dtype.type(1.0 / np.sqrt(ss / x.shape[0] + eps))
+    """x [D] / sqrt(mean(x^2) + eps) * w  (RMSNorm of one vector), rounded as the prompt's RMSNorm
+    (ops/fastmath.py _rms_norm_row): the same float64 sum of squares (_sum_squares, the one step
+    that may be reassociated), the mean square rounded to x's type before + eps, then each product
+    rounded once. So the one-token step normalizes to the batched forward's bits, and a mean square
+    past float32's range is inf there too (1/rms = 0, as in torch and ggml), not a finite float64."""
+    f = x.dtype.type                                               # float32 (float64 models: float64)
+    r = f(1.0) / np.sqrt(f(_sum_squares(x) / x.shape[0]) + f(eps))
     out = np.empty_like(x)
     for i in range(x.shape[0]):
-        out[i] = x[i] * inv * w[i]
+        out[i] = x[i] * r * w[i]
     return out
 
 
