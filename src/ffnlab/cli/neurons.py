@@ -22,6 +22,8 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained page to browse every unit")
     p.add_argument("--hist", metavar="OUT.png", help="write a histogram of the listed units' activations (PNG)")
+    from .scaleout import add_scale_arguments
+    add_scale_arguments(p, "windows", "a multiple of --batch; default 16 batches")
     refuse_together(p, "--neuron", "--units", "--neuron shows one unit, --units ranks the most active ones")
 
 
@@ -62,12 +64,45 @@ def write_histograms(path, reports, node):
     plt.close(fig)
 
 
+def scan_units(args, model, text):
+    """The layer's scan as units of --shard windows (runtime/corpus.py) -> (NeuronScan or None, Outcome, units):
+    the merged scan is the single pass's (evaluation/neurons.py scan_layer) -- the same sums, the same top-k."""
+    import numpy as np
+    from ..evaluation.activations import activation_node, token_windows
+    from ..evaluation.neurons import NeuronScan
+    from ..runtime.corpus import NeuronAccumulator, check_shard, neuron_merge, neuron_shard, neuron_units
+    from ..runtime.executor import ModelSpec, Task, execute
+    from .scaleout import backend, file_digest, output_dir
+
+    shard = args.shard or 16 * args.batch
+    check_shard(shard, args.batch)
+    tok, d_ff, bins = model.tokenizer, model.config.d_ff, 64
+    ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
+    bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
+    windows, starts = token_windows(ids, args.ctx, bos, args.max_windows)
+    units = neuron_units(windows, starts, shard)
+    spec = ModelSpec.from_args(args)
+    params = {"layer": args.layer, "lead": 1 if bos is not None else 0, "k": args.top, "bins": bins, "batch": args.batch}
+    key = {"model": spec.path, "arith": spec.arith, "data": file_digest(args.data), "ctx": args.ctx,
+           "max_windows": args.max_windows, "shard": shard, **params}
+    outcome = execute(Task(spec, neuron_shard, params), units, neuron_merge, NeuronAccumulator(d_ff, args.top, bins),
+                      out=output_dir(args, "neurons", key, units), backend=backend(args, model),
+                      label=f"layer {args.layer}")
+    if outcome.merged is None:
+        return None, outcome, len(units)
+    acc = outcome.merged
+    scan = NeuronScan(args.layer, f"{activation_node(model.config)}-{args.layer}", ids, len(windows), acc.top,
+                      acc.stats, acc.hist)
+    scan.ranking = np.argsort(-acc.stats.mean_abs, kind="stable")
+    return scan, outcome, len(units)
+
+
 def run(args):
     from ..errors import DataError
-    from ..evaluation.neurons import scan_layer, unit_report, window_text
-    from ..progress import Progress
+    from ..evaluation.neurons import unit_report, window_text
     from ..training.data import read_text
     from .common import load_model
+    from .scaleout import finish
 
     text = read_text(args.data)
     model = load_model(args)
@@ -75,21 +110,19 @@ def run(args):
     if model.tokenizer is None:
         raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
     tok = model.tokenizer
-    bar = Progress(0, f"layer {args.layer}")
-
-    def on_batch(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
-
-    scan = scan_layer(model, text, args.layer, args.ctx, args.top, args.batch, args.max_windows, on_batch=on_batch)
-    bar.close()
+    scan, outcome, n_units = scan_units(args, model, text)
+    code, summary = finish(outcome, n_units, args)
+    if code:
+        if args.json:
+            print(json.dumps({"model": model.source, "data": args.data, "layer": args.layer, "executor": summary}))
+        return code
     units = [args.neuron] if args.neuron is not None else [int(u) for u in scan.ranking[:args.units]]
     reports = [unit_report(scan, tok, u) for u in units]
     if args.json:
         from ..threads import threads
         print(json.dumps({"model": model.source, "threads": threads(), "data": args.data, "layer": args.layer, "node": scan.node,
                           "d_ff": model.config.d_ff, "n_tokens": scan.n_tokens, "n_windows": scan.n_windows,
-                          "units": reports}, ensure_ascii=False))
+                          "units": reports, "executor": summary}, ensure_ascii=False))
     else:
         print(f"{scan.node}: {model.config.d_ff} units, {scan.n_tokens} tokens in {scan.n_windows} windows of "
               f"<= {args.ctx}; units ranked by mean |a|, windows by |a| of the [[token]]")

@@ -1,0 +1,150 @@
+"""Corpus scans as work units: a shard is a contiguous run of whole batches, so the merge of the
+shards in order adds the same numbers in the same order as one pass over the corpus.
+
+perplexity: a shard is a run of llama-perplexity chunks ([n, n_ctx] ids); its result is each
+  batch's nll count, sum and sum of squares, which the merge adds into one RunningNLL batch by
+  batch -- the float64 additions of evaluation/perplexity.py's single pass, bit for bit.
+neurons: a shard is a run of token windows (evaluation/activations.py token_windows); its result
+  is the shard's top-k tokens per unit, each batch's per-unit sums, max/min, and a histogram. The
+  merge keeps the k largest |a| of [kept | shard] per unit (the single pass keeps the same set),
+  adds the sums batch by batch, and brings two histograms to the wider range (pairs of bins merge,
+  as StreamingHistogram does when its range doubles) before adding the counts.
+"""
+import numpy as np
+
+from ..errors import UsageError
+from .executor import Unit, shard_ranges
+
+
+def check_shard(shard, batch):
+    """--shard must hold whole batches: a batch split across units would run as two smaller
+    forwards, whose float32 products need not equal the one [batch, T] forward's."""
+    if shard % batch:
+        raise UsageError(f"--shard {shard} must be a multiple of --batch {batch}: a unit runs whole batches, so "
+                         f"the merged sums are those of one pass")
+
+
+# --- perplexity --------------------------------------------------------------------------------
+def perplexity_units(chunks, shard):
+    """chunks: [n_chunk, n_ctx] -> units of `shard` chunks each."""
+    n_ctx = chunks.shape[1]
+    return [Unit(f"chunks-{s:07d}", chunks[s:e], (e - s) * n_ctx) for s, e in shard_ranges(len(chunks), shard)]
+
+
+def perplexity_shard(model, params, chunks):
+    """chunks: [n, n_ctx] -> {counts, sums, sum2: [n_batch]}: each batch's RunningNLL."""
+    from ..evaluation.perplexity import RunningNLL, chunk_nll
+    batch = params["batch"]
+    counts, sums, sum2 = [], [], []
+    for i in range(0, len(chunks), batch):
+        ids = chunks[i:i + batch]                                      # [B, n_ctx]
+        logits = model.forward(ids)                                   # [B, n_ctx, vocab]
+        b = RunningNLL()
+        b.add(chunk_nll(logits, ids))                                  # [B, n_ctx - n_ctx//2 - 1]
+        del logits
+        counts.append(b.count)
+        sums.append(b.sum)
+        sum2.append(b.sum2)
+    return {"counts": np.array(counts, dtype=np.int64), "sums": np.array(sums), "sum2": np.array(sum2),
+            "chunks": int(len(chunks))}
+
+
+def perplexity_merge(acc, r):
+    """acc: (RunningNLL, chunks merged) <- one shard's batches, in order."""
+    nll, n = acc
+    for c, s, s2 in zip(r["counts"], r["sums"], r["sum2"]):
+        nll.count += int(c)
+        nll.sum += float(s)                                            # the single pass's `sum += batch sum`
+        nll.sum2 += float(s2)
+    return nll, n + r["chunks"]
+
+
+# --- neurons -----------------------------------------------------------------------------------
+def neuron_units(windows, starts, shard):
+    """token windows (activations.token_windows) -> units of `shard` windows each."""
+    units = []
+    for s, e in shard_ranges(len(windows), shard):
+        units.append(Unit(f"windows-{s:07d}", {"windows": windows[s:e], "starts": list(starts[s:e])},
+                          sum(len(w) for w in windows[s:e])))
+    return units
+
+
+def neuron_shard(model, params, payload):
+    """One shard's windows -> the layer's TopK / per-batch UnitStats sums / histogram, as arrays."""
+    from ..evaluation.activations import stream_activations
+    from ..evaluation.neurons import TopK, UnitStats, StreamingHistogram
+
+    layer, lead, d_ff = params["layer"], params["lead"], model.config.d_ff
+    starts = payload["starts"]
+    top, hist = TopK(d_ff, params["k"]), StreamingHistogram(d_ff, params["bins"])
+    per_batch = []                                                    # one UnitStats per batch, in order
+    lo, hi = np.full(d_ff, np.inf), np.full(d_ff, -np.inf)
+
+    def on_acts(_layer, acts, first):                                  # as evaluation/neurons.py scan_layer
+        nonlocal lo, hi
+        B, T, _ = acts.shape
+        pos = np.array(starts[first:first + B])[:, None] + np.arange(T) - lead    # [B, T] text index
+        if lead:
+            pos[:, 0] = -1                                             # BOS: not text, never ranked
+        top.update(acts, pos)
+        text_acts = acts[:, lead:].reshape(-1, d_ff)                  # [N, d_ff] text tokens only
+        st = UnitStats(d_ff)
+        st.update(text_acts)
+        per_batch.append(st)
+        lo, hi = np.minimum(lo, st.min), np.maximum(hi, st.max)
+        hist.update(text_acts)
+
+    stream_activations(model, payload["windows"], [layer], params["batch"], on_acts)
+    return {"top_score": top.score, "top_value": top.value, "top_pos": top.pos, "top_ctx": top.ctx,
+            "n": np.array([s.n for s in per_batch], dtype=np.int64),
+            "sum_abs": np.stack([s.sum_abs for s in per_batch]),      # [n_batch, d_ff]
+            "sum": np.stack([s.sum for s in per_batch]), "sum2": np.stack([s.sum2 for s in per_batch]),
+            "min": lo, "max": hi, "hist_R": hist.R, "hist_counts": hist.counts,
+            "windows": len(payload["windows"])}
+
+
+class NeuronAccumulator:
+    """The single pass's TopK, UnitStats and StreamingHistogram, filled shard by shard."""
+
+    def __init__(self, d_ff, k, bins):
+        from ..evaluation.neurons import TopK, UnitStats, StreamingHistogram
+        self.top, self.stats, self.hist = TopK(d_ff, k), UnitStats(d_ff), StreamingHistogram(d_ff, bins)
+        self.n_windows = 0
+
+
+def _widen(counts, R, target):
+    """counts [d, nb] over [-R, R] -> over [-target, target] (target = R * 2^j), merging pairs of
+    bins per doubling: StreamingHistogram's own regrid, so every count lands in an exact bin."""
+    counts, R = counts.copy(), R.copy()
+    nb = counts.shape[1]
+    while np.any(grow := (R > 0) & (R < target)):
+        c = counts[grow]
+        merged = np.zeros_like(c)
+        merged[:, nb // 4: 3 * nb // 4] = c.reshape(len(c), nb // 2, 2).sum(axis=2)
+        counts[grow] = merged
+        R[grow] *= 2
+    return counts
+
+
+def neuron_merge(acc, r):
+    top, st, hist = acc.top, acc.stats, acc.hist
+    # top-k: the k largest |a| of [kept | shard] per unit (TopK.update's own selection)
+    all_score = np.concatenate([top.score, r["top_score"]], axis=1)   # [d_ff, 2k]
+    keep = np.argpartition(-all_score, top.k - 1, axis=1)[:, :top.k]
+    for name, new in (("value", r["top_value"]), ("pos", r["top_pos"]), ("ctx", r["top_ctx"])):
+        both = np.concatenate([getattr(top, name), new], axis=1)
+        setattr(top, name, np.take_along_axis(both, keep.reshape(keep.shape + (1,) * (both.ndim - 2)), axis=1))
+    top.score = np.take_along_axis(all_score, keep, axis=1)
+    # sums: batch by batch, the single pass's additions in its order
+    for i in range(len(r["n"])):
+        st.n += int(r["n"][i])
+        st.sum_abs += r["sum_abs"][i]
+        st.sum += r["sum"][i]
+        st.sum2 += r["sum2"][i]
+    st.max, st.min = np.maximum(st.max, r["max"]), np.minimum(st.min, r["min"])
+    # histogram: both on the wider range, then add
+    R = np.where(hist.R == 0, r["hist_R"], np.maximum(hist.R, r["hist_R"]))
+    hist.counts = _widen(hist.counts, hist.R, R) + _widen(r["hist_counts"], r["hist_R"], R)
+    hist.R = R
+    acc.n_windows += r["windows"]
+    return acc
