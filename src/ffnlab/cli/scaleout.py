@@ -12,7 +12,7 @@ import hashlib
 import json
 import sys
 
-from .common import positive
+from .common import needs, positive
 
 
 def add_scale_arguments(p, items, default_help):
@@ -26,6 +26,9 @@ def add_scale_arguments(p, items, default_help):
                         "DIR computes only the units it lacks")
     p.add_argument("--shard", type=positive("--shard"), default=None, metavar="N",
                    help=f"{items} per work unit ({default_help})")
+    p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
+                   help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
+    needs(p, "--workers", "--ray", "the in-process default is one worker")
 
 
 def file_digest(path):
@@ -45,7 +48,7 @@ def backend(args, model=None):
         b.model = model
         return b
     from ..runtime.ray_backend import RayBackend
-    return RayBackend.connect(args.ray or None)
+    return RayBackend.connect(args.ray or None, args.workers)
 
 
 def output_dir(args, command, key, units):

@@ -273,6 +273,7 @@ def execute(task, units, merge, init=None, out=None, backend=None, label="", on_
         backend.run(task, todo, on_result, on_failure, on_retry)
     finally:
         bar.close()
+        backend.close()
     dt = time.perf_counter() - t0
     done = len(units) - len(failures)
     return Outcome(merged=state["acc"] if not failures else None, done=done, resumed=resumed,
