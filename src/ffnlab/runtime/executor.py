@@ -135,6 +135,7 @@ class OutputDir:
             if have.get("command") != command:
                 raise UsageError(f"{path}: written by `ffnlab {have.get('command')}`, not `ffnlab {command}`; "
                                  f"give another --out")
+            have.pop("ffnlab", None)                   # the version that wrote it: informative only
             if have != want:
                 diff = [k for k in sorted(set(key) | set(have.get("arguments") or {}))
                         if key.get(k) != (have.get("arguments") or {}).get(k)] or ["units"]
