@@ -18,9 +18,11 @@ Security: a Ray cluster has no authentication on its dashboard and Jobs API: any
 head runs code on it. `--ray local` binds to 127.0.0.1; docs/scale-out.md says what to do before
 pointing ffnlab at a shared cluster.
 """
+import contextlib
 import hashlib
 import os
 import socket
+import sys
 import tempfile
 from collections import deque
 
@@ -118,8 +120,8 @@ class ModelHost:
 class RayBackend:
     name = "ray"
 
-    def __init__(self, workers=None, started=False):
-        self.workers, self.started = workers, started
+    def __init__(self, workers=None):
+        self.workers = workers
         self.actors = {}                   # node id -> actor handle
         self.infos = {}                    # node id -> info() of its actor
         self.lost = set()                  # nodes whose actor died: not used again in this job
@@ -132,7 +134,7 @@ class RayBackend:
         if address == "local":
             ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
-            return cls(workers, started=True)
+            return cls(workers)
         target = address or os.environ.get("RAY_ADDRESS")
         if target and target != "auto":
             _probe(target)
@@ -173,6 +175,12 @@ class RayBackend:
         return list(pending)
 
     def run(self, task, units, on_result, on_failure, on_retry):
+        # Ray prints cluster events (a raylet that died, a worker's logs) with print(): onto stderr,
+        # so that stdout holds only the command's result (--json)
+        with contextlib.redirect_stdout(sys.stderr):
+            self._run(task, units, on_result, on_failure, on_retry)
+
+    def _run(self, task, units, on_result, on_failure, on_retry):
         if not units:
             return
         self.model_files = _ship(task.model.path) if task.model is not None else None
@@ -226,10 +234,11 @@ class RayBackend:
         return [self.infos[n] for n in sorted(self.infos)]
 
     def close(self):
-        for a in self.actors.values():
-            ray.kill(a)
-        self.actors = {}
-        if self.started:
+        """Kills the actors and disconnects (a `--ray local` instance stops with it)."""
+        with contextlib.redirect_stdout(sys.stderr):
+            for a in self.actors.values():
+                ray.kill(a)
+            self.actors = {}
             ray.shutdown()
 
 
