@@ -176,3 +176,19 @@ def test_an_address_nothing_listens_on_is_one_line_within_30_s(tmp_path):
     assert r.returncode == 1
     err = r.stderr.strip().splitlines()
     assert len(err) == 2 and "--ray 127.0.0.1:1: nothing answers at 127.0.0.1:1" in err[-1]   # after the chunk line
+
+
+def test_ray_local_listens_on_loopback_only(tmp_path):
+    if subprocess.run(["ss", "-ltn"], capture_output=True).returncode != 0:
+        pytest.skip("ss is not installed")
+    data = write_text(tmp_path, TEXT * 4)
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main",
+                          *perplexity_args(tiny_gguf("bos"), data, "--ctx", "32", "--batch", "1", "--ray", "local")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = set()
+    while p.poll() is None:                                          # every listening socket of the instance, while it runs
+        out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+        seen |= {line.split()[3] for line in out.splitlines()[1:] if any(k in line for k in ("gcs_server", "raylet", "ray::"))}
+        time.sleep(0.5)
+    assert p.returncode == 0, p.stderr.read()
+    assert seen and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in seen), seen

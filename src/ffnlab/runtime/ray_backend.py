@@ -132,6 +132,11 @@ class RayBackend:
         the cluster `ray start` made on this machine), or what ray.init takes."""
         require_ray()
         if address == "local":
+            # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
+            # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
+            # this process, which reads the flag now, and for the GCS, raylet and workers it starts
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
             ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
             return cls(workers)
