@@ -183,3 +183,24 @@ def test_ray_flag_without_ray_says_how_to_install(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines()[-1].endswith("pip install 'ffnlab[ray]'")
+
+
+def test_expert_shards_merge_to_the_single_pass_routing(tmp_path):
+    import argparse
+    from ffnlab.cli.experts import route_units
+    from ffnlab.evaluation.experts import scan_routing
+    from ffnlab.training.checkpoint import save_model
+    from ffnlab.training.data import tokenizer_meta
+    from test_moe_experts import TEXT as MOE_TEXT, model as moe_model
+    m = moe_model()
+    save_model(str(tmp_path / "ck"), m.config, m.params, m.tokenizer, tokenizer_meta(m.tokenizer, "byte"))
+    text = MOE_TEXT * 6
+    want = scan_routing(m, text, 32, 2)
+    args = argparse.Namespace(model=str(tmp_path / "ck"), arith="f32", data=write_text(tmp_path, text), ctx=32,
+                              batch=2, max_windows=-1, shard=2, ray=None, out=None, workers=None)
+    got, outcome, n_units = route_units(args, m, text)
+    assert n_units > 2 and not outcome.failures
+    for g, w in zip(got, want):
+        for name in ("counts", "cofire", "by_token", "token_totals"):
+            assert np.array_equal(getattr(g, name), getattr(w, name)), name
+        assert g.entropy_sum == w.entropy_sum and g.n_tokens == w.n_tokens

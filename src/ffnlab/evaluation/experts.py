@@ -53,29 +53,34 @@ class LayerRouting:
         self.n_tokens += len(ids)
 
 
-def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list:
-    """-> [LayerRouting] one per layer, over the text's token windows of ctx tokens."""
+def route_batch(model, w, layers):
+    """w: [B, T] ids of one batch of windows -> each LayerRouting of `layers` updated with its routing."""
     from ..tracing import Tracer
 
+    pattern = re.compile(r"^ffn_moe_(probs|topk)-\d+$")
+    seen = {}
+
+    def take(n):
+        name, il = n.name.rsplit("-", 1)
+        seen[(name, int(il))] = n.array
+        n.array = None
+    model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
+    flat = w.reshape(-1)
+    for il, L in enumerate(layers):
+        L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1),
+                 seen[("ffn_moe_topk", il)].reshape(len(flat), -1), flat)
+
+
+def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None) -> list:
+    """-> [LayerRouting] one per layer, over the text's token windows of ctx tokens."""
     cfg, tok = model.config, model.tokenizer
     ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
     bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
     windows, _ = token_windows(ids, ctx, bos, max_windows)
     layers = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
-    pattern = re.compile(r"^ffn_moe_(probs|topk)-\d+$")
     done = 0
     for _, w in batches(windows, batch):
-        seen = {}
-
-        def take(n):
-            name, il = n.name.rsplit("-", 1)
-            seen[(name, int(il))] = n.array
-            n.array = None
-        model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
-        flat = w.reshape(-1)
-        for il, L in enumerate(layers):
-            L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1),
-                     seen[("ffn_moe_topk", il)].reshape(len(flat), -1), flat)
+        route_batch(model, w, layers)
         done += len(w)
         if on_batch is not None:
             on_batch(done, len(windows))

@@ -148,3 +148,44 @@ def neuron_merge(acc, r):
     hist.R = R
     acc.n_windows += r["windows"]
     return acc
+
+
+# --- experts -----------------------------------------------------------------------------------
+def window_units(windows, shard):
+    """token windows -> units of `shard` windows each (experts: no text positions needed)."""
+    return [Unit(f"windows-{s:07d}", windows[s:e], sum(len(w) for w in windows[s:e]))
+            for s, e in shard_ranges(len(windows), shard)]
+
+
+def experts_shard(model, params, windows):
+    """One shard's windows -> per layer: routing counts (integers) and each batch's entropy sum."""
+    from ..evaluation.experts import LayerRouting, route_batch
+    from ..evaluation.activations import batches
+
+    cfg = model.config
+    layers = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
+    entropy = [[] for _ in layers]                                   # [layer][batch] the batch's entropy sum
+    for _, w in batches(windows, params["batch"]):
+        for L in layers:
+            L.entropy_sum = 0.0                                        # 0.0 + x = x: the batch's own sum
+        route_batch(model, w, layers)
+        for il, L in enumerate(layers):
+            entropy[il].append(L.entropy_sum)
+    out = {"windows": len(windows), "n_tokens": [L.n_tokens for L in layers]}
+    for il, L in enumerate(layers):
+        out.update({f"counts_{il}": L.counts, f"cofire_{il}": L.cofire, f"by_token_{il}": L.by_token,
+                    f"totals_{il}": L.token_totals, f"entropy_{il}": np.array(entropy[il])})
+    return out
+
+
+def experts_merge(layers, r):
+    """layers: [LayerRouting] <- one shard: integer counts added, entropy sums batch by batch."""
+    for il, L in enumerate(layers):
+        L.counts += r[f"counts_{il}"]
+        L.cofire += r[f"cofire_{il}"]
+        L.by_token += r[f"by_token_{il}"]
+        L.token_totals += r[f"totals_{il}"]
+        for e in r[f"entropy_{il}"]:
+            L.entropy_sum += float(e)                                  # the single pass's `+= batch sum`
+        L.n_tokens += int(r["n_tokens"][il])
+    return layers
