@@ -192,3 +192,22 @@ def test_ray_local_listens_on_loopback_only(tmp_path):
         time.sleep(0.5)
     assert p.returncode == 0, p.stderr.read()
     assert seen and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in seen), seen
+
+
+def _sweep_table(out):
+    """results.json's rows without the speed columns (they measure the machine, not the runs)."""
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    def drop(d):
+        return {k: ([drop(s) for s in v] if k == "per_seed" else v) for k, v in d.items() if k != "tokens_per_s"}
+    return [drop(r) for r in rows]
+
+
+def test_ablate_grid_on_the_cluster_gives_the_same_sweep_table(cluster, corpus, tmp_path):
+    grid = ["ablate", "--data", corpus, "--ffn", "gelu,swiglu", "--mult", "1,2", "--seeds", "1", "--steps", "4",
+            "--batch", "2", "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--d-model", "16",
+            "--n-layer", "1", "--n-head", "2", "--warmup", "1", "--ckpt-every", "4"]
+    here = ffnlab(*grid, "--out", str(tmp_path / "here"))
+    there = ffnlab(*grid, "--out", str(tmp_path / "there"), "--ray", cluster.address)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr
+    assert _sweep_table(tmp_path / "here") == _sweep_table(tmp_path / "there")

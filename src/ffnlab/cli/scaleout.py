@@ -16,16 +16,21 @@ from .common import needs, positive
 
 
 def add_scale_arguments(p, items, default_help):
-    """--ray, --out, --shard for a command whose units are runs of `items`."""
-    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="run the work units on a Ray cluster (pip install ffnlab[ray]): auto, HOST:PORT, "
-                        "ray://HOST:10001, or local (a new instance on 127.0.0.1); the flag alone uses RAY_ADDRESS "
-                        "or the cluster `ray start` made (docs/scale-out.md)")
+    """--ray, --workers, --out, --shard for a command whose units are runs of `items`."""
+    add_ray_arguments(p)
     p.add_argument("--out", default=None, metavar="DIR",
                    help="write each unit's result into DIR as it finishes; rerunning the same command with the same "
                         "DIR computes only the units it lacks")
     p.add_argument("--shard", type=positive("--shard"), default=None, metavar="N",
                    help=f"{items} per work unit ({default_help})")
+
+
+def add_ray_arguments(p):
+    """--ray [ADDRESS] and --workers N."""
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the work units on a Ray cluster (pip install ffnlab[ray]): auto, HOST:PORT, "
+                        "ray://HOST:10001, or local (a new instance on 127.0.0.1); the flag alone uses RAY_ADDRESS "
+                        "or the cluster `ray start` made (docs/scale-out.md)")
     p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
                    help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
     needs(p, "--workers", "--ray", "the in-process default is one worker")

@@ -221,9 +221,11 @@ def one_line(e):
     return msg if isinstance(e, UsageError) or type(e).__module__.startswith("ffnlab") else f"{type(e).__name__}: {msg}"
 
 
-def execute(task, units, merge, init=None, out=None, backend=None, label="", on_merged=None, progress=None):
+def execute(task, units, merge, init=None, out=None, backend=None, label="", on_merged=None, progress=None,
+            on_unit=None):
     """Runs `task` over `units` -> Outcome. merge(acc, result) -> acc is folded over the results in
-    unit order starting from init; on_merged(n merged, acc) after each step (a running figure).
+    unit order starting from init; on_merged(n merged, acc) after each step (a running figure);
+    on_unit(unit, result) as each unit lands, in completion order (files a unit produced).
     out: an OutputDir (resume and atomic results) or None (results kept in memory only)."""
     ids = [u.id for u in units]
     if ids != sorted(ids) or len(set(ids)) != len(ids):
@@ -258,6 +260,8 @@ def execute(task, units, merge, init=None, out=None, backend=None, label="", on_
         if out is not None:
             out.write(u.id, result)
             result = out.read(u.id)                    # merge what a resumed run would read: one path
+        if on_unit is not None:
+            on_unit(u, result)
         waiting[u.id] = result
         counters["tokens"] += u.tokens
         bar.update(u.tokens, counters["retried"], len(failures))
