@@ -223,6 +223,8 @@ class RayBackend:
             else:
                 on_result(u, result)
             send()
+        for node_id, a in self.actors.items():                       # peak RSS after the work, per worker
+            self.infos[node_id] = ray.get(a.info.remote())
 
     def _lose(self, node_id, unit, queue, flight, on_retry):
         """The actor on node_id died: its units in flight go back to the front of the queue."""
