@@ -3,7 +3,7 @@ workers (nodes of 1 CPU each on 127.0.0.1, ray.cluster_utils), for perplexity an
 SmolLM2 and a 6-run ablate grid; RSS per worker; and the per-unit costs a larger cluster's
 throughput follows from (compute per unit, the driver's dispatch and merge per unit).
 
-    python bench/bench_scale.py --tokens 100000      # the corpus size
+    python bench/bench_scale.py --tokens 100000      # the overhead floor's 100k-token corpus
     python bench/bench_scale.py --tokens 8192        # what a shared 2-core machine finishes in minutes
 
 Every configuration runs once, 1 thread per worker; the load average is printed with the figures
