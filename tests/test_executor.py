@@ -204,3 +204,51 @@ def test_expert_shards_merge_to_the_single_pass_routing(tmp_path):
         for name in ("counts", "cofire", "by_token", "token_totals"):
             assert np.array_equal(getattr(g, name), getattr(w, name)), name
         assert g.entropy_sum == w.entropy_sum and g.n_tokens == w.n_tokens
+
+
+# --- causal tracing over a prompt dataset --------------------------------------------------------------
+TRACE = ["--samples", "2", "--window", "1", "--json"]
+
+
+def _prompts(tmp_path, lines):
+    p = tmp_path / "facts.jsonl"
+    p.write_text("\n".join(json.dumps(x) if isinstance(x, dict) else x for x in lines) + "\n", encoding="utf-8")
+    return str(p)
+
+
+def test_each_prompt_of_a_dataset_gets_its_single_prompt_trace(tmp_path, capsys):
+    facts = [{"prompt": "First Citizen: Before we", "subject": "Citizen"},
+             {"prompt": "All: Speak, speak.", "subject": "Speak", "target": " "}]
+    assert main(["causal-trace", "-m", tiny_gguf("f32"), "--prompts", _prompts(tmp_path, facts), *TRACE]) == 0
+    got = json.loads(capsys.readouterr().out)["prompts"]
+    for f, g in zip(facts, got):
+        one = ["-p", f["prompt"], "--subject", f["subject"]] + (["--target", f["target"]] if "target" in f else [])
+        assert main(["causal-trace", "-m", tiny_gguf("f32"), *one, *TRACE]) == 0
+        want = json.loads(capsys.readouterr().out)
+        assert {k: g[k] for k in ("hidden", "mlp", "attn", "clean_p", "corrupt_p", "subject", "target_id")} == \
+               {k: want[k] for k in ("hidden", "mlp", "attn", "clean_p", "corrupt_p", "subject", "target_id")}
+
+
+def test_average_indirect_effect_averages_rome_position_groups():
+    from ffnlab.runtime.prompts import average_indirect_effect
+    # one layer; prompt A: 5 tokens, subject 1..3; prompt B: 3 tokens, subject 0..0 (first = last: "last")
+    a = {"corrupt_p": 0.1, "subject": [1, 3], "hidden": [[0.2, 0.3, 0.5, 0.7, 0.9]]}
+    b = {"corrupt_p": 0.2, "subject": [0, 0], "hidden": [[0.6, 0.4, 0.3]]}
+    for r in (a, b):
+        r["mlp"] = r["attn"] = r["hidden"]
+    got = average_indirect_effect([a, b])["hidden"][0]
+    # A: further {0}: .1; first {1}: .2; middle {2}: .4; last {3}: .6; last token {4}: .8
+    # B: last subject {0}: .4; first subsequent {1}: .2; last token {2}: .1
+    want = [0.2, 0.4, (0.6 + 0.4) / 2, 0.2, 0.1, (0.8 + 0.1) / 2]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_bad_prompt_line_fails_alone_with_its_line_number(tmp_path, capsys):
+    facts = [{"prompt": "First Citizen: Before we", "subject": "Citizen"}, {"prompt": "All: Speak", "subject": "Rome"},
+             "not json", {"prompt": "All: Speak, speak.", "subject": "Speak"}]
+    path = _prompts(tmp_path, facts)
+    assert main(["causal-trace", "-m", tiny_gguf("f32"), "--prompts", path, *TRACE]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == f"unit line-000002 failed: {path} line 2: --subject 'Rome' does not occur in the prompt 'All: Speak'"
+    assert err[1].startswith(f"unit line-000003 failed: {path} line 3: not JSON")
+    assert err[2].startswith("2 of 4 units failed")
