@@ -211,3 +211,21 @@ def test_ablate_grid_on_the_cluster_gives_the_same_sweep_table(cluster, corpus, 
     there = ffnlab(*grid, "--out", str(tmp_path / "there"), "--ray", cluster.address)
     assert here.returncode == 0 and there.returncode == 0, there.stderr
     assert _sweep_table(tmp_path / "here") == _sweep_table(tmp_path / "there")
+
+
+def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(cluster, corpus, tmp_path):
+    import shutil
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(SRC, "ffnlab"), other / "ffnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    init = other / "ffnlab" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "', '__version__ = "0.0.0+other-', 1))
+    node = cluster.add_node(num_cpus=1, env_vars={"PYTHONPATH": str(other)})   # its workers import that copy
+    try:
+        cluster.wait_for_nodes()
+        r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert f"ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
+        assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
+    finally:
+        cluster.remove_node(node)

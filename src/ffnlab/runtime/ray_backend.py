@@ -98,12 +98,15 @@ def _unpack(shipped, root):
 class ModelHost:
     """One per node: loads the model once, then runs units. (Made a Ray actor in RayBackend.)"""
 
-    def __init__(self, spec, model_files, lora_files, threads):
+    def __init__(self, threads):
         from .. import __version__
         from ..threads import set_threads
         set_threads(threads)
         self.version, self.node = __version__, ray.util.get_node_ip_address()
         self.model = None
+
+    def load(self, spec, model_files, lora_files):
+        """The model, from the files the driver shipped (after the driver checked this worker's version)."""
         if spec is not None:
             root = os.path.join(tempfile.gettempdir(), "ffnlab-ray-models")
             self.model = spec.load(_unpack(model_files, root), _unpack(lora_files, root))
@@ -165,8 +168,8 @@ class RayBackend:
                 break
             cpus = int(n["Resources"]["CPU"])
             a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                             ).remote(task.model, self.model_files, self.lora_files, cpus)
-            pending[n["NodeID"]] = (a, n.get("NodeManagerAddress", n["NodeID"]))
+                             ).remote(cpus)
+            pending[n["NodeID"]] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
         for node_id, (a, where) in pending.items():
             try:
                 info = ray.get(a.info.remote())
@@ -176,7 +179,18 @@ class RayBackend:
             if info["ffnlab"] != _version():
                 raise UsageError(f"node {where}: ffnlab {info['ffnlab']} is installed there, the driver runs "
                                  f"{_version()}; install the same version on every node")
-            self.actors[node_id], self.infos[node_id] = a, info
+            self.infos[node_id] = info
+        # every node checked: now the model goes out, once per node
+        loads = {node_id: a.load.remote(task.model, self.model_files, self.lora_files) for node_id, (a, _) in pending.items()}
+        for node_id, ref in loads.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:                      # the node died while loading: not used
+                self.lost.add(node_id)
+                continue
+            except ray.exceptions.RayTaskError as e:
+                raise UsageError(f"node {pending[node_id][1]}: cannot load {task.model.path} ({_cause(e)})") from None
+            self.actors[node_id] = pending[node_id][0]
         return list(pending)
 
     def run(self, task, units, on_result, on_failure, on_retry):
