@@ -118,7 +118,6 @@ def main():
     a = ap.parse_args()
 
     from machine import cpu_model
-    import ffnlab
     from ffnlab.formats.load import default_model_path
     from ffnlab.runtime.executor import InProcess, ModelSpec
     from ffnlab.runtime.ray_backend import RayBackend

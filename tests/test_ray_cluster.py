@@ -225,7 +225,7 @@ def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(clu
         r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
         assert r.returncode == 1
         last = r.stderr.strip().splitlines()[-1]
-        assert f"ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
+        assert "ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
         assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
     finally:
         cluster.remove_node(node)

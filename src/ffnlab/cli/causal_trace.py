@@ -52,7 +52,7 @@ def run_dataset(args):
     where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
     outcome = execute(Task(spec, causal_trace_unit, params), units, lambda acc, r: acc + [r], [], out=out,
                       backend=where, label="causal-trace")
-    code, summary = finish(outcome, len(units), args)
+    code, summary = finish(outcome, len(units))
     if code:
         return code
     traces = outcome.merged

@@ -43,7 +43,7 @@ def run(args):
     if model.tokenizer is None:
         raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
     layers, outcome, n_units = route_units(args, model, text)
-    code, summary = finish(outcome, n_units, args)
+    code, summary = finish(outcome, n_units)
     if code:
         return code
     shown = [args.layer] if args.layer is not None else list(range(cfg.n_layer))

@@ -111,7 +111,7 @@ def run(args):
         raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
     tok = model.tokenizer
     scan, outcome, n_units = scan_units(args, model, text)
-    code, summary = finish(outcome, n_units, args)
+    code, summary = finish(outcome, n_units)
     if code:
         if args.json:
             print(json.dumps({"model": model.source, "data": args.data, "layer": args.layer, "executor": summary}))

@@ -71,7 +71,7 @@ def run(args):
     outcome = execute(Task(spec, perplexity_shard, {"batch": args.batch}), units, perplexity_merge, (RunningNLL(), 0),
                       out=out, backend=where, label="perplexity", progress=False,
                       on_merged=lambda _n, acc: trail(acc[1], acc[0]))
-    code, summary = finish(outcome, len(units), args)
+    code, summary = finish(outcome, len(units))
     if code:
         if args.json:
             print(json.dumps({"model": model.source, "data": args.data, "executor": summary}))

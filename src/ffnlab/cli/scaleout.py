@@ -63,7 +63,7 @@ def output_dir(args, command, key, units):
     return OutputDir(args.out, command, json.loads(json.dumps(key)), [u.id for u in units])
 
 
-def finish(outcome, n_units, args, stream=None):
+def finish(outcome, n_units, stream=None):
     """One line per failed unit and the exit code; --json's summary dict."""
     from ..runtime.executor import report_failures
     return report_failures(outcome, n_units, stream or sys.stderr), outcome.summary(n_units)

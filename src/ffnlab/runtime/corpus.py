@@ -9,6 +9,8 @@ neurons: a shard is a run of token windows (evaluation/activations.py token_wind
   merge keeps the k largest |a| of [kept | shard] per unit (the single pass keeps the same set),
   adds the sums batch by batch, and brings two histograms to the wider range (pairs of bins merge,
   as StreamingHistogram does when its range doubles) before adding the counts.
+experts: a shard is a run of windows; its result is each layer's routing counts (integers, added)
+  and each batch's router-entropy sum (added batch by batch).
 """
 import numpy as np
 
