@@ -229,3 +229,15 @@ def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(clu
         assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
     finally:
         cluster.remove_node(node)
+
+
+def test_ray_flag_alone_follows_ray_address(cluster, corpus):
+    from ffnlab.evaluation.perplexity import perplexity, text_chunks
+    import ffnlab as lab
+    m = lab.load(tiny_gguf("bos"))
+    want = perplexity(m, text_chunks(m, TEXT * 8, 32), 2)
+    r = subprocess.run([sys.executable, "-m", "ffnlab.cli.main",
+                        *perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--batch", "2", "--ray")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": cluster.address})
+    assert r.returncode == 0, r.stderr
+    assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)

@@ -46,16 +46,17 @@ def require_ray():
         raise UsageError("--ray needs Ray, an optional extra: pip install 'ffnlab[ray]'")
 
 
-def _probe(address):
-    """HOST:PORT or ray://HOST:PORT must accept a TCP connection, or UsageError in one line."""
+def _probe(address, named):
+    """HOST:PORT or ray://HOST:PORT must accept a TCP connection, or UsageError in one line.
+    named: where the address came from ('--ray ADDR', 'RAY_ADDRESS=ADDR')."""
     hostport = address.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise UsageError(f"--ray {address}: expected auto, local, HOST:PORT or ray://HOST:PORT")
+        raise UsageError(f"{named}: expected auto, local, HOST:PORT or ray://HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
-        raise UsageError(f"--ray {address}: nothing answers at {host}:{port} ({e.strerror or e})") from None
+        raise UsageError(f"{named}: nothing answers at {host}:{port} ({e.strerror or e})") from None
 
 
 def _ship(path):
@@ -143,14 +144,17 @@ class RayBackend:
             ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
                      log_to_driver=False, configure_logging=False)
             return cls(workers)
-        target = address or os.environ.get("RAY_ADDRESS")
-        if target and target != "auto":
-            _probe(target)
+        # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
+        # never None, which would start a new instance listening on every interface
+        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
+        if target != "auto":
+            _probe(target, named)
         try:
-            ray.init(address=address or "auto", log_to_driver=False, configure_logging=False)
+            ray.init(address=target, log_to_driver=False, configure_logging=False)
         except ConnectionError as e:
-            raise UsageError(f"--ray {address or ''}: no Ray cluster found ({one_line(e)}); start one with "
-                             f"`ray start --head --node-ip-address=127.0.0.1` or give --ray local") from None
+            raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
+                             f"a new one on this machine (docs/scale-out.md)") from None
         return cls(workers)
 
     # --- the actors --------------------------------------------------------------------------
