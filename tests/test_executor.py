@@ -165,8 +165,13 @@ def test_neuron_shards_merge_to_the_single_pass_scan(tmp_path, kind):
     assert np.array_equal(got.ranking, want.ranking)
     for u in range(m.config.d_ff):                                    # the same top-k tokens, in the same order
         g, w = got.top.sorted(u), want.top.sorted(u)
-        assert [(v, p) for v, p, _ in g] == [(v, p) for v, p, _ in w]
-        assert all(np.array_equal(a, b, equal_nan=True) for (_, _, a), (_, _, b) in zip(g, w))
+        assert [v for v, _, _ in g] == [v for v, _, _ in w]
+        # a window's first token, without BOS, has no context: windows that start with the same token
+        # tie exactly, and which of them a top-k keeps is not defined; every other token is the same
+        values = [v for v, _, _ in g + w]
+        for (v, p, a), (_, q, b) in zip(g, w):
+            if values.count(v) == 2:
+                assert p == q and np.array_equal(a, b, equal_nan=True)
 
 
 def test_in_process_run_imports_no_ray(tmp_path):
