@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install ffnlab and the real models it runs by default, and compile the default model's kernels.
 # Usage: bash scripts/install.sh [--test]
-#   --test   also the verification extras: torch (CPU wheel, pinned), transformers, accelerate,
+#   --test   also the verification extras: Ray (the ray extra: tests/test_ray_cluster.py starts a
+#            two-node cluster on 127.0.0.1), torch (CPU wheel, pinned), transformers, accelerate,
 #            pytest, transformer-lens, peft (the LoRA reference; in the test extra, so
 #            it resolves beside the pinned torch), and llama-cpp-python built without AMX (the default build segfaults in
 #            ggml_backend_amx_mul_mat on these CPUs); skipped when already importable.
@@ -11,7 +12,7 @@ PIP="python3 -m pip install -q --disable-pip-version-check --root-user-action=ig
 if [ "${1:-}" = "--test" ]; then
   # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
   python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
-  $PIP -e ".[test]"
+  $PIP -e ".[test,ray]"
   # TransformerLens 4.3 (the activation-patching reference): it needs torch>=2.6 and
   # transformers>=5.9, and pulls datasets, wandb, pandas, einops, jaxtyping, beartype and
   # friends; torch stays pinned on the same line so the resolver cannot swap the CPU wheel

@@ -14,7 +14,7 @@ def _list(kind):
 
 
 def add_arguments(p):
-    from .common import add_threads_argument, needs, positive
+    from .common import add_threads_argument, needs, positive, refuse_together
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
@@ -44,6 +44,9 @@ def add_arguments(p):
     p.add_argument("--eval-every", type=int, default=50, help="evaluate every N steps (default 50)")
     p.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation (default 8)")
     p.add_argument("--ckpt-every", type=int, default=100, help="checkpoint every N steps (default 100)")
+    from .scaleout import add_ray_arguments
+    add_ray_arguments(p)
+    refuse_together(p, "--ray", "--jobs", "--ray runs one run per worker node; --jobs is the local process pool")
     for flag in ("--experts", "--top-k", "--moe-match"):
         needs(p, flag, "--ffn=moe", "only the mixture-of-experts variants have experts")
 
@@ -82,8 +85,13 @@ def run(args):
         if args.top_k > args.experts:
             raise UsageError(f"--top-k {args.top_k} exceeds --experts {args.experts}")
         moe = (args.experts, args.top_k, args.moe_match)
+    train_runs = None
+    if args.ray is not None:                                          # each run a unit on the cluster
+        from ..runtime.grid import train_runs_on
+        from .scaleout import backend
+        train_runs = train_runs_on(backend(args), args.data)
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,
-                        jobs=args.jobs, threads=threads, moe=moe)
+                        jobs=args.jobs, threads=threads, moe=moe, train_runs=train_runs)
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"

@@ -7,10 +7,10 @@ HELP = "causal tracing (ROME): noise the subject, restore hidden / MLP / attenti
 
 
 def add_arguments(p):
-    from .common import add_model_argument, nonneg, positive, refuse_together
+    from .common import add_model_argument, needs, nonneg, positive, refuse_together
     add_model_argument(p)
-    p.add_argument("-p", "--prompt", required=True, help="the prompt, e.g. 'The Eiffel Tower is located in the city of'")
-    p.add_argument("--subject", required=True, help="the subject, a substring of the prompt (its tokens get the noise)")
+    p.add_argument("-p", "--prompt", default=None, help="the prompt, e.g. 'The Eiffel Tower is located in the city of'")
+    p.add_argument("--subject", default=None, help="the subject, a substring of the prompt (its tokens get the noise)")
     p.add_argument("--target", default=None, help="the answer token (' Paris' or #ID; default: the model's prediction)")
     p.add_argument("--noise", type=nonneg("--noise", float), default=3.0,
                    help="noise std as a multiple of the embeddings' std (default 3, as ROME)")
@@ -20,9 +20,70 @@ def add_arguments(p):
     p.add_argument("--out", default="causal-trace.png", metavar="PNG", help="the three-panel figure (default causal-trace.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
     refuse_together(p, "--out", "--json", "--json draws no figure")
+    p.add_argument("--prompts", metavar="FILE.jsonl", default=None,
+                   help='a dataset, one {"prompt", "subject", "target"} per line (target optional): every prompt traced '
+                        "as a work unit, and --out draws ROME's average indirect effect over them")
+    p.add_argument("--results", metavar="DIR", default=None,
+                   help="with --prompts: keep each prompt's trace in DIR as it finishes; the same command resumes it")
+    from .scaleout import add_ray_arguments
+    add_ray_arguments(p)
+    for flag in ("-p", "--subject", "--target"):
+        refuse_together(p, flag, "--prompts", "each line of --prompts gives its own")
+    needs(p, "--results", "--prompts", "a single prompt is one unit")
+
+
+def run_dataset(args):
+    """--prompts: one unit per line (runtime/prompts.py) -> per-prompt traces and their average indirect effect."""
+    from ..runtime.executor import ModelSpec, Task, execute
+    from ..runtime.prompts import average_indirect_effect, causal_trace_unit, prompt_units, read_prompt_lines
+    from .common import load_model
+    from .scaleout import backend, file_digest, finish
+
+    if not args.json:
+        from ..pictures import check_png
+        check_png(args.out, "--out")                   # before the work, not after it
+    units = prompt_units(read_prompt_lines(args.prompts))
+    spec = ModelSpec.from_args(args)
+    params = {"path": args.prompts, "noise": args.noise, "samples": args.samples, "window": args.window,
+              "seed": args.seed}
+    out = None
+    if args.results is not None:
+        from ..runtime.executor import OutputDir
+        out = OutputDir(args.results, "causal-trace", {"model": spec.path, "arith": spec.arith,
+                                                       "prompts": file_digest(args.prompts), **params},
+                        [u.id for u in units])
+    where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
+    outcome = execute(Task(spec, causal_trace_unit, params), units, lambda acc, r: acc + [r], [], out=out,
+                      backend=where, label="causal-trace")
+    code, summary = finish(outcome, len(units))
+    if code:
+        return code
+    traces = outcome.merged
+    avg = average_indirect_effect(traces)
+    if args.json:
+        print(json.dumps({"prompts": traces, "average_indirect_effect": avg, "executor": summary}))
+        return 0
+    from ..interventions.plots import causal_trace_figure
+    figure = {"tokens": avg["groups"], "subject": [0, 2], "target": "average indirect effect", "corrupt_p": 0.0,
+              "hidden": avg["hidden"], "mlp": avg["mlp"], "attn": avg["attn"]}
+    causal_trace_figure(args.out, figure, args.window)
+    for kind in ("hidden", "mlp", "attn"):
+        g = avg[kind]
+        il, k = max(((i, j) for i in range(len(g)) for j in range(len(g[0])) if g[i][j] == g[i][j]),
+                    key=lambda ij: g[ij[0]][ij[1]])
+        print(f"{kind:>6}: largest average indirect effect {g[il][k]:.4f} at layer {il}, {avg['groups'][k]}")
+    print(f"{len(traces)} prompts; figure: {args.out}", file=sys.stderr)
+    return 0
 
 
 def run(args):
+    if args.prompts is not None:
+        return run_dataset(args)
+    from ..errors import UsageError
+    if args.prompt is None or args.subject is None:
+        raise UsageError("give -p PROMPT and --subject SUBJECT, or --prompts FILE.jsonl")
+    if args.ray is not None:
+        raise UsageError("--ray needs --prompts: a single prompt is one unit")
     from ..interventions.causal_trace import causal_trace, subject_range
     from ..interventions.common import one_token, prompt_ids, token_strings
     from ..pictures import check_png, model_label, written

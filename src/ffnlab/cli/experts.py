@@ -21,16 +21,18 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--png", metavar="OUT.png", help="write a heatmap of each layer's load share per expert")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained page with every table")
+    from .scaleout import add_scale_arguments
+    add_scale_arguments(p, "windows", "a multiple of --batch; default 16 batches")
 
 
 def run(args):
     from ..errors import DataError, UsageError
-    from ..evaluation.experts import layer_report, scan_routing
+    from ..evaluation.experts import layer_report
     from ..pictures import check_page, check_png, model_label, written
-    from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
     from .neurons import check_min_context
+    from .scaleout import finish
 
     check_min_context(args)                            # every check on the flags before the model loads
     check_png(args.png, "--png")
@@ -48,13 +50,10 @@ def run(args):
         raise UsageError(f"--ctx {args.ctx} is longer than the model's context length {cfg.n_ctx}")
     if model.tokenizer is None:
         raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
-    bar = Progress(0, "routing")
-
-    def on_batch(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
-    layers = scan_routing(model, text, args.ctx, args.batch, args.max_windows, on_batch, args.min_context)
-    bar.close()
+    layers, outcome, n_units = route_units(args, model, text)
+    code, summary = finish(outcome, n_units)
+    if code:
+        return code
     if layers[0].n_tokens == 0:
         raise DataError(f"{args.data}: no token has --min-context {args.min_context} tokens before it; give a "
                         f"longer text or a smaller --min-context")
@@ -63,7 +62,8 @@ def run(args):
     if args.json:
         print(json.dumps({"model": model.source, "data": args.data, "min_context": args.min_context,
                           "n_expert": cfg.n_expert,
-                          "n_expert_used": cfg.n_expert_used, "layers": {str(k): v for k, v in reports.items()}},
+                          "n_expert_used": cfg.n_expert_used, "layers": {str(k): v for k, v in reports.items()},
+                          "executor": summary},
                          ensure_ascii=False))
     else:
         print(render(reports, cfg))
@@ -105,6 +105,32 @@ def refuse_dense_before_loading(model_arg):
     if dense:
         raise UsageError(f"{path} has a dense MLP ({dense}), not a mixture of experts; "
                          f"`ffnlab neurons` studies its units")
+
+
+def route_units(args, model, text):
+    """The routing scan as units of --shard windows (runtime/corpus.py) -> ([LayerRouting] or None, Outcome,
+    units): the counts add exactly and the entropy sums batch by batch, as evaluation/experts.py scan_routing."""
+    import numpy as np
+    from ..evaluation.activations import context_windows
+    from ..evaluation.experts import LayerRouting
+    from ..runtime.corpus import check_shard, experts_merge, experts_shard, window_units
+    from ..runtime.executor import ModelSpec, Task, execute
+    from .scaleout import backend, file_digest, output_dir
+
+    shard = args.shard or 16 * args.batch
+    check_shard(shard, args.batch)
+    cfg, tok = model.config, model.tokenizer
+    ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
+    bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
+    cw = context_windows(ids, args.ctx, args.min_context, bos, args.max_windows)
+    units = window_units(cw, shard)
+    spec = ModelSpec.from_args(args)
+    key = {"model": spec.path, "arith": spec.arith, "data": file_digest(args.data), "ctx": args.ctx,
+           "batch": args.batch, "max_windows": args.max_windows, "min_context": args.min_context, "shard": shard}
+    init = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
+    outcome = execute(Task(spec, experts_shard, {"batch": args.batch}), units, experts_merge, init,
+                      out=output_dir(args, "experts", key, units), backend=backend(args, model), label="routing")
+    return outcome.merged, outcome, len(units)
 
 
 def render(reports, cfg) -> str:

@@ -31,6 +31,8 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--html", metavar="OUT.html", help="write one self-contained page to browse every unit")
     p.add_argument("--hist", metavar="OUT.png", help="write a histogram of the listed units' activations (PNG)")
+    from .scaleout import add_scale_arguments
+    add_scale_arguments(p, "windows", "a multiple of --batch; default 16 batches")
     refuse_together(p, "--neuron", "--units", "--neuron shows one unit, --units ranks the most active ones")
 
 
@@ -89,13 +91,46 @@ def write_histograms(path, reports, node, title=""):
     plt.close(fig)
 
 
+def scan_units(args, model, text):
+    """The layer's scan as units of --shard windows (runtime/corpus.py) -> (NeuronScan or None, Outcome, units):
+    the merged scan is the single pass's (evaluation/neurons.py scan_layer) -- the same sums, the same top-k."""
+    import numpy as np
+    from ..evaluation.activations import activation_node, context_windows
+    from ..evaluation.neurons import NeuronScan
+    from ..runtime.corpus import NeuronAccumulator, check_shard, neuron_merge, neuron_shard, neuron_units
+    from ..runtime.executor import ModelSpec, Task, execute
+    from .scaleout import backend, file_digest, output_dir
+
+    shard = args.shard or 16 * args.batch
+    check_shard(shard, args.batch)
+    tok, d_ff, bins = model.tokenizer, model.config.d_ff, 64
+    ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
+    bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
+    cw = context_windows(ids, args.ctx, args.min_context, bos, args.max_windows)
+    units = neuron_units(cw, shard)
+    spec = ModelSpec.from_args(args)
+    params = {"layer": args.layer, "k": args.top, "bins": bins, "batch": args.batch}
+    key = {"model": spec.path, "arith": spec.arith, "data": file_digest(args.data), "ctx": args.ctx,
+           "max_windows": args.max_windows, "min_context": args.min_context, "shard": shard, **params}
+    outcome = execute(Task(spec, neuron_shard, params), units, neuron_merge, NeuronAccumulator(d_ff, args.top, bins),
+                      out=output_dir(args, "neurons", key, units), backend=backend(args, model),
+                      label=f"layer {args.layer}")
+    if outcome.merged is None:
+        return None, outcome, len(units)
+    acc = outcome.merged
+    scan = NeuronScan(args.layer, f"{activation_node(model.config)}-{args.layer}", ids, len(cw.windows), acc.top,
+                      acc.stats, acc.hist)
+    scan.ranking = np.argsort(-acc.stats.mean_abs, kind="stable")
+    return scan, outcome, len(units)
+
+
 def run(args):
     from ..errors import DataError
-    from ..evaluation.neurons import scan_layer, unit_report, window_text
+    from ..evaluation.neurons import unit_report, window_text
     from ..pictures import check_page, check_png, model_label, written
-    from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
+    from .scaleout import finish
 
     check_min_context(args)                            # every check on the flags before the model loads
     check_png(args.hist, "--hist")
@@ -106,15 +141,12 @@ def run(args):
     if model.tokenizer is None:
         raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
     tok = model.tokenizer
-    bar = Progress(0, f"layer {args.layer}")
-
-    def on_batch(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
-
-    scan = scan_layer(model, text, args.layer, args.ctx, args.top, args.batch, args.max_windows, on_batch=on_batch,
-                      min_context=args.min_context)
-    bar.close()
+    scan, outcome, n_units = scan_units(args, model, text)
+    code, summary = finish(outcome, n_units)
+    if code:
+        if args.json:
+            print(json.dumps({"model": model.source, "data": args.data, "layer": args.layer, "executor": summary}))
+        return code
     if scan.n_tokens == 0:
         raise DataError(f"{args.data}: {len(scan.ids)} tokens, none with --min-context {args.min_context} tokens "
                         f"before it; give a longer text or a smaller --min-context")
@@ -124,7 +156,7 @@ def run(args):
         from ..threads import threads
         print(json.dumps({"model": model.source, "threads": threads(), "data": args.data, "layer": args.layer, "node": scan.node,
                           "d_ff": model.config.d_ff, "n_tokens": scan.n_tokens, "n_windows": scan.n_windows,
-                          "min_context": args.min_context, "units": reports}, ensure_ascii=False))
+                          "min_context": args.min_context, "units": reports, "executor": summary}, ensure_ascii=False))
     else:
         print(f"{scan.node}: {model.config.d_ff} units, {scan.n_tokens} tokens scored in {scan.n_windows} windows of "
               f"<= {args.ctx} (each with >= {args.min_context} tokens of context); units ranked by mean |a|, "

@@ -17,6 +17,8 @@ def add_arguments(p):
                    help="chunks evaluated together in one [B, ctx] forward (default 4)")
     p.add_argument("--chunks", type=count_or_all("--chunks"), default=-1, help="score at most this many chunks; -1 = all (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    from .scaleout import add_scale_arguments
+    add_scale_arguments(p, "chunks", "a multiple of --batch; default --batch: one forward per unit")
 
 
 def progress_callback(n_chunk, label="perplexity", stream=None):
@@ -40,12 +42,17 @@ def progress_callback(n_chunk, label="perplexity", stream=None):
 
 
 def run(args):
-    from ..evaluation.perplexity import perplexity, text_chunks
+    from ..evaluation.perplexity import PerplexityResult, RunningNLL, text_chunks
+    from ..runtime.corpus import check_shard, perplexity_merge, perplexity_shard, perplexity_units
+    from ..runtime.executor import ModelSpec, Task, execute
     from ..threads import threads
     from ..training.data import read_text
     from .common import load_model
+    from .scaleout import backend, file_digest, finish, output_dir
 
     text = read_text(args.data)
+    shard = args.shard or args.batch
+    check_shard(shard, args.batch)
     model = load_model(args)
     chunks = text_chunks(model, text, args.ctx, args.chunks, args.data)
     n_chunk = len(chunks)
@@ -53,11 +60,34 @@ def run(args):
     print(f"perplexity: {n_chunk} chunks of {args.ctx} tokens, scoring positions {first + 1}..{args.ctx - 1} of each "
           f"({args.ctx - first - 1} tokens per chunk), BOS {'replaces the first token' if model.tokenizer.add_bos else 'not added'}, "
           f"batch {args.batch}", file=sys.stderr)
-    r = perplexity(model, chunks, args.batch, progress_callback(n_chunk))
+    # a unit is `shard` chunks; the merge adds each batch's sums in chunk order: one pass's figure
+    units = perplexity_units(chunks, shard)
+    spec = ModelSpec.from_args(args)
+    key = {"model": spec.path, "lora": spec.lora, "lora_scale": spec.lora_scale, "arith": spec.arith,
+           "data": file_digest(args.data), "ctx": args.ctx, "batch": args.batch, "chunks": args.chunks, "shard": shard}
+    out = output_dir(args, "perplexity", key, units)
+    where = backend(args, model)                                      # a cluster that does not answer: one line, now
+    trail = progress_callback(n_chunk)
+    outcome = execute(Task(spec, perplexity_shard, {"batch": args.batch}), units, perplexity_merge, (RunningNLL(), 0),
+                      out=out, backend=where, label="perplexity", progress=False,
+                      on_merged=lambda _n, acc: trail(acc[1], acc[0]))
+    code, summary = finish(outcome, len(units))
+    if code:
+        if args.json:
+            print(json.dumps({"model": model.source, "data": args.data, "executor": summary}))
+        return code
+    acc = outcome.merged[0]
+    dt = outcome.seconds
+    r = PerplexityResult(ppl=acc.ppl, ppl_stderr=acc.ppl_stderr, nll=acc.mean, tokens_scored=acc.count,
+                         tokens_evaluated=n_chunk * args.ctx, n_chunks=n_chunk, n_ctx=args.ctx,
+                         bos=bool(model.tokenizer.add_bos and model.tokenizer.bos_id is not None), seconds=dt,
+                         tokens_per_s=outcome.tokens / dt if dt > 0 else float("inf"))
     if args.json:
-        print(json.dumps({"model": model.source, "data": args.data, "threads": threads(), **r.to_dict()}))
+        print(json.dumps({"model": model.source, "data": args.data, "threads": threads(), **r.to_dict(),
+                          "executor": summary}))
     else:
         print(f"PPL = {r.ppl:.4f} +/- {r.ppl_stderr:.5f}")
         print(f"tokens scored: {r.tokens_scored} ({r.n_chunks} chunks x {args.ctx - first - 1}), "
-              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s, {threads()} thread{'s' if threads() != 1 else ''})")
+              f"tokens evaluated: {r.tokens_evaluated} in {r.seconds:.1f} s ({r.tokens_per_s:.1f} tokens/s, {threads()} thread{'s' if threads() != 1 else ''})"
+              + (f"; {outcome.resumed} of {len(units)} units read from {args.out}" if outcome.resumed else ""))
     return 0

@@ -55,33 +55,39 @@ class LayerRouting:
         self.n_tokens += len(ids)
 
 
+def route_batch(model, w, layers, keep=None):
+    """w: [B, T] ids of one batch of windows -> each LayerRouting of `layers` updated with its routing.
+    keep: [B * T] bool, the positions counted (those with enough context); None: all."""
+    from ..tracing import Tracer
+
+    pattern = re.compile(r"^ffn_moe_(probs|topk)-\d+$")
+    seen = {}
+
+    def take(n):
+        name, il = n.name.rsplit("-", 1)
+        seen[(name, int(il))] = n.array
+        n.array = None
+    model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
+    flat = w.reshape(-1)
+    keep = np.ones(len(flat), bool) if keep is None else keep
+    for il, L in enumerate(layers):
+        L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1)[keep],
+                 seen[("ffn_moe_topk", il)].reshape(len(flat), -1)[keep], flat[keep])
+
+
 def scan_routing(model, text, ctx, batch, max_windows=-1, on_batch=None, min_context=DEFAULT_MIN_CONTEXT) -> list:
     """-> [LayerRouting] one per layer, over the text's overlapping windows of ctx tokens, counting
     the tokens with at least min_context tokens before them in their window."""
-    from ..tracing import Tracer
-
     cfg, tok = model.config, model.tokenizer
     ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
     bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
     cw = context_windows(ids, ctx, min_context, bos, max_windows)
     windows = cw.windows
     layers = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
-    pattern = re.compile(r"^ffn_moe_(probs|topk)-\d+$")
     done = 0
     for first, w in batches(windows, batch):
-        seen = {}
-
-        def take(n):
-            name, il = n.name.rsplit("-", 1)
-            seen[(name, int(il))] = n.array
-            n.array = None
-        model.forward(w, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True)
         _, scored = cw.positions(first, *w.shape)
-        keep = scored.reshape(-1)                                     # [B * T] rows with context
-        flat = w.reshape(-1)
-        for il, L in enumerate(layers):
-            L.update(seen[("ffn_moe_probs", il)].reshape(len(flat), -1)[keep],
-                     seen[("ffn_moe_topk", il)].reshape(len(flat), -1)[keep], flat[keep])
+        route_batch(model, w, layers, scored.reshape(-1))             # [B * T] rows with context
         done += len(w)
         if on_batch is not None:
             on_batch(done, len(windows))

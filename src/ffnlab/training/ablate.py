@@ -120,15 +120,16 @@ def run_state(out, spec) -> str:
 
 
 # --- one run (in its own process) -------------------------------------------------------------
-def run_one(spec_path):
-    """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure."""
+def run_one(spec_path, text_path=None):
+    """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure.
+    text_path: a copy of spec["data"] to read instead (a Ray worker's, runtime/grid.py)."""
     from .data import TokenData, data_info, encode, make_tokenizer, read_text
     from .trainer import DivergedError, train
 
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
     out = os.path.dirname(spec_path)
-    text = read_text(spec["data"])
+    text = read_text(text_path or spec["data"])
     tok, tok_meta = make_tokenizer("byte", text)
     cfg = ModelConfig.from_dict(spec["config"])
     settings = TrainSettings.from_dict(spec["settings"])
@@ -157,8 +158,10 @@ def _first_difference(old, new, prefix=""):
 
 
 def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print,
-                 moe=None) -> list[dict]:
-    """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows."""
+                 moe=None, train_runs=None) -> list[dict]:
+    """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows.
+    train_runs(out, todo, log) -> [failed run names]: trains the unfinished runs elsewhere
+    (runtime/grid.py: on a Ray cluster) instead of in local processes."""
     runs = plan(base, ffns, mults, seeds, match_params, moe)         # bad --ffn / --mult fail before any write
     if not os.path.isfile(data):
         raise UsageError(f"--data {data}: no such file")
@@ -186,7 +189,18 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
         os.makedirs(d, exist_ok=True)
         atomic_write_json(os.path.join(d, "spec.json"), {**spec, "data": data})
         todo.append(spec)
-    log(f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train, {jobs} at a time")
+    log(f"ablation: {len(runs)} runs, {len(runs) - len(todo)} already finished, {len(todo)} to train, "
+        + (f"{jobs} at a time" if train_runs is None else "as work units"))
+    failed = (train_runs or (lambda o, t, lg: _train_in_processes(o, t, jobs, threads, lg)))(out, todo, log)
+    if failed:
+        raise FfnlabError(f"{len(failed)} run(s) failed: {', '.join(failed)}; see their train.log under {out}/runs")
+    rows = collect(out, runs, base["settings"]["seq_len"])
+    write_results(out, rows)
+    return rows
+
+
+def _train_in_processes(out, todo, jobs, threads, log):
+    """Each run in its own `python -m ffnlab.training.ablate SPEC` process, `jobs` at a time -> failed names."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
     running, failed, t0 = [], [], time.monotonic()
@@ -217,11 +231,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
                 log(f"  {state} {name}  [{len(todo) - len(queue) - len(running)}/{len(todo)}, "
                     f"{time.monotonic() - t0:.0f}s]")
     bar.close()
-    if failed:
-        raise FfnlabError(f"{len(failed)} run(s) failed: {', '.join(failed)}; see their train.log under {out}/runs")
-    rows = collect(out, runs, base["settings"]["seq_len"])
-    write_results(out, rows)
-    return rows
+    return failed
 
 
 # --- results ----------------------------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""The flags of the commands whose work runs as units (runtime/executor.py), and their reading.
+
+    --ray [ADDRESS]   run the units on a Ray cluster: what ray.init takes (auto, HOST:PORT,
+                      ray://HOST:10001), `local` for a new local instance on 127.0.0.1; the flag
+                      alone follows Ray's own rule (RAY_ADDRESS, else the cluster `ray start` made)
+    --out DIR         keep each unit's result in DIR as it finishes; the same command with the same
+                      DIR resumes, computing only the units DIR lacks
+    --shard N         items (chunks, windows) per unit
+Nothing here imports Ray: runtime/ray_backend.py does, when --ray is given.
+"""
+import hashlib
+import json
+import sys
+
+from .common import needs, positive
+
+
+def add_scale_arguments(p, items, default_help):
+    """--ray, --workers, --out, --shard for a command whose units are runs of `items`."""
+    add_ray_arguments(p)
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write each unit's result into DIR as it finishes; rerunning the same command with the same "
+                        "DIR computes only the units it lacks")
+    p.add_argument("--shard", type=positive("--shard"), default=None, metavar="N",
+                   help=f"{items} per work unit ({default_help})")
+
+
+def add_ray_arguments(p):
+    """--ray [ADDRESS] and --workers N."""
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the work units on a Ray cluster (pip install ffnlab[ray]): auto, HOST:PORT, "
+                        "ray://HOST:10001, or local (a new instance on 127.0.0.1); the flag alone uses RAY_ADDRESS "
+                        "or the cluster `ray start` made (docs/scale-out.md)")
+    p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
+                   help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
+    needs(p, "--workers", "--ray", "the in-process default is one worker")
+
+
+def file_digest(path):
+    """sha256 of a file: a job's identity includes its data, not only the data's name."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def backend(args, model=None):
+    """--ray -> a RayBackend; otherwise the in-process default (reusing the driver's model)."""
+    if args.ray is None:
+        from ..runtime.executor import InProcess
+        b = InProcess()
+        b.model = model
+        return b
+    from ..runtime.ray_backend import RayBackend
+    return RayBackend.connect(args.ray or None, args.workers)
+
+
+def output_dir(args, command, key, units):
+    if args.out is None:
+        return None
+    from ..runtime.executor import OutputDir
+    return OutputDir(args.out, command, json.loads(json.dumps(key)), [u.id for u in units])
+
+
+def finish(outcome, n_units, stream=None):
+    """One line per failed unit and the exit code; --json's summary dict."""
+    from ..runtime.executor import report_failures
+    return report_failures(outcome, n_units, stream or sys.stderr), outcome.summary(n_units)

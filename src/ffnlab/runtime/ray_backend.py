@@ -1,0 +1,277 @@
+"""The Ray backend of the executor (`--ray ADDRESS`): one actor per node holds the loaded model,
+and the units go to the actors as method calls, a few in flight per actor.
+
+    backend = RayBackend.connect("auto")              # or HOST:PORT, ray://HOST:10001, "local", None
+    execute(task, units, merge, backend=backend)      # executor.py: the same merge as in-process
+
+The model file (and a LoRA adapter) is read on the driver and put in Ray's object store once; each
+node's actor fetches it into that node's store, writes it under the node's temp folder (named by
+its sha256, so a second job on the node reuses it) and loads it from there: a model that exists
+only on the driver's machine reaches every worker. A worker needs ffnlab and its dependencies
+installed, at the driver's version; nothing else.
+
+Faults: a unit whose code raises is a failure of that unit (reported, the others go on). A lost
+actor (its node died, its process was killed) is a lost worker: its units in flight go back to the
+queue, and a new actor is started on any live node without one.
+
+Security: a Ray cluster has no authentication on its dashboard and Jobs API: anyone who reaches the
+head runs code on it. `--ray local` binds to 127.0.0.1; docs/scale-out.md says what to do before
+pointing ffnlab at a shared cluster.
+"""
+import contextlib
+import hashlib
+import os
+import socket
+import sys
+import tempfile
+from collections import deque
+
+import numpy as np
+
+from ..errors import UsageError
+from .executor import one_line
+
+try:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+except ImportError:                                   # the optional extra
+    ray = None
+
+IN_FLIGHT = 2               # calls queued per actor: the next unit is there when one finishes
+CONNECT_TIMEOUT_S = 10      # an address nothing listens on is one line, not a hang
+
+
+def require_ray():
+    if ray is None:
+        raise UsageError("--ray needs Ray, an optional extra: pip install 'ffnlab[ray]'")
+
+
+def _probe(address, named):
+    """HOST:PORT or ray://HOST:PORT must accept a TCP connection, or UsageError in one line.
+    named: where the address came from ('--ray ADDR', 'RAY_ADDRESS=ADDR')."""
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"{named}: expected auto, local, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UsageError(f"{named}: nothing answers at {host}:{port} ({e.strerror or e})") from None
+
+
+def _ship(path):
+    """A file or a directory on the driver -> {relative path: (sha256, object ref)} in the object store."""
+    if path is None:
+        return None
+    root = os.path.abspath(path)
+    names = ([os.path.basename(root)] if os.path.isfile(root) else
+             sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs))
+    base = os.path.dirname(root) if os.path.isfile(root) else root
+    out = {}
+    for rel in names:
+        with open(os.path.join(base, rel), "rb") as f:
+            data = np.frombuffer(f.read(), dtype=np.uint8)           # a NumPy buffer: read zero-copy on the node
+        out[rel] = (hashlib.sha256(data).hexdigest(), ray.put(data))
+    return {"dir": os.path.isdir(root), "files": out}
+
+
+def _unpack(shipped, root):
+    """On a worker: the shipped files -> a local path (written once per node, reused after)."""
+    if shipped is None:
+        return None
+    digest = hashlib.sha256("".join(sha for sha, _ in shipped["files"].values()).encode()).hexdigest()[:16]
+    folder = os.path.join(root, digest)
+    for rel, (sha, ref) in shipped["files"].items():
+        dst = os.path.join(folder, rel)
+        if not os.path.exists(dst):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            data = ray.get(ref)
+            tmp = f"{dst}.tmp-{os.getpid()}"
+            with open(tmp, "wb") as f:
+                f.write(data.tobytes())
+            del data
+            os.replace(tmp, dst)                                      # atomic: another actor may race us
+    if shipped["dir"]:
+        return folder
+    return os.path.join(folder, next(iter(shipped["files"])))
+
+
+class ModelHost:
+    """One per node: loads the model once, then runs units. (Made a Ray actor in RayBackend.)"""
+
+    def __init__(self, threads):
+        from .. import __version__
+        from ..threads import set_threads
+        set_threads(threads)
+        self.version, self.node = __version__, ray.util.get_node_ip_address()
+        self.model = None
+
+    def load(self, spec, model_files, lora_files):
+        """The model, from the files the driver shipped (after the driver checked this worker's version)."""
+        if spec is not None:
+            root = os.path.join(tempfile.gettempdir(), "ffnlab-ray-models")
+            self.model = spec.load(_unpack(model_files, root), _unpack(lora_files, root))
+
+    def info(self):
+        import resource
+        return {"ffnlab": self.version, "node": self.node, "pid": os.getpid(),
+                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+    def run(self, fn, params, payload):
+        return fn(self.model, params, payload)
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, workers=None):
+        self.workers = workers
+        self.actors = {}                   # node id -> actor handle
+        self.infos = {}                    # node id -> info() of its actor
+        self.lost = set()                  # nodes whose actor died: not used again in this job
+
+    @classmethod
+    def connect(cls, address, workers=None):
+        """address: 'local' (a new instance on 127.0.0.1), None (Ray's own rule: RAY_ADDRESS, else
+        the cluster `ray start` made on this machine), or what ray.init takes."""
+        require_ray()
+        if address == "local":
+            # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
+            # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
+            # this process, which reads the flag now, and for the GCS, raylet and workers it starts
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+            ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
+                     log_to_driver=False, configure_logging=False)
+            return cls(workers)
+        # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
+        # never None, which would start a new instance listening on every interface
+        target = address or os.environ.get("RAY_ADDRESS") or "auto"
+        named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
+        if target != "auto":
+            _probe(target, named)
+        try:
+            ray.init(address=target, log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
+                             f"a new one on this machine (docs/scale-out.md)") from None
+        return cls(workers)
+
+    # --- the actors --------------------------------------------------------------------------
+    def _live_nodes(self):
+        return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1]
+
+    def _start_actors(self, task):
+        """One actor per live node without one (up to `workers`); -> the nodes that joined."""
+        host = ray.remote(max_restarts=0, max_task_retries=0)(ModelHost)
+        pending = {}
+        for n in self._live_nodes():
+            if n["NodeID"] in self.actors or n["NodeID"] in self.lost:
+                continue
+            if self.workers is not None and len(self.actors) + len(pending) >= self.workers:
+                break
+            cpus = int(n["Resources"]["CPU"])
+            a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+                             ).remote(cpus)
+            pending[n["NodeID"]] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
+        for node_id, (a, where) in pending.items():
+            try:
+                info = ray.get(a.info.remote())
+            except ray.exceptions.RayActorError as e:
+                raise UsageError(f"node {where}: cannot start an ffnlab worker ({_cause(e)}); "
+                                 f"install ffnlab {_version()} there") from None
+            if info["ffnlab"] != _version():
+                raise UsageError(f"node {where}: ffnlab {info['ffnlab']} is installed there, the driver runs "
+                                 f"{_version()}; install the same version on every node")
+            self.infos[node_id] = info
+        # every node checked: now the model goes out, once per node
+        loads = {node_id: a.load.remote(task.model, self.model_files, self.lora_files) for node_id, (a, _) in pending.items()}
+        for node_id, ref in loads.items():
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:                      # the node died while loading: not used
+                self.lost.add(node_id)
+                continue
+            except ray.exceptions.RayTaskError as e:
+                raise UsageError(f"node {pending[node_id][1]}: cannot load {task.model.path} ({_cause(e)})") from None
+            self.actors[node_id] = pending[node_id][0]
+        return list(pending)
+
+    def run(self, task, units, on_result, on_failure, on_retry):
+        # Ray prints cluster events (a raylet that died, a worker's logs) with print(): onto stderr,
+        # so that stdout holds only the command's result (--json)
+        with contextlib.redirect_stdout(sys.stderr):
+            self._run(task, units, on_result, on_failure, on_retry)
+
+    def _run(self, task, units, on_result, on_failure, on_retry):
+        if not units:
+            return
+        self.model_files = _ship(task.model.path) if task.model is not None else None
+        self.lora_files = _ship(task.model.lora) if task.model is not None else None
+        self._start_actors(task)
+        if not self.actors:
+            raise UsageError("the Ray cluster has no live node with a CPU to run an ffnlab worker")
+        queue, flight = deque(units), {}                             # ref -> (node id, unit)
+
+        def send():
+            for node_id, a in list(self.actors.items()):
+                busy = sum(1 for nid, _ in flight.values() if nid == node_id)
+                for _ in range(IN_FLIGHT - busy):
+                    if not queue:
+                        return
+                    u = queue.popleft()
+                    flight[a.run.remote(task.fn, task.params, u.payload)] = (node_id, u)
+
+        send()
+        while flight:
+            [ref], _ = ray.wait(list(flight), num_returns=1)
+            node_id, u = flight.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayActorError:                     # the worker is gone, not the unit's fault
+                self._lose(node_id, u, queue, flight, on_retry)
+                if not self.actors:
+                    self._start_actors(task)
+                if not self.actors:
+                    for v in [u for _, u in flight.values()] + list(queue):
+                        on_failure(v, "no live Ray node is left to run it")
+                    return
+            except ray.exceptions.RayTaskError as e:
+                on_failure(u, _cause(e))
+            else:
+                on_result(u, result)
+            send()
+        for node_id, a in self.actors.items():                       # peak RSS after the work, per worker
+            self.infos[node_id] = ray.get(a.info.remote())
+
+    def _lose(self, node_id, unit, queue, flight, on_retry):
+        """The actor on node_id died: its units in flight go back to the front of the queue."""
+        self.actors.pop(node_id, None)
+        self.lost.add(node_id)
+        back = [unit] + [v for ref, (nid, v) in list(flight.items()) if nid == node_id]
+        for ref in [r for r, (nid, _) in flight.items() if nid == node_id]:
+            flight.pop(ref)
+        for v in sorted(back, key=lambda v: v.id, reverse=True):
+            queue.appendleft(v)
+            on_retry()
+
+    def worker_info(self):
+        return [self.infos[n] for n in sorted(self.infos)]
+
+    def close(self):
+        """Kills the actors and disconnects (a `--ray local` instance stops with it)."""
+        with contextlib.redirect_stdout(sys.stderr):
+            for a in self.actors.values():
+                ray.kill(a)
+            self.actors = {}
+            ray.shutdown()
+
+
+def _cause(e):
+    cause = getattr(e, "cause", None)
+    return one_line(cause) if isinstance(cause, BaseException) else one_line(e).split(" Traceback")[0]
+
+
+def _version():
+    from .. import __version__
+    return __version__

@@ -1,0 +1,243 @@
+"""The Ray backend on a real two-node cluster on 127.0.0.1 (a head and a second node, 1 CPU each):
+the same figures as the in-process single pass for 1 and 2 workers, a killed node's units retried
+elsewhere, a killed driver resumed from --out, a raising unit reported alone.
+
+The nodes are separate raylets started by ray.cluster_utils.Cluster -- Ray's own way to run several
+nodes on one machine. `ray start --node-ip-address=127.0.0.1` rewrites 127.0.0.1 to the machine's
+network address and binds there, and refuses a second node when told to stay local
+(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0); the Cluster, with that variable set, keeps every server of
+both nodes on 127.0.0.1 (test_cluster_listens_on_loopback_only checks). The fixture stops the
+cluster when the tests end, pass or fail.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"     # read when Ray is imported: every address is 127.0.0.1
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install ffnlab[ray]")
+
+from mlp_models import TEXT, smollm2, tiny_gguf, write_text   # noqa: E402
+
+pytestmark = pytest.mark.slow
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+    os.environ["PYTHONPATH"] = os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])   # the workers' ffnlab
+    c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        c.second = c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        c.shutdown()
+
+
+def ffnlab(*args, timeout=600):
+    """The CLI in a subprocess (the driver), -> CompletedProcess."""
+    return subprocess.run([sys.executable, "-m", "ffnlab.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def perplexity_args(model, data, *more):
+    return ["perplexity", "-m", model, "--data", data, "--json", *more]
+
+
+def figures(stdout):
+    r = json.loads(stdout)
+    return r["nll"], r["ppl_stderr"], r["tokens_scored"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_text(tmp_path_factory.mktemp("corpus"), TEXT * 8)
+
+
+def test_cluster_listens_on_loopback_only(cluster):
+    r = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("ss is not installed")
+    ours = [line.split()[3] for line in r.stdout.splitlines()[1:] if any(
+        k in line for k in ("gcs_server", "raylet", "ray::"))]
+    assert ours and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in ours), ours
+
+
+@pytest.mark.parametrize("workers", [["--workers", "1"], []], ids=["1-worker", "2-workers"])
+def test_perplexity_on_the_cluster_equals_the_single_pass(cluster, corpus, workers):
+    from ffnlab.evaluation.perplexity import perplexity, text_chunks
+    import ffnlab as lab
+    m = lab.load(tiny_gguf("bos"))
+    want = perplexity(m, text_chunks(m, TEXT * 8, 32), 2)
+    r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--batch", "2", "--ray", cluster.address, *workers))
+    assert r.returncode == 0, r.stderr
+    assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)
+
+
+def test_neurons_on_the_cluster_equal_the_in_process_scan(cluster, corpus):
+    args = ["neurons", "-m", tiny_gguf("bos"), "--layer", "1", "--data", corpus, "--ctx", "24", "--batch", "2",
+            "--shard", "4", "--top", "4", "--json"]
+    here, there = ffnlab(*args), ffnlab(*args, "--ray", cluster.address)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr
+    a, b = json.loads(here.stdout), json.loads(there.stdout)
+    assert a["units"] == b["units"] and a["n_tokens"] == b["n_tokens"]
+
+
+def _wait_for_units(out, n, proc, timeout=300):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        d = os.path.join(out, "units")
+        if os.path.isdir(d) and len([u for u in os.listdir(d) if not u.startswith(".")]) >= n:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the job ended before {n} units landed: {proc.stderr.read()}")
+        time.sleep(0.2)
+    pytest.fail(f"no {n} units in {out} after {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def real_job(corpus):
+    """SmolLM2 over the corpus, one chunk per unit: long enough to kill something in the middle."""
+    model = smollm2().source
+    r = ffnlab(*perplexity_args(model, corpus, "--ctx", "64", "--batch", "1", "--chunks", "16"))
+    assert r.returncode == 0, r.stderr
+    return model, figures(r.stdout)
+
+
+def test_killed_driver_resumes_from_out_with_the_same_figure(cluster, corpus, real_job, tmp_path):
+    model, want = real_job
+    out = str(tmp_path / "out")
+    args = perplexity_args(model, corpus, "--ctx", "64", "--batch", "1", "--chunks", "16", "--ray", cluster.address,
+                           "--out", out)
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    _wait_for_units(out, 3, p)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    landed = len([u for u in os.listdir(os.path.join(out, "units")) if not u.startswith(".")])
+    assert landed < 16
+    r = ffnlab(*args)
+    assert r.returncode == 0, r.stderr
+    assert figures(r.stdout) == want
+    assert json.loads(r.stdout)["executor"]["resumed"] >= landed
+
+
+def test_killed_node_units_finish_elsewhere_with_the_same_figure(cluster, corpus, real_job, tmp_path):
+    model, want = real_job
+    out = str(tmp_path / "out")
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main",
+                          *perplexity_args(model, corpus, "--ctx", "64", "--batch", "1", "--chunks", "16",
+                                           "--ray", cluster.address, "--out", out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_units(out, 2, p)
+    cluster.remove_node(cluster.second, allow_graceful=False)      # the second node's processes, killed
+    try:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr
+        assert figures(stdout) == want
+        assert json.loads(stdout)["executor"]["retried"] >= 1
+    finally:
+        cluster.second = cluster.add_node(num_cpus=1)               # the next test has two nodes again
+        cluster.wait_for_nodes()
+
+
+def test_a_raising_unit_is_reported_alone_and_the_rest_complete(cluster):
+    from ffnlab.runtime.corpus import perplexity_merge, perplexity_shard, perplexity_units
+    from ffnlab.runtime.executor import ModelSpec, Task, execute, report_failures
+    from ffnlab.runtime.ray_backend import RayBackend
+    from ffnlab.evaluation.perplexity import RunningNLL
+    import io
+    chunks = np.arange(8 * 16).reshape(8, 16) % 200
+    units = perplexity_units(chunks, 2)
+    bad = units[2].payload.copy()
+    bad[0, 3] = 10 ** 6                                               # a corrupt shard: a token id past the vocab
+    units[2] = type(units[2])(units[2].id, bad, units[2].tokens)
+    outcome = execute(Task(ModelSpec(tiny_gguf("f32")), perplexity_shard, {"batch": 2}), units, perplexity_merge,
+                      (RunningNLL(), 0), backend=RayBackend.connect(cluster.address))
+    assert [u for u, _ in outcome.failures] == [units[2].id] and outcome.done == len(units) - 1
+    err = io.StringIO()
+    assert report_failures(outcome, len(units), err) == 1
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith(f"unit {units[2].id} failed: ") and "\n" not in lines[0]
+
+
+def test_an_address_nothing_listens_on_is_one_line_within_30_s(tmp_path):
+    data = write_text(tmp_path, TEXT)
+    t0 = time.time()
+    r = ffnlab(*perplexity_args(tiny_gguf("bos"), data, "--ctx", "32", "--ray", "127.0.0.1:1"), timeout=60)
+    assert time.time() - t0 < 30
+    assert r.returncode == 1
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 2 and "--ray 127.0.0.1:1: nothing answers at 127.0.0.1:1" in err[-1]   # after the chunk line
+
+
+def test_ray_local_listens_on_loopback_only(tmp_path):
+    if subprocess.run(["ss", "-ltn"], capture_output=True).returncode != 0:
+        pytest.skip("ss is not installed")
+    data = write_text(tmp_path, TEXT * 4)
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main",
+                          *perplexity_args(tiny_gguf("bos"), data, "--ctx", "32", "--batch", "1", "--ray", "local")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = set()
+    while p.poll() is None:                                          # every listening socket of the instance, while it runs
+        out = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+        seen |= {line.split()[3] for line in out.splitlines()[1:] if any(k in line for k in ("gcs_server", "raylet", "ray::"))}
+        time.sleep(0.5)
+    assert p.returncode == 0, p.stderr.read()
+    assert seen and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in seen), seen
+
+
+def _sweep_table(out):
+    """results.json's rows without the speed columns (they measure the machine, not the runs)."""
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    def drop(d):
+        return {k: ([drop(s) for s in v] if k == "per_seed" else v) for k, v in d.items() if k != "tokens_per_s"}
+    return [drop(r) for r in rows]
+
+
+def test_ablate_grid_on_the_cluster_gives_the_same_sweep_table(cluster, corpus, tmp_path):
+    grid = ["ablate", "--data", corpus, "--ffn", "gelu,swiglu", "--mult", "1,2", "--seeds", "1", "--steps", "4",
+            "--batch", "2", "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--d-model", "16",
+            "--n-layer", "1", "--n-head", "2", "--warmup", "1", "--ckpt-every", "4"]
+    here = ffnlab(*grid, "--out", str(tmp_path / "here"))
+    there = ffnlab(*grid, "--out", str(tmp_path / "there"), "--ray", cluster.address)
+    assert here.returncode == 0 and there.returncode == 0, there.stderr
+    assert _sweep_table(tmp_path / "here") == _sweep_table(tmp_path / "there")
+
+
+def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(cluster, corpus, tmp_path):
+    import shutil
+    other = tmp_path / "other"
+    shutil.copytree(os.path.join(SRC, "ffnlab"), other / "ffnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    init = other / "ffnlab" / "__init__.py"
+    init.write_text(init.read_text().replace('__version__ = "', '__version__ = "0.0.0+other-', 1))
+    node = cluster.add_node(num_cpus=1, env_vars={"PYTHONPATH": str(other)})   # its workers import that copy
+    try:
+        cluster.wait_for_nodes()
+        r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert "ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
+        assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
+    finally:
+        cluster.remove_node(node)
+
+
+def test_ray_flag_alone_follows_ray_address(cluster, corpus):
+    from ffnlab.evaluation.perplexity import perplexity, text_chunks
+    import ffnlab as lab
+    m = lab.load(tiny_gguf("bos"))
+    want = perplexity(m, text_chunks(m, TEXT * 8, 32), 2)
+    r = subprocess.run([sys.executable, "-m", "ffnlab.cli.main",
+                        *perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--batch", "2", "--ray")],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": cluster.address})
+    assert r.returncode == 0, r.stderr
+    assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)
