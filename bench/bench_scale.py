@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"        # every Ray server on 127.0.0.1 (tests/test_ray_cluster.py)
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"        # every Ray server on 127.0.0.1 (tests/engines/test_ray_cluster.py)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))

@@ -32,6 +32,9 @@ def random_params(cfg, dtype=np.float32, seed=0):
     return p
 
 
+MOE_TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+
+
 def byte_moe_model():
     """A 2-layer mixture of 5 experts (2 per token) with the byte tokenizer: the expert-scan tests' model."""
     from ffnlab.model import Model

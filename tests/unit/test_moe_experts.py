@@ -8,9 +8,9 @@ from ffnlab.evaluation.experts import layer_report, scan_routing
 from ffnlab.model import Model
 from ffnlab.model.transformer import forward
 from ffnlab.training.data import byte_tokenizer
-from moe_models import byte_moe_model
+from moe_models import MOE_TEXT, byte_moe_model
 
-TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer"
+TEXT = MOE_TEXT
 
 
 def model():

@@ -199,7 +199,7 @@ def test_expert_shards_merge_to_the_single_pass_routing(tmp_path):
     from ffnlab.evaluation.experts import scan_routing
     from ffnlab.training.checkpoint import save_model
     from ffnlab.training.data import tokenizer_meta
-    from test_moe_experts import TEXT as MOE_TEXT, model as moe_model
+    from moe_models import MOE_TEXT, byte_moe_model as moe_model
     m = moe_model()
     save_model(str(tmp_path / "ck"), m.config, m.params, m.tokenizer, tokenizer_meta(m.tokenizer, "byte"))
     text = MOE_TEXT * 6

@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install f
 from mlp_models import TEXT, smollm2, tiny_gguf, write_text   # noqa: E402
 
 pytestmark = pytest.mark.slow
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
 
 
 @pytest.fixture(scope="module")
