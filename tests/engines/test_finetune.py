@@ -67,7 +67,7 @@ def reference(base, tmp_path_factory):
 def test_the_adapter_directory_is_peft_and_gives_ffnlabs_logits(base, reference, tmp_path):
     """PeftModel.from_pretrained on the exported HF model gives ffnlab's adapted logits. The base
     model stored q/k rows permuted as a GGUF llama does: PEFT's B rows come out in HF order.
-    Both sides float32; logits of scale ~10 agree to ~1e-6 relative, 1e-3 is the issue's bound."""
+    Both sides float32; logits of scale ~10 agree to ~1e-6 relative, 1e-3 is the bound asked of it."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")

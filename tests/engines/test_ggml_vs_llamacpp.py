@@ -13,7 +13,7 @@ up to the first step whose margin is below 0.04; the perplexity equal to 4 signi
 verify's default tolerance (1e-3 of each node's max |ref|) passes and still localises an injected
 fault. Measured on an Intel Xeon with AVX-512 F/DQ/VNNI/BF16/FP16 (llama-cpp-python 0.3.36,
 2026-12-01) and before that on AVX2: every logit of the two models bit-equal (difference 0.0), so
-these floors hold with the whole margin to spare; they are the issue's, not tuned to the
+these floors hold with the whole margin to spare; they are the stated floors, not tuned to the
 measurement.
 """
 import dataclasses

@@ -14,7 +14,7 @@ with partial rotary as rope.dimension_count). Then:
     ~5e-3, and 2e-2 leaves room for the tails;
   - every node name llama.cpp's eval callback prints is ffnlab's, in order, with op and shape.
 The weights are drawn narrower than tests/engines/test_hf_dirs.py's (std 0.15) so the logits are ~5, not
-~10, keeping the f16 cache's share of the error inside the issue's 2e-2.
+~10, keeping the f16 cache's share of the error inside the 2e-2 bound.
 
 llama.cpp's llama and phi3 graphs do not apply a sliding window (llama.cpp says so for phi3); the
 export writes the window for ffnlab and HF, says so in one line, and the llama.cpp check of Mistral

@@ -47,7 +47,7 @@ def make_dir(tmp_path, model_type, post=None, tc=None):
 
 
 CASES = {
-    # the issue's case: a Llama directory whose GPT-2 style tokenizer adds nothing
+    # the reported case: a Llama directory whose GPT-2 style tokenizer adds nothing
     "llama-no-post-processor": ("llama", "none", {}),
     "llama-no-post-processor-no-class": ("llama", "none", {"tokenizer_class": None}),
     "gpt2-bytelevel": ("gpt2", "bytelevel", {}),
@@ -76,7 +76,7 @@ def test_bos_eos_as_transformers_adds_them(case, tmp_path):
     assert ours[len(ours) - len(plain) - (ours[-1:] == [config["eos_token_id"]]):][:len(plain)] == plain
 
 
-def test_the_issue_case_adds_no_bos(tmp_path):
+def test_the_reported_case_adds_no_bos(tmp_path):
     config = make_dir(tmp_path, "llama", "none", {"tokenizer_class": None})
     tok = tokenizer_from_hf(str(tmp_path), config)
     assert not tok.add_bos and tok.encode(TEXT)[0] != config["bos_token_id"]

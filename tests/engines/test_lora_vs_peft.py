@@ -3,7 +3,7 @@
 PEFT wraps each targeted nn.Linear as  y = W x + (alpha/r) B A dropout(x); ffnlab's LoraWeight
 (training/lora.py) computes the same through ops/linear.py. The reference runs in float64, ffnlab
 in float32: with reductions of at most a few hundred terms per product and 2 layers, float32
-rounding (eps 6e-8) stays near 1e-6 of each tensor's scale, so 1e-4 (the issue's bound) has two
+rounding (eps 6e-8) stays near 1e-6 of each tensor's scale, so 1e-4 (the bound asked of it) has two
 orders of margin and still catches any wrong term (a missing scale, a transposed factor, a
 gradient through the wrong input), which moves the result by O(1).
 """

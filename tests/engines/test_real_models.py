@@ -8,7 +8,7 @@ position, and greedy decoding must pick the same 32 tokens.
 Greedy: ffnlab generates 32 tokens with its KV cache; transformers' greedy choice at every step is
 read from one forward over the prompt + ffnlab's continuation (the argmax at each position given the
 same prefix: until the first disagreement that is exactly the path transformers' own greedy loop
-takes). The one allowed disagreement is the rule of the issue: a step where the reference's top-2
+takes). The one allowed disagreement is this rule: a step where the reference's top-2
 logits are closer than 1e-3 (a tie at float32 resolution) and ffnlab picked the other of the two;
 the comparison ends there, the texts part.
 
@@ -56,7 +56,7 @@ def test_sliding_window_layers_match_transformers_past_the_window():
 
 
 def greedy_mismatch(ours_ids, ref_ids, ref_logits, tie=TIE):
-    """First step where two greedy continuations differ, unless the issue's rule excuses it.
+    """First step where two greedy continuations differ, unless the margin rule excuses it.
     ref_logits[k]: the reference's logits [vocab] at step k. -> None, or a message."""
     for k in range(max(len(ours_ids), len(ref_ids))):
         a = ours_ids[k] if k < len(ours_ids) else "<stop>"

@@ -2,7 +2,7 @@
 
 llama.cpp rounds activations to 8 bits inside its quantized matmuls (Q4_1 and Q4_K weights are
 multiplied with Q8_1 / Q8_K activations), so it is not the same float function as ffnlab or
-transformers, which dequantize the weights and multiply in float32. What the issue asks:
+transformers, which dequantize the weights and multiply in float32. What is asked of them:
   floors, on every prompt: argmax agreement >= 85% of positions, mean cosine >= 0.998, min cosine >= 0.99;
   and ffnlab at least as close to llama.cpp as transformers (same file, same ids) is.
 "At least as close" is checked per prompt with a margin for float32 noise: ffnlab's argmax
@@ -53,7 +53,7 @@ def misses_a_floor(a):
 
 
 @pytest.mark.parametrize("name", M.MODELS)
-def test_logits_reach_the_issue_floors_against_llama_cpp(name):
+def test_logits_reach_the_floors_against_llama_cpp(name):
     held = 0
     for label, text in texts(name).items():
         ours, hf = closeness(name, text)

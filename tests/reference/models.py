@@ -36,7 +36,7 @@ CHAT_PROMPT = {
     "gemma3": "<start_of_turn>user\nWhat is the boiling point of water?<end_of_turn>\n<start_of_turn>model\n",
 }
 # two more Chinese sentences for the llama.cpp comparison: on them transformers itself is further
-# from the Q4 llama.cpp than the floors (test_vs_llamacpp.py says how that is handled)
+# from the Q4 llama.cpp than the floors (test_vs_llamacpp.py says how that is handled)
 HARD_PROMPTS = {
     "chinese-ai": "人工智能是计算机科学的一个分支。",
     "chinese-beijing": "北京是中华人民共和国的首都，也是全国的政治、文化中心。",

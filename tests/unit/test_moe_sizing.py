@@ -12,7 +12,7 @@ from ffnlab.model.params import count_params, init_params
 from ffnlab.model.transformer import backward, forward
 from moe_models import moe_config, random_params
 
-# (total, active) as the issue gives them: Mixtral-8x7B's 46.7B / 12.9B, Qwen3-30B-A3B's 30.5B / 3.3B,
+# (total, active) as their model cards give them: Mixtral-8x7B's 46.7B / 12.9B, Qwen3-30B-A3B's 30.5B / 3.3B,
 # OLMoE-1B-7B's 6.9B / 1.3B
 PUBLISHED = {"mixtral-8x7b": (46_702_792_704, 12_879_925_248), "qwen3-30b-a3b": (30_532_122_624, 3_353_032_704),
              "olmoe-1b-7b": (6_919_161_856, 1_282_017_280)}

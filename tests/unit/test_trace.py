@@ -31,7 +31,7 @@ def test_ggml_line_is_llama_eval_callback_printf():
     want = LLAMA_CPP_FORMAT % ("common_debug_cb_eval", "ffn_up-0", "f32", "MUL_MAT", "blk.0.ffn_up.weight",
                                "768, 3072, 1, 1", "ffn_norm-0{768, 2, 1, 1}", "3072, 2, 1, 1")
     assert ggml_line(node) == want
-    # the example, modulo the printf padding
+    # llama-eval-callback's example, modulo the printf padding
     assert " ".join(ggml_line(node).split()[1:]) == \
         "ffn_up-0 = (f32) MUL_MAT(blk.0.ffn_up.weight{768, 3072, 1, 1}, ffn_norm-0{768, 2, 1, 1}}) = {3072, 2, 1, 1}"
 
