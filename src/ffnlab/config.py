@@ -10,12 +10,13 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from .errors import FfnlabError
+from .families import runnable_archs
 from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
 
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
-RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, custom) are sizing only
+RUNNABLE_ARCHS = runnable_archs()      # families/: others (bert, custom) are sizing only
 # Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
 # before its tensors are checked (a block count of 2^32-1 must fail, not hang).
 MAX_DIM = 1 << 31
@@ -30,8 +31,8 @@ class ConfigError(FfnlabError, ValueError):
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"              # GGUF architecture name: gpt2 | llama | qwen2 | gemma2 | gemma3 | gptneox | olmo2
-                                     # ... (decides tensor/node names, never the math)
+    arch: str = "llama"              # GGUF architecture name, the key of its families/ record
+                                     # (decides tensor/node names, never the math)
     n_layer: int = 2                 # number of transformer blocks
     d_model: int = 64                # residual stream width (hidden_size, n_embd)
     n_head: int = 4                  # query heads

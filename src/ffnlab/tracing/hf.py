@@ -26,6 +26,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from ..families import FAMILIES, family, hf_family
 
 CAPTURE = "ffnlab_capture"          # the name our attention function is registered under
 
@@ -33,7 +34,7 @@ CAPTURE = "ffnlab_capture"          # the name our attention function is registe
 def gguf_to_hf_permuted(gguf_arch, source):
     """True when the file's Q/K rows are in GGUF's permuted order relative to HF's: llama.cpp's
     converter permutes them for its llama architecture, and transformers undoes it on load."""
-    return gguf_arch == "llama" and str(source).endswith(".gguf")
+    return family(gguf_arch).gguf_qk_permuted and str(source).endswith(".gguf")
 
 
 def permute_heads(x):
@@ -260,10 +261,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         hf_model = load_hf(path, **({"n_positions": n_ctx} if gguf_arch == "gpt2" and n_ctx else {}))
     model = hf_model
     mtype = model.config.model_type
-    if mtype not in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "gpt2",
-                     "gpt_neox", "olmo2"):
-        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} (supported: gpt2, llama, "
-                         "mistral, qwen2, qwen3, phi3, gemma2, gemma3, gpt_neox, olmo2)")
+    fam = hf_family(mtype)                                   # families/<arch>.py: hf_hooks
+    if fam is None or not fam.hf_hooks:
+        known = [t for f in FAMILIES.values() if f.hf_hooks for t in f.hf_types]
+        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} (supported: "
+                         f"{', '.join(known)})")
     gemma = mtype.startswith("gemma")
     if mtype == "gemma2" and str(path).endswith(".gguf"):
         _gemma2_gguf_fields(model, path)
@@ -288,9 +290,9 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
     def on(mod, fn):
         hooks.append(mod.register_forward_hook(fn))
 
-    if mtype == "gpt2":
+    if fam.hf_hooks == "gpt2":
         _gpt2_hooks(model, on, hook_in, hook_out, out)
-    elif mtype == "gpt_neox":
+    elif fam.hf_hooks == "neox":
         _neox_hooks(model, on, hook_in, hook_out, out)
     else:
         _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out)
