@@ -80,6 +80,12 @@ class ModelConfig:
     attn_softcap: float = 0.0        # Gemma 2: scores = c*tanh(scale*q.k / c) before the mask; 0 means none
     embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
     final_logit_softcap: float = 0.0 # Gemma 2 style tanh softcap on logits; 0 means none
+    embedding_multiplier: float = 0.0  # Granite: token embeddings times this (llama.cpp: embedding_scale); 0: none
+    residual_multiplier: float = 0.0   # Granite: each sub-layer's output times this before its residual add
+                                       # (llama.cpp: residual_scale); 0: none
+    logits_scaling: float = 0.0        # Granite: logits divided by this (llama.cpp multiplies by 1/logit_scale); 0: none
+    no_rope_layer_step: int = 0        # SmolLM3: layers il with (il + 1) % N == 0 attend without RoPE (NoPE;
+                                       # llama.cpp's n_no_rope_layer_step); 0: every layer rotates
     vocab_size: int = 256            # rows of the token embedding table
     n_ctx: int = 256                 # context length the model was trained for (learned positions: table rows)
     tie_embeddings: bool = True      # LM head reuses the token embedding matrix (no separate output.weight)
@@ -147,14 +153,17 @@ class ModelConfig:
         need(not self.parallel_residual or not (self.post_attn_norm or self.post_ffn_norm or not self.pre_norm),
              "parallel_residual is a pre-norm block without post norms (GPT-NeoX)")
         need(self.qk_norm or not self.qk_norm_full, "qk_norm_full needs qk_norm")
+        need(not (self.parallel_residual and self.residual_multiplier),
+             "residual_multiplier scales sequential residual adds (Granite), not a parallel residual")
         # floats that change the math: a NaN, an infinity or a non-positive base gives NaN logits
         need(math.isfinite(self.norm_eps) and self.norm_eps > 0, f"norm_eps must be finite and > 0, got {self.norm_eps}")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, f"rope_theta must be finite and > 0, got {self.rope_theta}")
-        for f in ("rope_theta_local", "attn_scale", "attn_softcap", "final_logit_softcap"):
+        for f in ("rope_theta_local", "attn_scale", "attn_softcap", "final_logit_softcap", "embedding_multiplier",
+                  "residual_multiplier", "logits_scaling"):
             v = getattr(self, f)
             need(math.isfinite(v) and v >= 0, f"{f} must be finite and >= 0 (0: unused), got {v}")
         need(math.isfinite(self.rope_scale) and self.rope_scale > 0, f"rope_scale must be finite and > 0, got {self.rope_scale}")
-        for f in ("sliding_window", "sliding_window_pattern", "sliding_window_start"):
+        for f in ("sliding_window", "sliding_window_pattern", "sliding_window_start", "no_rope_layer_step"):
             v = getattr(self, f)
             need(0 <= v <= MAX_DIM, f"{f} must be an integer in [0, {MAX_DIM}], got {v}")
         ff = self.rope_freq_factors
@@ -203,6 +212,12 @@ class ModelConfig:
             return False
         n = self.sliding_window_pattern
         return n == 0 or layer % n < n - 1
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates q and k: RoPE models do, except SmolLM3's NoPE layers, every
+        no_rope_layer_step-th (llama.cpp: use_rope = (il + 1) % n_no_rope_layer_step != 0)."""
+        step = self.no_rope_layer_step
+        return self.positions == "rope" and not (step and (layer + 1) % step == 0)
 
     def layer_rope_theta(self, layer: int) -> float:
         if self.is_sliding(layer) and self.rope_theta_local:

@@ -4,17 +4,16 @@
     fam = hf_family("mistral")      # by transformers model_type -> the llama family
     fam.hf_tensors, fam.gguf_target, fam.graph.q_scaled, ...   (families/record.py)
 
-A new family is one module here that defines FAMILY (a record.Family) and one line in MODULES
-below; formats/, model/, tracing/ read its fields and name no architecture themselves. Pure data:
+A new family is one module here that defines FAMILY (a record.Family), named in FAMILIES below; formats/, model/, tracing/ read its fields and name no architecture themselves. Pure data:
 nothing of ffnlab is imported here (families sit below model/, formats/ and cli/).
 """
-from . import bert, gemma2, gemma3, gpt2, gptneox, llama, moe, olmo2, phi3, qwen2, qwen3
+from . import bert, gemma2, gemma3, gpt2, gptneox, granite, llama, moe, olmo2, phi3, qwen2, qwen3, smollm3
 from .record import Family, Graph, HFFields, HFTensors, Refuse
 
 # registration order: the order messages list the supported families in
 FAMILIES = {f.arch: f for f in (gpt2.FAMILY, llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, phi3.FAMILY, gemma2.FAMILY,
                                 gemma3.FAMILY, gptneox.FAMILY, olmo2.FAMILY, moe.QWEN2MOE, moe.QWEN3MOE, moe.OLMOE,
-                                bert.FAMILY)}
+                                granite.FAMILY, smollm3.FAMILY, bert.FAMILY)}
 _BY_HF_TYPE = {t: f for f in FAMILIES.values() for t in f.hf_types}
 _NO_FAMILY = Family(arch="", runnable=False, hf_hooks="")      # a config of no known family (custom presets)
 

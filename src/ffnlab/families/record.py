@@ -37,8 +37,8 @@ class Graph:
     q_scaled: str = ""                # the graph multiplies q by the attention scale after RoPE, naming it so
     unnamed: tuple = ()               # ffnlab node names (without -il) the graph leaves as node_N
     attn_out_named: bool = False      # the attention output projection is named attn_out (llama's graph)
-    residual_scaled: tuple = ()       # the names of the residual-multiplier SCALE nodes (attention, FFN)
-    embd_scaled: str = ""             # the name of the embedding-multiplier SCALE node
+    residual_scaled: tuple = ("residual_scaled_attn", "residual_scaled_ffn")   # the residual multiplier's
+                                      # SCALE nodes (attention output, FFN output)
 
 
 @dataclass(frozen=True)

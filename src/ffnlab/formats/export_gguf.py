@@ -108,7 +108,9 @@ def gguf_tensors(cfg, params, arch) -> dict:
     out = {}
     for name, a in params.items():
         a = np.asarray(a, dtype=np.float32)
-        if arch == "llama" and cfg.rope_pairing == "neox":     # the MoE archs rotate NEOX pairs themselves
+        # llama and the graphs like it rotate adjacent pairs: the converter's permutation (families/*.py
+        # gguf_qk_permuted); the MoE archs rotate NEOX pairs themselves
+        if family(arch).gguf_qk_permuted and cfg.rope_pairing == "neox":
             if name.endswith("attn_q.weight"):
                 a = neox_to_normal_rows(a, cfg.n_head)
             elif name.endswith("attn_k.weight"):

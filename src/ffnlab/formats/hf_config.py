@@ -178,7 +178,7 @@ def _decoder(d, req, model_type, path, name):
                                                            # Qwen3's per-head q/k norms, Phi-3's fused qkv_proj)
     kw.update({f: req(k, type(getattr(ModelConfig, f)), default, lo=0) for f, (k, default) in fam.hf_keys.items()})
     if fam.hf_config_extra is not None:
-        kw.update(fam.hf_config_extra(d, req, n_layer, path))
+        kw.update(fam.hf_config_extra(d, req, n_layer, lambda msg: _fail(path, msg)))
     if model_type in MOE_TYPES:
         kw.update(moe_fields(d, req, model_type, path))    # formats/hf_moe.py
     if model_type == "phi3":
@@ -200,6 +200,10 @@ def _decoder(d, req, model_type, path, name):
     if model_type == "gemma2":
         check_layer_types(d, cfg, path)
     return cfg
+
+
+def _fail(path, msg):
+    raise ConfigError(f"{path}: {msg}")
 
 
 def _phi3_rope_dim(d, head_dim, path) -> int:

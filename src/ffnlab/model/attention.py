@@ -98,7 +98,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     blk = f"blk.{il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
-    if cfg.positions == "rope":
+    if cfg.uses_rope(il):                                  # not SmolLM3's NoPE layers
         cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
@@ -272,7 +272,7 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     dq, dk, dv = attention_backward(dout, q, k, v, probs, scale, c.capped)
     if scales_q(cfg):                            # q was pre-scaled (Gemma): chain through it
         dq = dq * cfg.scale
-    if cfg.positions == "rope":
+    if cos is not None:                          # this layer rotated q and k
         dq = rope_backward(dq, cos, sin, cfg.rope_pairing)
         dk = rope_backward(dk, cos, sin, cfg.rope_pairing)
     if cfg.qk_norm_full:                         # OLMoE: the norms saw [B, T, h*hd]
