@@ -30,6 +30,7 @@ from ffnlab.formats.export_gguf import export_gguf
 from ffnlab.formats.export_hf import export_hf
 from ffnlab.formats.hf import gguf_name
 from ffnlab.formats.hf_config import config_from_hf
+from ffnlab.formats.hf_tokenizer import tokenizer_json
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
 torch = pytest.importorskip("torch")
@@ -71,6 +72,7 @@ def saved(tmp_path_factory):
         model = hf_model(family)
         d = tmp_path_factory.mktemp(family)
         model.save_pretrained(d, safe_serialization=True)
+        tokenizer_json(tok).save(str(d / "tokenizer.json"))          # for verify's text prompt
         with torch.no_grad():
             ref = model(torch.tensor([IDS])).logits[0].numpy()
         m = ffnlab.load(str(d), progress=False)
@@ -232,3 +234,46 @@ def test_smollm3_interval_without_a_list():
     d = hf_dict("smollm3", no_rope_layer_interval=2)
     del d["no_rope_layers"]
     assert config_from_hf(d, "x/config.json").no_rope_layer_step == 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_verify_against_transformers_passes_node_by_node(family, saved, capsys):
+    """`ffnlab verify --against hf` on the HF directory (1e-4 of each node's largest value): the
+    tracer hooks the modules families/<arch>.py names (hf_hooks), Granite's scaled logits as a SCALE."""
+    from ffnlab.cli.main import main
+    path, _, m, _ = saved[family]
+    assert main(["verify", "-m", path, "--against", "hf", "-p", "Hello there, how are you"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and int(out.split(" nodes compared")[0].split()[-1]) > 15 * m.config.n_layer
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_verify_against_llama_cpp_passes_node_by_node(family, saved, capsys):
+    from ffnlab.cli.main import main
+    assert main(["verify", "-m", saved[family][3], "--against", "llama.cpp", "--f32", "-p",
+                 "Hello there, how are you"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "nodes compared" in out
+
+
+# shaped as the 3B SmolLM3 and the 2B Granite 3 models (widths, depths, heads, vocabularies); the
+# sizing tools count a config.json through the same reader
+SIZED = {
+    "smollm3": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+                    num_key_value_heads=4, vocab_size=128256, tie_word_embeddings=True),
+    "granite": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=40, num_attention_heads=32,
+                    num_key_value_heads=8, vocab_size=49155, tie_word_embeddings=True, embedding_multiplier=12.0,
+                    residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0),
+}
+
+
+@pytest.mark.parametrize("family", list(SIZED))
+def test_parameter_count_equals_transformers_model(family):
+    """ffnlab's exact parameter count of a full-size config.json = transformers' model built from it
+    on the meta device (as tests/engines/test_presets.py holds every preset)."""
+    from ffnlab.analysis.params import param_counts
+    cls = getattr(transformers, FAMILIES[family][0])
+    d = cls(**SIZED[family]).to_dict()
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cls(**SIZED[family]))
+    assert param_counts(config_from_hf(d, "x/config.json"))["total"] == sum(t.numel() for t in model.parameters())

@@ -99,7 +99,7 @@ def gguf_tensors(cfg, params, arch) -> dict:
             for kind in ("weight", "bias"):
                 parts = [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"]
                 params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(parts)      # [q_dim + 2*kv_dim, ...]
-    if arch == "phi3":                                  # llama.cpp's phi3 reads gate and up as one ffn_up
+    if family(arch).graph.fused_gate_up:                # llama.cpp's phi3 reads gate and up as one ffn_up
         for il in range(cfg.n_layer):
             gate, up = params.pop(f"blk.{il}.ffn_gate.weight"), params.pop(f"blk.{il}.ffn_up.weight")
             params[f"blk.{il}.ffn_up.weight"] = np.concatenate([gate, up])       # [2*d_ff, d_model], gate first

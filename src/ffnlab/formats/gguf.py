@@ -17,6 +17,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..errors import ModelFileError
+from ..families import family
 from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
@@ -109,7 +110,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         if t.name == ROPE_FREQS:                                  # a config value, not a parameter
             cfg = _with_rope_freqs(cfg, _tensor(path, t, shape, np.float32, True, []), path)
             continue
-        if cfg.arch == "phi3" and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
+        if family(cfg.arch).graph.fused_gate_up and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
             w = _tensor(path, t, shape, dtype, dequantize, fallback, arith)  # [gate; up] rows, as HF's gate_up_proj
             blk = t.name.removesuffix("ffn_up.weight")
             params[blk + "ffn_gate.weight"], params[blk + "ffn_up.weight"] = w[:cfg.d_ff], w[cfg.d_ff:]

@@ -105,7 +105,7 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
     qkv_proj (llama.cpp's wqkv and its Q/K/V views) and one gate_up_proj (llama.cpp's ffn_up)."""
     inner = model.model
     olmo2 = model.config.model_type == "olmo2"
-    bare_post_ffn = model.config.model_type in ("gemma2", "olmo2")
+    bare_post_ffn = hf_family(model.config.model_type).graph.bare_ffn_post_norm   # families/<arch>.py
     for il, layer in enumerate(inner.layers):
         sa, mlp = layer.self_attn, layer.mlp
         hd = sa.head_dim
@@ -163,9 +163,13 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
         on(mlp.down_proj, hook_in(f"{act[0]}-{il}", act[1]))
         on(mlp.down_proj, hook_out(f"ffn_out-{il}", "MUL_MAT"))
         on(layer, hook_out(f"l_out-{il}", "ADD"))
-    on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
+    if getattr(model.config, "embedding_multiplier", None):         # Granite: embd is the scaled rows
+        on(inner.embed_tokens, hook_out("embd_rows", "GET_ROWS"))
+    else:
+        on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
     on(inner.norm, hook_out("result_norm", "MUL"))
-    if getattr(model.config, "final_logit_softcapping", None):          # Gemma 2: the capped logits, a SCALE
+    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logits_scaling", None):
+        # Gemma 2's capped logits, Granite's logits / logits_scaling: a SCALE
         on(model, lambda _mod, _inp, output: out.__setitem__(("result_output", "SCALE"),
                                                              output.logits[0].detach().float().numpy()))
     else:
@@ -319,11 +323,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         if "tanh" in r:                                   # Gemma 2's soft-capped scores
             for node, key in (("kq_scaled_1", "SCALE"), ("kq_tanh", "TANH"), ("kq_scaled_2", "SCALE")):
                 out[(f"{node}-{il}", key)] = arr(r[node.removeprefix("kq_")])
-        if gemma or mtype == "phi3":
+        if fam.graph.q_scaled:
             # llama.cpp's Gemma and Phi-3 graphs scale q after RoPE (ffnlab: Qcur_scaled; Phi-3 names it
             # Qcur again), so their kq is scaled
             out[(f"Qcur-{il}", "ROPE")] = q
-            out[("Qcur_scaled" if gemma else "Qcur") + f"-{il}", "SCALE"] = q * np.float32(r["scaling"])
+            out[f"{fam.graph.q_scaled}-{il}", "SCALE"] = q * np.float32(r["scaling"])
             raw = raw * np.float32(r["scaling"])
         elif mtype != "gpt2":                             # GPT-2 has no RoPE: its Q/K are the views
             out[(f"Qcur-{il}", "ROPE")] = q
