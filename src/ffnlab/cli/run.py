@@ -2,6 +2,8 @@
 import json
 import sys
 
+from .run_interactive import chat_loop, chat_template, context_notice
+
 COMMAND = "run"
 HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
@@ -82,7 +84,6 @@ def run(args):
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
     if args.interactive:
-        from .run_interactive import chat_loop
         return chat_loop(model, args, prompt, params, n_ctx, _perf)
     if args.chat:
         template = chat_template(args, model)
@@ -124,23 +125,6 @@ def context_size(args, model) -> int:
         raise UsageError(f"-c/--ctx-size {args.ctx_size} exceeds {model.source}'s context length {n_ctx} "
                          f"(ffnlab does not extend a model's context)")
     return args.ctx_size or n_ctx
-
-
-def chat_template(args, model):
-    """--chat-template, the model's own, or llama.cpp's fallback (chatml) with a notice on stderr."""
-    from ..generation.chat_templates import resolve_template
-    template, _label, notice = resolve_template(args.chat_template, model.tokenizer, model.config.arch)
-    if notice:
-        print(f"ffnlab run: {notice}", file=sys.stderr)
-    return template
-
-
-def context_notice(out, n_ctx, n_predict):
-    """One line on stderr when the context, not -n or EOS, ended the generation."""
-    if out.stop_reason == "context":
-        asked = "no -n limit" if n_predict < 0 else f"-n {n_predict}"
-        print(f"ffnlab run: the context is full ({n_ctx} tokens: {len(out.prompt_ids)} prompt + {len(out.ids)} "
-              f"generated), generation stopped ({asked}); -c/--ctx-size or a shorter prompt", file=sys.stderr)
 
 
 def _stream(_id, piece):

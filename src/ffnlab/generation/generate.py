@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
-from ..tracing.finite import check_logits
+from ..tracing.api import check_logits
 from .sampling import SamplingParams, sample
 
 
