@@ -242,3 +242,22 @@ def test_ray_flag_alone_follows_ray_address(cluster, corpus):
                        capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": cluster.address})
     assert r.returncode == 0, r.stderr
     assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)
+
+
+def test_prompt_datasets_on_the_cluster_equal_the_in_process_run(cluster, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in [
+        {"clean": "First Citizen: Before we", "corrupt": "First Soldier: Before we", "target": " ", "foil": "e"},
+        {"clean": "All: Speak, speak.", "corrupt": "All: Speak, shout.", "target": "\n", "foil": " "}]) + "\n")
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("\n".join(json.dumps(p) for p in [
+        {"prompt": "First Citizen: Before we", "subject": "Citizen"},
+        {"prompt": "All: Speak, speak.", "subject": "Speak"}]) + "\n")
+    for args in (["patch", "-m", tiny_gguf("f32"), "--prompts", str(pairs), "--json"],
+                 ["causal-trace", "-m", tiny_gguf("f32"), "--prompts", str(facts), "--samples", "2", "--window", "1",
+                  "--json"]):
+        here, there = ffnlab(*args), ffnlab(*args, "--ray", cluster.address)
+        assert here.returncode == 0 and there.returncode == 0, there.stderr
+        mine, theirs = json.loads(here.stdout), json.loads(there.stdout)
+        mine.pop("executor"), theirs.pop("executor")
+        assert mine == theirs
