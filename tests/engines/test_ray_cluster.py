@@ -226,8 +226,29 @@ def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(clu
         r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
         assert r.returncode == 1
         last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("ffnlab perplexity: error: node "), r.stderr
         assert "ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
         assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
+    finally:
+        cluster.remove_node(node)
+
+
+def test_a_node_without_ffnlab_is_refused_in_one_line_naming_it(cluster, corpus, tmp_path):
+    # the node's workers find, first on their path, a package that cannot be imported: as where ffnlab is missing
+    missing = tmp_path / "missing" / "ffnlab"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'ffnlab\'", name="ffnlab")\n')
+    node = cluster.add_node(num_cpus=1, env_vars={"PYTHONPATH": str(missing.parent)})
+    try:
+        cluster.wait_for_nodes()
+        r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ffnlab perplexity: error: node 127.0.0.1 ({node.node_id[:8]}): cannot start an "
+                               f"ffnlab worker"), r.stderr
+        version = __import__("ffnlab").__version__
+        assert last.endswith(f"(ModuleNotFoundError: No module named 'ffnlab'); install ffnlab {version} there"), last
+        assert len(r.stderr.strip().splitlines()) == 2, r.stderr      # the command's header line, then this one
     finally:
         cluster.remove_node(node)
 
