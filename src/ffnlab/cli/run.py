@@ -72,7 +72,7 @@ def run(args):
     import time
     t0 = time.perf_counter()
     model = load_model(args)
-    if not getattr(model, "load_seconds", 0.0):         # a checkpoint's loader keeps no time of its own
+    if not model.load_seconds:         # a checkpoint's loader keeps no time of its own
         model.load_seconds = time.perf_counter() - t0
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
@@ -100,12 +100,12 @@ def run(args):
     out = generate(model, ids, n_predict, params, None if args.json else _stream, n_ctx=n_ctx,
                    ignore_eos=args.ignore_eos)
     t = out.timings
-    load_ms = 1000 * getattr(model, "load_seconds", 0.0)
+    load_ms = 1000 * model.load_seconds
     if args.json:
         print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
                           "text": out.text, "stop_reason": out.stop_reason, "interventions": interventions,
-                          "timings": {"load_ms": load_ms, "kernels_ms": 1000 * getattr(model, "compile_seconds", 0.0),
-                                      "packed_from_cache": getattr(model, "pack_cached", False),
+                          "timings": {"load_ms": load_ms, "kernels_ms": 1000 * model.compile_seconds,
+                                      "packed_from_cache": model.pack_cached,
                                       "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
                                       "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))
@@ -113,7 +113,7 @@ def run(args):
         sys.stdout.write("\n")
         sys.stdout.flush()
     context_notice(out, n_ctx, args.n_predict)
-    _perf(load_ms, t, 1000 * getattr(model, "compile_seconds", 0.0))
+    _perf(load_ms, t, 1000 * model.compile_seconds)
     return 0
 
 

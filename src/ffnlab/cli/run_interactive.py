@@ -72,7 +72,7 @@ def chat_loop(model, args, first, params, n_ctx, perf) -> int:
         context_notice(out, n_ctx, args.n_predict)
         if out.stop_reason == "context":
             break
-    perf(1000 * getattr(model, "load_seconds", 0.0), total)
+    perf(1000 * model.load_seconds, total)
     return 0
 
 

@@ -45,7 +45,7 @@ def check_logits(model, logits, ids):
     if np.isfinite(logits).all():
         return
     n_bad = int((~np.isfinite(logits)).sum())
-    where = f"{model.source}: " if getattr(model, "source", None) else ""
+    where = f"{model.source}: " if model.source else ""
     context = f"{where}the logits after token {len(ids)} hold {n_bad} NaN/Inf values; "
     bad = [n for n, p in model.params.items() if isinstance(p, np.ndarray) and not np.isfinite(p).all()]
     if bad:
