@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 
 from .errors import FfnlabError
 from .families import runnable_archs
-from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
+from .kinds import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
 
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
@@ -69,7 +69,7 @@ class ModelConfig:
     rope_theta_local: float = 0.0    # Gemma 3: RoPE base for sliding-window layers; 0 means rope_theta
     rope_scale: float = 1.0          # linear RoPE scaling factor: positions are divided by it (global layers)
     rope_freq_factors: tuple = ()    # Llama 3.x: frequency i is divided by factor i, [n_rot/2] (llama.cpp's
-                                     # rope_freqs.weight); () means none. ops/rope.py llama3_freq_factors makes them
+                                     # rope_freqs.weight); () means none. llama3_freq_factors below makes them
     rope_llama3: tuple = ()          # Llama 3.x config.json's (factor, low_freq_factor, high_freq_factor,
                                      # original_max_position_embeddings), kept to write it back; () if unknown
     sliding_window: int = 0          # keys more than this many positions back are masked on sliding layers; 0: none
@@ -100,7 +100,6 @@ class ModelConfig:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; set head_dim")
             self.head_dim = self.d_model // self.n_head
         if self.rope_llama3 and not self.rope_freq_factors and len(self.rope_llama3) == 4:
-            from .ops.rope import llama3_freq_factors
             self.rope_freq_factors = llama3_freq_factors(self.rope_dim or self.head_dim, self.rope_theta,
                                                          *self.rope_llama3)
         self.validate()
@@ -245,3 +244,22 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
         return cls(**d)
+
+
+def llama3_freq_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original_ctx):
+    """Llama 3.1's RoPE scaling as per-frequency divisors -> tuple [head_dim/2].
+
+    Frequencies whose wavelength is shorter than original_ctx/high_freq_factor are kept (divisor 1),
+    those longer than original_ctx/low_freq_factor are divided by `factor`, and those between are
+    interpolated: new = (1 - s) * f / factor + s * f with s = (original_ctx / wavelength - low) / (high - low),
+    i.e. divisor 1 / ((1 - s) / factor + s). transformers' _compute_llama3_parameters computes the
+    new frequencies; llama.cpp's converter stores these divisors as rope_freqs.weight."""
+    import numpy as np                    # here: `ffnlab --help` reads config.py without loading NumPy
+
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    wavelen = 2 * np.pi / inv_freq
+    s = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    div = 1.0 / ((1 - s) / factor + s)                                                # the smooth middle band
+    div = np.where(wavelen < original_ctx / high_freq_factor, 1.0, div)               # high frequencies: kept
+    div = np.where(wavelen > original_ctx / low_freq_factor, factor, div)             # low frequencies: / factor
+    return tuple(float(x) for x in div)

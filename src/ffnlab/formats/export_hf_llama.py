@@ -60,7 +60,7 @@ def llama3_from_factors(cfg):
     with s = orig / (wavelength * (high - low)) - low / (high - low) = A / wavelength - B: two
     numbers, fitted from two band frequencies; any (orig, low, high) with the same A and B gives the
     same frequencies, so low = 1 is chosen. The fit is accepted only if it reproduces every divisor."""
-    from ..ops.rope import llama3_freq_factors
+    from ..config import llama3_freq_factors
     f = np.asarray(cfg.rope_freq_factors, dtype=np.float64)
     n = 2 * len(f)
     wl = 2 * np.pi * cfg.rope_theta ** (np.arange(0, n, 2, dtype=np.float64) / n)      # wavelengths [n/2]

@@ -23,7 +23,7 @@ from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.pages import release_code, release_pages, trim_heap
-from ..quant.warmup import warm_up
+from ..model.warmup import warm_up
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -92,7 +92,7 @@ def _with_rope_freqs(cfg, factors, path):
 def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32", warm=True) -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
     matrices stay in their blocks (float32 products only, so another dtype implies dequantize).
-    warm: compile or load the kernels now (quant/warmup.py); False only for its own workers."""
+    warm: compile or load the kernels now (model/warmup.py); False only for its own workers."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     dequantize = dequantize or np.dtype(dtype) != np.float32

@@ -13,7 +13,6 @@ Llama runs with the neox pairing here.
 """
 import glob
 import os
-import re
 import time
 
 import numpy as np
@@ -25,28 +24,11 @@ from ..model import Model
 from ..model.params import param_shapes
 from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
 from .hf_families import family_tensor
-from .hf_moe import expert_entries, moe_gguf_name, read_experts
+from .hf_moe import expert_entries, read_experts
+from .hf_names import gguf_name
 from .hf_tokenizer import tokenizer_from_hf
 from .safetensors_io import read_tensors, safetensors_index
 from .tokenizer import check_vocab
-
-def gguf_name(hf_name, arch):
-    """HF tensor name -> GGUF tensor name, or None for tensors ffnlab does not use (families/<arch>.py
-    hf_tensors: rotary inv_freq buffers, attention masks and a tied lm_head have none)."""
-    t = family(arch).hf_tensors
-    if t is None:
-        return None
-    n = hf_name.removeprefix(t.prefix)
-    if n in t.top:
-        return t.top[n]
-    m = re.fullmatch(t.layers + r"\.(\d+)\.(.+)\.(weight|bias)", n)
-    if m and m.group(2) in t.block:
-        return f"blk.{m.group(1)}.{t.block[m.group(2)]}.{m.group(3)}"
-    if t.moe_names:
-        moe = moe_gguf_name(hf_name)                # routers, shared experts, q/k norms (hf_moe.py)
-        return moe[0] if moe and moe[1] is None else None
-    return None
-
 
 def load_hf(path, dtype=np.float32, progress=None) -> Model:
     t0 = time.perf_counter()

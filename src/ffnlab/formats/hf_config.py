@@ -34,13 +34,13 @@ from ..errors import ModelFileError
 from ..families import hf_family, hf_types
 from .hf_families import check_layer_types, gemma2_fields, gptneox_config
 from .hf_fields import refuse_unsupported
+from .hf_values import GELU_TANH, dense_act, rope_scaling
 from .hf_moe import MOE_TYPES, moe_fields
 from .jsonfile import field, read_json_object
 
 SUPPORTED = hf_types()                  # families/: one module per family, its hf_types
 
 # transformers' hidden_act / activation_function -> the activation inside ffnlab's FFN kinds
-_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
 
 
 def load_hf_config(path) -> tuple[dict, str]:
@@ -113,19 +113,9 @@ def hf_extra_params(d: dict) -> dict:
 def _ffn_from_act(act, path, key):
     if act in ("silu", "swish"):
         return "swiglu"
-    if act in _GELU_TANH:
+    if act in GELU_TANH:
         return "geglu"
     raise ConfigError(f"{path}: field '{key}' = {act!r} is not a gated activation ffnlab knows (silu, gelu_pytorch_tanh)")
-
-
-def _dense_act(act, path, key):
-    if act in _GELU_TANH:
-        return "gelu_tanh"
-    if act == "gelu":
-        return "gelu"
-    if act == "relu":
-        return "relu"
-    raise ConfigError(f"{path}: field '{key}' = {act!r} is not an activation ffnlab knows (gelu, gelu_new, relu)")
 
 
 def _gpt2(d, req, path, name):
@@ -133,7 +123,7 @@ def _gpt2(d, req, path, name):
     d_ff = req("n_inner", default=None) or 4 * D          # GPT2Config: n_inner None means 4 * n_embd
     return ModelConfig(
         arch="gpt2", n_layer=req("n_layer", hi=MAX_LAYERS), d_model=D, n_head=req("n_head"), d_ff=d_ff,
-        ffn=_dense_act(req("activation_function", str, "gelu_new"), path, "activation_function"),
+        ffn=dense_act(req("activation_function", str, "gelu_new"), path, "activation_function"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=True,
         norm="layernorm", norm_eps=req("layer_norm_epsilon", float, 1e-5, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("n_positions"),
@@ -144,7 +134,7 @@ def _bert(d, req, path, name):
     return ModelConfig(
         arch="bert", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=req("hidden_size"),
         n_head=req("num_attention_heads"), d_ff=req("intermediate_size"),
-        ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
+        ffn=dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=False,
         norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-12, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
@@ -173,7 +163,7 @@ def _decoder(d, req, model_type, path, name):
         rope_theta=req("rope_theta", float, None, lo=1e-30, hi=1e30) or 10000.0,
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
         tie_embeddings=req("tie_word_embeddings", bool, gemma), name=name)
-    kw.update(_rope_scaling(req("rope_scaling", dict, None) or {}, path))
+    kw.update(rope_scaling(req("rope_scaling", dict, None) or {}, path))
     kw.update(fam.hf_flags)                                # what the class hard-codes (Qwen2's q/k/v biases,
                                                            # Qwen3's per-head q/k norms, Phi-3's fused qkv_proj)
     kw.update({f: req(k, type(getattr(ModelConfig, f)), default, lo=0) for f, (k, default) in fam.hf_keys.items()})
@@ -218,25 +208,6 @@ def _phi3_rope_dim(d, head_dim, path) -> int:
         raise ConfigError(f"{path}: field 'partial_rotary_factor' = {f!r}: rotates {n} of {head_dim} dims, "
                           f"which must be even and nonzero")
     return n if n < head_dim else 0
-
-
-def _rope_scaling(rs, path) -> dict:
-    """rope_scaling / rope_parameters -> ModelConfig fields. default, linear (positions / factor) and
-    llama3 (per-frequency divisors, ops/rope.py) run; every other type is refused: running it as
-    plain RoPE would be silently wrong."""
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    where = f"{path}: rope_parameters"
-    if kind in ("default", None):
-        return {}
-    if kind == "linear":
-        return {"rope_scale": field(rs, "factor", float, where, lo=1e-30, hi=1e30)}
-    if kind == "llama3":
-        return {"rope_llama3": (field(rs, "factor", float, where, lo=1e-30, hi=1e30),
-                                field(rs, "low_freq_factor", float, where, lo=1e-30, hi=1e30),
-                                field(rs, "high_freq_factor", float, where, lo=1e-30, hi=1e30),
-                                float(field(rs, "original_max_position_embeddings", int, where, lo=1, hi=MAX_DIM)))}
-    raise ConfigError(f"{path}: field 'rope_parameters' has rope_type {kind!r}: not implemented (ffnlab runs "
-                      f"'default', 'linear' and 'llama3' RoPE; anything else would give wrong logits)")
 
 
 def _sliding(d, req, model_type, n_layer, path) -> tuple:

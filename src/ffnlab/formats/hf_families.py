@@ -32,6 +32,7 @@ import numpy as np
 
 from ..config import MAX_LAYERS, ConfigError, ModelConfig
 from ..families import FAMILIES, family
+from .hf_values import dense_act, rope_scaling   # linear and llama3 RoPE run; other types are refused
 
 
 # --- config fields (formats/hf_fields.py sorts every field of the three classes) ----------------
@@ -58,7 +59,6 @@ def check_layer_types(d, cfg, path):
 
 def gptneox_config(d, req, path, name) -> ModelConfig:
     """GPTNeoXConfig -> ModelConfig. HF computes rotary_ndims = int(head_dim * partial_rotary_factor)."""
-    from .hf_config import _dense_act
     D, n_head = req("hidden_size"), req("num_attention_heads")
     if D % n_head:
         raise ConfigError(f"{path}: hidden_size {D} is not a multiple of num_attention_heads {n_head}")
@@ -75,11 +75,10 @@ def gptneox_config(d, req, path, name) -> ModelConfig:
     if rope_dim % 2:
         _refuse(path, "partial_rotary_factor", factor, f"it rotates {rope_dim} of {hd} dims, an odd number")
     bias = req("attention_bias", bool, True)
-    from .hf_config import _rope_scaling                 # linear and llama3 run; other types are refused
-    scaling = _rope_scaling(req("rope_scaling", dict, None) or {}, path)
+    scaling = rope_scaling(req("rope_scaling", dict, None) or {}, path)
     return ModelConfig(**scaling,
         arch="gptneox", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head,
-        d_ff=req("intermediate_size"), ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
+        d_ff=req("intermediate_size"), ffn=dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=bias, attn_out_bias=bias, fused_qkv=True,
         norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-5, lo=1e-30, hi=1.0),
         parallel_residual=req("use_parallel_residual", bool, True),
