@@ -10,6 +10,7 @@ Query head h reads KV head h // (H / Hkv), as ggml's broadcasting mul_mat does.
 """
 import numpy as np
 
+from . import train_kernels
 from .softmax import softmax_backward, softmax_forward
 
 
@@ -56,7 +57,20 @@ def attention_probs(kq, scale, allowed):
 
     Masked scores are set to -inf, not 0, before the softmax: exp(-inf) = 0 gives a future
     key exactly zero weight, while a 0 score would still give it weight exp(0)/Z.
+    float32: scale, mask and softmax in one compiled pass per row (ops/train_kernels.py), bit for
+    bit attention_probs_numpy's steps.
     """
+    if kq.dtype == np.float32 and kq.size and kq.ndim == 4 and (allowed is None or allowed.shape == kq.shape[-2:]):
+        B, H, T, S = kq.shape
+        probs = np.empty(kq.shape, np.float32)
+        train_kernels.masked_softmax_rows(np.ascontiguousarray(kq).reshape(B * H, T, S), scale, allowed,
+                                          probs.reshape(B * H, T, S))
+        return probs
+    return attention_probs_numpy(kq, scale, allowed)
+
+
+def attention_probs_numpy(kq, scale, allowed):
+    """attention_probs in NumPy's steps: scale, mask, softmax_forward"""
     scores = kq * np.asarray(scale, dtype=kq.dtype)            # scaled copy; kq itself stays raw for tracing
     if allowed is not None:                                    # None: every key visible (one new token, no window)
         # a masked copy (where=): twice as fast as boolean-index assignment scores[:, :, ~allowed]

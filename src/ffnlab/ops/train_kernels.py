@@ -1,0 +1,347 @@
+"""Compiled kernels of the training step: the fused forms of NumPy ops that PyTorch runs as one C++
+loop each and NumPy as four to eight passes over memory (each a fresh temporary, each a page-fault
+storm on training-size arrays, each single-threaded).
+
+Each kernel sits behind the op it replaces, for float32 C-contiguous arrays; the op's NumPy code
+(its *_numpy twin, beside it) stays the readable definition and runs for every other dtype
+(float64 gradient checks included). tests/unit/test_train_kernels.py holds each kernel to its twin:
+
+  bit for bit (EXACT: no fastmath, every float32 operation in the twin's order, sums as the twin's)
+    attention's scale + causal mask + softmax   ops/attention.attention_probs
+    SiLU backward                               ops/activations.silu_backward
+    the cross-entropy backward                  ops/loss.cross_entropy_backward
+    AdamW's update                              training/optim.AdamW.step
+    the embedding's scatter-add                 ops/embedding.embedding_backward (rows in id order)
+  within a float32 error bound derived in the test (the twin sums in NumPy's pairwise order or calls
+  libm's tanh / exp; here the sums are float64 and the exponentials ops/fastmath.exp32)
+    GELU (tanh form) backward, softmax backward, LayerNorm and RMSNorm backward, cross-entropy forward
+
+Threads: rows (or 16k-value spans) are spread over numba's threads; every value is computed by
+one thread in a fixed order, and the parameter gradients of the norms sum fixed blocks of 64 rows
+and then the blocks in order, so the bits do not depend on the number of threads.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .fastmath import PARALLEL_MIN, exp32
+
+EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")       # each operation rounded as NumPy's
+FAST = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")  # FMA where a multiply feeds an add
+SUMS = dict(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"}, error_model="numpy")   # a float64 sum in
+# vector lanes: the one step that may be reassociated (its order is fixed by the compiled code, not by the threads)
+F = np.float32
+ONE, TWO, THREE = F(1.0), F(2.0), F(3.0)
+SPAN = 1 << 14                # values per parallel work item of the elementwise kernels
+BLOCK = 64                    # rows per partial sum of a norm's weight gradient
+
+
+def _spread(n) -> bool:
+    """worth a parallel region (~5 us to start)"""
+    return n >= PARALLEL_MIN
+
+
+# --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
+@njit(**EXACT)
+def _silu_backward_span(dy, x, out, lo, hi):
+    for i in range(lo, hi):
+        v = x[i]
+        s = ONE / (exp32(-v) + ONE)                        # ops/fastmath.sigmoid_into's order
+        out[i] = (((ONE - s) * v + ONE) * s) * dy[i]        # s (1 + x (1 - s)) dy, as silu_backward_numpy
+
+
+@njit(parallel=True, **EXACT)
+def _silu_backward_parallel(dy, x, out):
+    n = x.shape[0]
+    for k in prange((n + SPAN - 1) // SPAN):
+        _silu_backward_span(dy, x, out, k * SPAN, min(n, (k + 1) * SPAN))
+
+
+def silu_backward_into(dy, x, out):
+    """dy, x, out: 1-D float32 -> out = dy * d/dx (x sigmoid(x))"""
+    if _spread(x.shape[0]):
+        _silu_backward_parallel(dy, x, out)
+    else:
+        _silu_backward_span(dy, x, out, 0, x.shape[0])
+
+
+@njit(**FAST)
+def _gelu_tanh_backward_span(dy, x, out, c, a, lo, hi):
+    for i in range(lo, hi):
+        v = x[i]
+        u = c * v * (ONE + a * v * v)                      # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
+        s = ONE / (exp32(-TWO * u) + ONE)
+        du = c * (ONE + THREE * a * v * v)                  # u'
+        out[i] = (s + v * (s * (ONE - s)) * (TWO * du)) * dy[i]   # sigmoid(2u) + x sigmoid'(2u) 2u'
+
+
+@njit(parallel=True, **FAST)
+def _gelu_tanh_backward_parallel(dy, x, out, c, a):
+    n = x.shape[0]
+    for k in prange((n + SPAN - 1) // SPAN):
+        _gelu_tanh_backward_span(dy, x, out, c, a, k * SPAN, min(n, (k + 1) * SPAN))
+
+
+def gelu_tanh_backward_into(dy, x, out, c, a):
+    """dy, x, out: 1-D float32 -> out = dy * gelu_tanh'(x) (c = sqrt(2/pi), a = 0.044715)"""
+    if _spread(x.shape[0]):
+        _gelu_tanh_backward_parallel(dy, x, out, c, a)
+    else:
+        _gelu_tanh_backward_span(dy, x, out, c, a, 0, x.shape[0])
+
+
+# --- attention: scale, mask and softmax of the scores in one pass ---------------------------
+@njit(**EXACT)
+def _masked_softmax_row(kq, scale, allowed, masked, out, r, t):
+    """row t of head r: v = kq * scale, -inf where not allowed; e^(v - max) / sum as ops/softmax.py
+    (the sum in float64 in key order; masked keys add exactly 0, so they are skipped)"""
+    row, o = kq[r, t], out[r, t]
+    S = row.shape[0]
+    m = F(-np.inf)
+    for j in range(S):
+        v = row[j] * scale
+        if masked and not allowed[t, j]:
+            v = F(-np.inf)
+        o[j] = v
+        m = max(m, v)
+    s = 0.0
+    for j in range(S):
+        if masked and not allowed[t, j]:
+            o[j] = F(0.0)                                  # exp32(-inf - m) = 0
+        else:
+            e = exp32(o[j] - m)
+            o[j] = e
+            s += e
+    d = F(s)
+    for j in range(S):
+        o[j] = o[j] / d
+
+
+@njit(**EXACT)
+def _masked_softmax_serial(kq, scale, allowed, masked, out):
+    for rt in range(kq.shape[0] * kq.shape[1]):
+        _masked_softmax_row(kq, scale, allowed, masked, out, rt // kq.shape[1], rt % kq.shape[1])
+
+
+@njit(parallel=True, **EXACT)
+def _masked_softmax_parallel(kq, scale, allowed, masked, out):
+    for rt in prange(kq.shape[0] * kq.shape[1]):
+        _masked_softmax_row(kq, scale, allowed, masked, out, rt // kq.shape[1], rt % kq.shape[1])
+
+
+def masked_softmax_rows(kq, scale, allowed, out):
+    """kq, out: [R, T, S] float32 (R = batch x heads), allowed: [T, S] bool or None ->
+    out = softmax(kq * scale, -inf where not allowed) over S"""
+    masked = allowed is not None
+    allowed = np.ascontiguousarray(allowed) if masked else np.ones((1, 1), np.bool_)
+    f = _masked_softmax_parallel if _spread(kq.size) and kq.shape[0] * kq.shape[1] > 1 else _masked_softmax_serial
+    f(kq, F(scale), allowed, masked, out)
+
+
+@njit(**SUMS)
+def _dot64(a, b):
+    """sum of a * b in float64 (vector lanes)"""
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += np.float64(a[j]) * np.float64(b[j])
+    return s
+
+
+@njit(**EXACT)
+def _softmax_backward_row(dy, y, dx, i):
+    s = F(_dot64(dy[i], y[i]))
+    a, b, o = dy[i], y[i], dx[i]
+    for j in range(a.shape[0]):
+        o[j] = (a[j] - s) * b[j]
+
+
+@njit(**EXACT)
+def _softmax_backward_serial(dy, y, dx):
+    for i in range(dy.shape[0]):
+        _softmax_backward_row(dy, y, dx, i)
+
+
+@njit(parallel=True, **EXACT)
+def _softmax_backward_parallel(dy, y, dx):
+    for i in prange(dy.shape[0]):
+        _softmax_backward_row(dy, y, dx, i)
+
+
+def softmax_backward_rows(dy, y, dx):
+    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)), the sum in float64"""
+    (_softmax_backward_parallel if _spread(dy.size) and dy.shape[0] > 1 else _softmax_backward_serial)(dy, y, dx)
+
+
+# --- norms backward -------------------------------------------------------------------------
+@njit(**SUMS)
+def _sum64(a):
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += np.float64(a[j])
+    return s
+
+
+@njit(**EXACT)
+def _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k):
+    """rows k*BLOCK.. of a LayerNorm (center) or RMSNorm backward: dx = rstd (g - [mean g] - x_hat mean(g x_hat)),
+    g = dy w; this block's sums of dy x_hat and dy into dw[k], db[k] (float64)"""
+    N, D = dy.shape
+    g = np.empty(D, np.float32)
+    for i in range(k * BLOCK, min(N, (k + 1) * BLOCK)):
+        a, xh, o = dy[i], x_hat[i], dx[i]
+        for d in range(D):
+            g[d] = a[d] * w[d] if has_w else a[d]
+            dw[k, d] += np.float64(a[d]) * np.float64(xh[d])
+            db[k, d] += np.float64(a[d])
+        c = F(_dot64(g, xh) / D)                            # mean(g x_hat)
+        mg = F(_sum64(g) / D) if center else F(0.0)         # mean(g)
+        r = rstd[i]
+        for d in range(D):
+            o[d] = ((g[d] - mg) - xh[d] * c) * r
+
+
+@njit(parallel=True, **EXACT)
+def _norm_backward_parallel(dy, x_hat, rstd, w, has_w, center, dx, dw, db):
+    for k in prange(dw.shape[0]):
+        _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k)
+
+
+@njit(**EXACT)
+def _norm_backward_serial(dy, x_hat, rstd, w, has_w, center, dx, dw, db):
+    for k in range(dw.shape[0]):
+        _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k)
+
+
+def norm_backward_rows(dy, x_hat, rstd, w, center):
+    """dy, x_hat: [N, D] float32, rstd: [N], w: [D] float32 or None, center: LayerNorm (else RMSNorm)
+    -> dx [N, D], dw [D] (sum over rows of dy x_hat), db [D] (sum of dy), float32"""
+    N, D = dy.shape
+    dx = np.empty((N, D), np.float32)
+    blocks = (N + BLOCK - 1) // BLOCK
+    dw = np.zeros((blocks, D))
+    db = np.zeros((blocks, D))
+    f = _norm_backward_parallel if _spread(dy.size) and blocks > 1 else _norm_backward_serial
+    f(dy, x_hat, rstd, w if w is not None else np.ones(0, np.float32), w is not None, center, dx, dw, db)
+    return dx, _ordered_sum(dw), _ordered_sum(db)
+
+
+@njit(**EXACT)
+def _ordered_sum(parts):
+    """[blocks, D] float64 -> [D] float32, the blocks added in order"""
+    out = np.zeros(parts.shape[1])
+    for k in range(parts.shape[0]):
+        for d in range(parts.shape[1]):
+            out[d] += parts[k, d]
+    return out.astype(np.float32)
+
+
+# --- cross-entropy --------------------------------------------------------------------------
+@njit(**EXACT)
+def _cross_entropy_row(logits, targets, probs, losses, i):
+    row, p = logits[i], probs[i]
+    m = row[0]
+    for j in range(row.shape[0]):
+        m = max(m, row[j])
+    s = 0.0
+    for j in range(row.shape[0]):
+        e = exp32(row[j] - m)
+        p[j] = e
+        s += e
+    d = F(s)
+    for j in range(row.shape[0]):
+        p[j] = p[j] / d
+    losses[i] = np.log(s) + np.float64(m) - np.float64(row[targets[i]])   # logsumexp - logit of the target
+
+
+@njit(**EXACT)
+def _cross_entropy_serial(logits, targets, probs, losses):
+    for i in range(logits.shape[0]):
+        _cross_entropy_row(logits, targets, probs, losses, i)
+
+
+@njit(parallel=True, **EXACT)
+def _cross_entropy_parallel(logits, targets, probs, losses):
+    for i in prange(logits.shape[0]):
+        _cross_entropy_row(logits, targets, probs, losses, i)
+
+
+def cross_entropy_rows(logits, targets):
+    """logits: [N, V] float32, targets: [N] int64 -> mean loss (float32), probs [N, V] (float64 sums)"""
+    probs = np.empty(logits.shape, np.float32)
+    losses = np.empty(logits.shape[0])
+    f = _cross_entropy_parallel if _spread(logits.size) and logits.shape[0] > 1 else _cross_entropy_serial
+    f(logits, targets, probs, losses)
+    return np.float32(_mean(losses)), probs
+
+
+@njit(**EXACT)
+def _mean(a):
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i]
+    return s / a.shape[0]
+
+
+@njit(**EXACT)
+def _cross_entropy_backward_rows(probs, targets, scale, out, lo, hi):
+    for i in range(lo, hi):
+        p, o, t = probs[i], out[i], targets[i]
+        for j in range(p.shape[0]):
+            o[j] = (p[j] - ONE if j == t else p[j]) * scale
+
+
+@njit(parallel=True, **EXACT)
+def _cross_entropy_backward_parallel(probs, targets, scale, out):
+    n = probs.shape[0]
+    step = max(1, SPAN // probs.shape[1])
+    for k in prange((n + step - 1) // step):
+        _cross_entropy_backward_rows(probs, targets, scale, out, k * step, min(n, (k + 1) * step))
+
+
+def cross_entropy_backward_rows(probs, targets, scale):
+    """probs: [N, V] float32 -> (probs - onehot(targets)) * scale, as cross_entropy_backward_numpy's steps"""
+    out = np.empty(probs.shape, np.float32)
+    if _spread(probs.size):
+        _cross_entropy_backward_parallel(probs, targets, F(scale), out)
+    else:
+        _cross_entropy_backward_rows(probs, targets, F(scale), out, 0, probs.shape[0])
+    return out
+
+
+# --- embedding backward ---------------------------------------------------------------------
+@njit(**EXACT)
+def scatter_add_rows(table, ids, dx):
+    """table[ids[i]] += dx[i] for i in order (np.add.at's order), table [V, D], dx [N, D] float32"""
+    for i in range(ids.shape[0]):
+        r, a = table[ids[i]], dx[i]
+        for d in range(a.shape[0]):
+            r[d] += a[d]
+
+
+# --- AdamW ----------------------------------------------------------------------------------
+@njit(**EXACT)
+def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size, lo, hi):
+    """training/optim.AdamW.step's NumPy steps, per value, in their order and float32 roundings"""
+    for i in range(lo, hi):
+        gi = g[i]
+        mi = m[i] + (gi - m[i]) * c1                       # m = m + (1 - b1)(g - m)
+        vi = v[i] * b2 + (gi * gi) * c2                     # v = b2 v + (1 - b2) g^2
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] * decay - (mi / (np.sqrt(vi) / bc2_sqrt + eps)) * step_size
+
+
+@njit(parallel=True, **EXACT)
+def _adamw_parallel(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
+    n = p.shape[0]
+    for k in prange((n + SPAN - 1) // SPAN):
+        _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size, k * SPAN, min(n, (k + 1) * SPAN))
+
+
+def adamw_update(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
+    """p, g, m, v: 1-D float32 (views of the parameter, its gradient and moments), updated in place;
+    the scalars as training/optim.py rounds them to float32"""
+    args = (F(decay), F(c1), F(b2), F(c2), F(bc2_sqrt), F(eps), F(step_size))
+    if _spread(p.shape[0]):
+        _adamw_parallel(p, g, m, v, *args)
+    else:
+        _adamw_span(p, g, m, v, *args, 0, p.shape[0])
