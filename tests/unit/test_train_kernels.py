@@ -233,11 +233,14 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads():
         same_bits(a, b)
 
 
-def test_a_fused_softmax_that_ignores_the_mask_is_caught(monkeypatch):
-    """op_checks.check_attention (against torch) sees a kernel that drops the causal mask"""
+@pytest.mark.parametrize("edits", [[("v = x[j] * scale", "v = x[j]")],                  # no 1/sqrt(head_dim)
+                                   [("hi = np.where(any_, S - allowed[:, ::-1].argmax(axis=1), S)", "hi = np.full(T, S)"),
+                                    ("        masked = True", "        masked = False")]])   # the mask ignored
+def test_a_wrong_fused_softmax_is_caught(monkeypatch, edits):
+    """op_checks.check_attention (against torch) sees a kernel that drops the scale or the mask"""
     import ffnlab.ops.attention as ops_attention
     check_attention()
     monkeypatch.setattr(ops_attention, "train_kernels",
-                        mutated_module(train_kernels, ("masked = allowed is not None", "masked = False")))
+                        mutated_module(train_kernels, *edits))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention()

@@ -42,8 +42,8 @@ def _spread(n) -> bool:
 
 # --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
 @njit(**EXACT)
-def _silu_backward_span(dy, x, out, lo, hi):
-    for i in range(lo, hi):
+def _silu_backward_span(dy, x, out):
+    for i in range(x.shape[0]):
         v = x[i]
         s = ONE / (exp32(-v) + ONE)                        # ops/fastmath.sigmoid_into's order
         out[i] = (((ONE - s) * v + ONE) * s) * dy[i]        # s (1 + x (1 - s)) dy, as silu_backward_numpy
@@ -53,7 +53,8 @@ def _silu_backward_span(dy, x, out, lo, hi):
 def _silu_backward_parallel(dy, x, out):
     n = x.shape[0]
     for k in prange((n + SPAN - 1) // SPAN):
-        _silu_backward_span(dy, x, out, k * SPAN, min(n, (k + 1) * SPAN))
+        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
+        _silu_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi])
 
 
 def silu_backward_into(dy, x, out):
@@ -61,12 +62,12 @@ def silu_backward_into(dy, x, out):
     if _spread(x.shape[0]):
         _silu_backward_parallel(dy, x, out)
     else:
-        _silu_backward_span(dy, x, out, 0, x.shape[0])
+        _silu_backward_span(dy, x, out)
 
 
 @njit(**FAST)
-def _gelu_tanh_backward_span(dy, x, out, c, a, lo, hi):
-    for i in range(lo, hi):
+def _gelu_tanh_backward_span(dy, x, out, c, a):
+    for i in range(x.shape[0]):
         v = x[i]
         u = c * v * (ONE + a * v * v)                      # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
         s = ONE / (exp32(-TWO * u) + ONE)
@@ -78,7 +79,8 @@ def _gelu_tanh_backward_span(dy, x, out, c, a, lo, hi):
 def _gelu_tanh_backward_parallel(dy, x, out, c, a):
     n = x.shape[0]
     for k in prange((n + SPAN - 1) // SPAN):
-        _gelu_tanh_backward_span(dy, x, out, c, a, k * SPAN, min(n, (k + 1) * SPAN))
+        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
+        _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a)
 
 
 def gelu_tanh_backward_into(dy, x, out, c, a):
@@ -86,55 +88,67 @@ def gelu_tanh_backward_into(dy, x, out, c, a):
     if _spread(x.shape[0]):
         _gelu_tanh_backward_parallel(dy, x, out, c, a)
     else:
-        _gelu_tanh_backward_span(dy, x, out, c, a, 0, x.shape[0])
+        _gelu_tanh_backward_span(dy, x, out, c, a)
 
 
 # --- attention: scale, mask and softmax of the scores in one pass ---------------------------
 @njit(**EXACT)
-def _masked_softmax_row(kq, scale, allowed, masked, out, r, t):
+def _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, r, t):
     """row t of head r: v = kq * scale, -inf where not allowed; e^(v - max) / sum as ops/softmax.py
-    (the sum in float64 in key order; masked keys add exactly 0, so they are skipped)"""
+    (the sum in float64 in key order). Keys outside [lo[t], hi[t]) are all masked: they add
+    exactly 0 to the sum, so they are set to 0 and skipped."""
     row, o = kq[r, t], out[r, t]
-    S = row.shape[0]
+    a, b = lo[t], hi[t]
+    for j in range(a):
+        o[j] = F(0.0)
+    for j in range(b, row.shape[0]):
+        o[j] = F(0.0)
+    x, y = row[a:b], o[a:b]
+    al = allowed[t, a:b]
     m = F(-np.inf)
-    for j in range(S):
-        v = row[j] * scale
-        if masked and not allowed[t, j]:
-            v = F(-np.inf)
-        o[j] = v
+    for j in range(x.shape[0]):
+        v = x[j] * scale
+        v = v if (al[j] or not masked) else F(-np.inf)
+        y[j] = v
         m = max(m, v)
+    for j in range(x.shape[0]):
+        y[j] = exp32(y[j] - m)                               # a masked key: exp32(-inf) = 0
     s = 0.0
-    for j in range(S):
-        if masked and not allowed[t, j]:
-            o[j] = F(0.0)                                  # exp32(-inf - m) = 0
-        else:
-            e = exp32(o[j] - m)
-            o[j] = e
-            s += e
+    for j in range(x.shape[0]):
+        s += y[j]
     d = F(s)
-    for j in range(S):
-        o[j] = o[j] / d
+    for j in range(x.shape[0]):
+        y[j] = y[j] / d
 
 
 @njit(**EXACT)
-def _masked_softmax_serial(kq, scale, allowed, masked, out):
+def _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out):
     for rt in range(kq.shape[0] * kq.shape[1]):
-        _masked_softmax_row(kq, scale, allowed, masked, out, rt // kq.shape[1], rt % kq.shape[1])
+        _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, rt // kq.shape[1], rt % kq.shape[1])
 
 
 @njit(parallel=True, **EXACT)
-def _masked_softmax_parallel(kq, scale, allowed, masked, out):
+def _masked_softmax_parallel(kq, scale, allowed, masked, lo, hi, out):
     for rt in prange(kq.shape[0] * kq.shape[1]):
-        _masked_softmax_row(kq, scale, allowed, masked, out, rt // kq.shape[1], rt % kq.shape[1])
+        _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, rt // kq.shape[1], rt % kq.shape[1])
 
 
 def masked_softmax_rows(kq, scale, allowed, out):
     """kq, out: [R, T, S] float32 (R = batch x heads), allowed: [T, S] bool or None ->
     out = softmax(kq * scale, -inf where not allowed) over S"""
-    masked = allowed is not None
-    allowed = np.ascontiguousarray(allowed) if masked else np.ones((1, 1), np.bool_)
-    f = _masked_softmax_parallel if _spread(kq.size) and kq.shape[0] * kq.shape[1] > 1 else _masked_softmax_serial
-    f(kq, F(scale), allowed, masked, out)
+    R, T, S = kq.shape
+    if allowed is None:
+        allowed = np.ones((T, S), np.bool_)
+        lo, hi = np.zeros(T, np.int64), np.full(T, S, np.int64)
+        masked = False
+    else:
+        allowed = np.ascontiguousarray(allowed, np.bool_)
+        any_ = allowed.any(axis=1)
+        lo = np.where(any_, allowed.argmax(axis=1), 0).astype(np.int64)                  # first allowed key
+        hi = np.where(any_, S - allowed[:, ::-1].argmax(axis=1), S).astype(np.int64)     # past the last
+        masked = True
+    f = _masked_softmax_parallel if _spread(kq.size) and R * T > 1 else _masked_softmax_serial
+    f(kq, F(scale), allowed, masked, lo, hi, out)
 
 
 @njit(**SUMS)
@@ -241,11 +255,9 @@ def _cross_entropy_row(logits, targets, probs, losses, i):
     m = row[0]
     for j in range(row.shape[0]):
         m = max(m, row[j])
-    s = 0.0
     for j in range(row.shape[0]):
-        e = exp32(row[j] - m)
-        p[j] = e
-        s += e
+        p[j] = exp32(row[j] - m)
+    s = _sum64(p)
     d = F(s)
     for j in range(row.shape[0]):
         p[j] = p[j] / d
@@ -282,8 +294,8 @@ def _mean(a):
 
 
 @njit(**EXACT)
-def _cross_entropy_backward_rows(probs, targets, scale, out, lo, hi):
-    for i in range(lo, hi):
+def _cross_entropy_backward_rows(probs, targets, scale, out):
+    for i in range(probs.shape[0]):
         p, o, t = probs[i], out[i], targets[i]
         for j in range(p.shape[0]):
             o[j] = (p[j] - ONE if j == t else p[j]) * scale
@@ -294,7 +306,8 @@ def _cross_entropy_backward_parallel(probs, targets, scale, out):
     n = probs.shape[0]
     step = max(1, SPAN // probs.shape[1])
     for k in prange((n + step - 1) // step):
-        _cross_entropy_backward_rows(probs, targets, scale, out, k * step, min(n, (k + 1) * step))
+        lo, hi = k * step, min(n, (k + 1) * step)
+        _cross_entropy_backward_rows(probs[lo:hi], targets[lo:hi], scale, out[lo:hi])
 
 
 def cross_entropy_backward_rows(probs, targets, scale):
@@ -303,7 +316,7 @@ def cross_entropy_backward_rows(probs, targets, scale):
     if _spread(probs.size):
         _cross_entropy_backward_parallel(probs, targets, F(scale), out)
     else:
-        _cross_entropy_backward_rows(probs, targets, F(scale), out, 0, probs.shape[0])
+        _cross_entropy_backward_rows(probs, targets, F(scale), out)
     return out
 
 
@@ -319,9 +332,9 @@ def scatter_add_rows(table, ids, dx):
 
 # --- AdamW ----------------------------------------------------------------------------------
 @njit(**EXACT)
-def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size, lo, hi):
+def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
     """training/optim.AdamW.step's NumPy steps, per value, in their order and float32 roundings"""
-    for i in range(lo, hi):
+    for i in range(p.shape[0]):
         gi = g[i]
         mi = m[i] + (gi - m[i]) * c1                       # m = m + (1 - b1)(g - m)
         vi = v[i] * b2 + (gi * gi) * c2                     # v = b2 v + (1 - b2) g^2
@@ -334,7 +347,8 @@ def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size, lo, hi)
 def _adamw_parallel(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
     n = p.shape[0]
     for k in prange((n + SPAN - 1) // SPAN):
-        _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size, k * SPAN, min(n, (k + 1) * SPAN))
+        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
+        _adamw_span(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], decay, c1, b2, c2, bc2_sqrt, eps, step_size)
 
 
 def adamw_update(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
@@ -344,4 +358,4 @@ def adamw_update(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
     if _spread(p.shape[0]):
         _adamw_parallel(p, g, m, v, *args)
     else:
-        _adamw_span(p, g, m, v, *args, 0, p.shape[0])
+        _adamw_span(p, g, m, v, *args)
