@@ -11,7 +11,6 @@ of its result's magnitude. Every bound below is that count, written beside the t
 """
 import numpy as np
 import pytest
-from numba import get_num_threads, set_num_threads
 
 from ffnlab.ops import train_kernels
 from ffnlab.ops.activations import (GELU_TANH_COEF, SQRT_2_OVER_PI, gelu_tanh_backward, gelu_tanh_backward_numpy,
@@ -23,6 +22,7 @@ from ffnlab.ops.loss import (cross_entropy_backward, cross_entropy_backward_nump
 from ffnlab.ops.norms import (layernorm_backward, layernorm_backward_numpy, layernorm_forward, rmsnorm_backward,
                               rmsnorm_backward_numpy, rmsnorm_forward)
 from ffnlab.ops.softmax import softmax_backward, softmax_backward_numpy
+from ffnlab.threads import set_threads, threads
 from ffnlab.training import optim
 from mutants import mutated_module
 from op_checks import check_attention
@@ -220,15 +220,15 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads():
     kq = f32(2, 6, 128, 128)
     allowed = causal_mask(np.arange(128), np.arange(128))
     dy = f32(4, 256, 384)
-    n0 = get_num_threads()
+    n0 = threads()
     out = []
     try:
-        for n in (1, min(2, n0)):
-            set_num_threads(n)
+        for n in (1, 2):
+            set_threads(n)
             out.append([*layernorm_backward(dy, w, cache)[:2], attention_probs(kq, 0.1, allowed),
                         gelu_tanh_backward(dy, x), softmax_backward(kq, kq)])
     finally:
-        set_num_threads(n0)
+        set_threads(n0)
     for a, b in zip(*out):
         same_bits(a, b)
 
@@ -244,3 +244,22 @@ def test_a_wrong_fused_softmax_is_caught(monkeypatch, edits):
                         mutated_module(train_kernels, *edits))
     with pytest.raises(AssertionError, match="relative error"):
         check_attention()
+
+
+# --- products split over the threads (ops/matmul.py) -----------------------------------------
+def test_split_products_give_numpys_bits():
+    """each head's product (and each block of rows) is one single-threaded BLAS call: the bits of
+    NumPy's own product on one thread"""
+    from ffnlab.ops.matmul import batched_matmul, matmul_rows
+    a, b = f32(2, 3, 256, 64), f32(2, 3, 256, 64).swapaxes(-1, -2)      # q and a transposed k, as attention_scores
+    x, w, dy = f32(1024, 96), f32(384, 96), f32(1024, 384)                # a linear's input, weight, dy
+    n0 = threads()
+    try:
+        set_threads(1)
+        want = [a @ b, x @ w.T, dy.T @ x]
+        set_threads(2)
+        got = [batched_matmul(a, b), matmul_rows(x, w.T), matmul_rows(dy.T, x)]
+    finally:
+        set_threads(n0)
+    for g, w_ in zip(got, want):
+        same_bits(g, w_)

@@ -16,13 +16,14 @@ Each kernel sits behind the op it replaces, for float32 C-contiguous arrays; the
   libm's tanh / exp; here the sums are float64 and the exponentials ops/fastmath.exp32)
     GELU (tanh form) backward, softmax backward, LayerNorm and RMSNorm backward, cross-entropy forward
 
-Threads: rows (or 16k-value spans) are spread over numba's threads; every value is computed by
-one thread in a fixed order, and the parameter gradients of the norms sum fixed blocks of 64 rows
+Threads: blocks of rows (or of values) are spread over ffnlab/threads.py's threads; every value is
+computed by one thread in a fixed order, and the parameter gradients of the norms sum fixed blocks of 64 rows
 and then the blocks in order, so the bits do not depend on the number of threads.
 """
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
+from .. import threads as _threads
 from .fastmath import PARALLEL_MIN, exp32
 
 EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")       # each operation rounded as NumPy's
@@ -31,13 +32,21 @@ SUMS = dict(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"}, err
 # vector lanes: the one step that may be reassociated (its order is fixed by the compiled code, not by the threads)
 F = np.float32
 ONE, TWO, THREE = F(1.0), F(2.0), F(3.0)
-SPAN = 1 << 14                # values per parallel work item of the elementwise kernels
 BLOCK = 64                    # rows per partial sum of a norm's weight gradient
 
 
-def _spread(n) -> bool:
-    """worth a parallel region (~5 us to start)"""
-    return n >= PARALLEL_MIN
+def _split(fn, n, size):
+    """fn(lo, hi) over blocks of range(n), on ffnlab/threads.py's threads (parallel_for: each thread
+    takes the next block, two blocks a thread) once the work is ~32k values (size) or more; on this
+    thread otherwise. The kernels are nogil. One pool for the whole step: numba's own parallel
+    regions left its OpenMP threads spinning beside OpenBLAS's, and a two-thread step ran 1.2-1.4x
+    slower with them than with serial kernels (2026-12-01, Intel Xeon, load average ~5)."""
+    k = min(2 * _threads.threads(), n)
+    if k < 2 or size < PARALLEL_MIN:
+        fn(0, n)
+        return
+    edges = [n * i // k for i in range(k + 1)]
+    _threads.parallel_for(lambda i: fn(edges[i], edges[i + 1]), k)
 
 
 # --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
@@ -49,20 +58,9 @@ def _silu_backward_span(dy, x, out):
         out[i] = (((ONE - s) * v + ONE) * s) * dy[i]        # s (1 + x (1 - s)) dy, as silu_backward_numpy
 
 
-@njit(parallel=True, **EXACT)
-def _silu_backward_parallel(dy, x, out):
-    n = x.shape[0]
-    for k in prange((n + SPAN - 1) // SPAN):
-        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
-        _silu_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi])
-
-
 def silu_backward_into(dy, x, out):
     """dy, x, out: 1-D float32 -> out = dy * d/dx (x sigmoid(x))"""
-    if _spread(x.shape[0]):
-        _silu_backward_parallel(dy, x, out)
-    else:
-        _silu_backward_span(dy, x, out)
+    _split(lambda lo, hi: _silu_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi]), x.shape[0], x.shape[0])
 
 
 @njit(**FAST)
@@ -75,20 +73,9 @@ def _gelu_tanh_backward_span(dy, x, out, c, a):
         out[i] = (s + v * (s * (ONE - s)) * (TWO * du)) * dy[i]   # sigmoid(2u) + x sigmoid'(2u) 2u'
 
 
-@njit(parallel=True, **FAST)
-def _gelu_tanh_backward_parallel(dy, x, out, c, a):
-    n = x.shape[0]
-    for k in prange((n + SPAN - 1) // SPAN):
-        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
-        _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a)
-
-
 def gelu_tanh_backward_into(dy, x, out, c, a):
     """dy, x, out: 1-D float32 -> out = dy * gelu_tanh'(x) (c = sqrt(2/pi), a = 0.044715)"""
-    if _spread(x.shape[0]):
-        _gelu_tanh_backward_parallel(dy, x, out, c, a)
-    else:
-        _gelu_tanh_backward_span(dy, x, out, c, a)
+    _split(lambda lo, hi: _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a), x.shape[0], x.shape[0])
 
 
 # --- attention: scale, mask and softmax of the scores in one pass ---------------------------
@@ -122,14 +109,9 @@ def _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, r, t):
 
 
 @njit(**EXACT)
-def _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out):
-    for rt in range(kq.shape[0] * kq.shape[1]):
-        _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, rt // kq.shape[1], rt % kq.shape[1])
-
-
-@njit(parallel=True, **EXACT)
-def _masked_softmax_parallel(kq, scale, allowed, masked, lo, hi, out):
-    for rt in prange(kq.shape[0] * kq.shape[1]):
+def _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out, first, last):
+    """rows first..last-1 of the R x T rows"""
+    for rt in range(first, last):
         _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, rt // kq.shape[1], rt % kq.shape[1])
 
 
@@ -147,8 +129,8 @@ def masked_softmax_rows(kq, scale, allowed, out):
         lo = np.where(any_, allowed.argmax(axis=1), 0).astype(np.int64)                  # first allowed key
         hi = np.where(any_, S - allowed[:, ::-1].argmax(axis=1), S).astype(np.int64)     # past the last
         masked = True
-    f = _masked_softmax_parallel if _spread(kq.size) and R * T > 1 else _masked_softmax_serial
-    f(kq, F(scale), allowed, masked, lo, hi, out)
+    scale = F(scale)
+    _split(lambda a, b: _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out, a, b), R * T, kq.size)
 
 
 @njit(**SUMS)
@@ -174,15 +156,9 @@ def _softmax_backward_serial(dy, y, dx):
         _softmax_backward_row(dy, y, dx, i)
 
 
-@njit(parallel=True, **EXACT)
-def _softmax_backward_parallel(dy, y, dx):
-    for i in prange(dy.shape[0]):
-        _softmax_backward_row(dy, y, dx, i)
-
-
 def softmax_backward_rows(dy, y, dx):
     """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)), the sum in float64"""
-    (_softmax_backward_parallel if _spread(dy.size) and dy.shape[0] > 1 else _softmax_backward_serial)(dy, y, dx)
+    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi]), dy.shape[0], dy.size)
 
 
 # --- norms backward -------------------------------------------------------------------------
@@ -213,15 +189,9 @@ def _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k):
             o[d] = ((g[d] - mg) - xh[d] * c) * r
 
 
-@njit(parallel=True, **EXACT)
-def _norm_backward_parallel(dy, x_hat, rstd, w, has_w, center, dx, dw, db):
-    for k in prange(dw.shape[0]):
-        _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k)
-
-
 @njit(**EXACT)
-def _norm_backward_serial(dy, x_hat, rstd, w, has_w, center, dx, dw, db):
-    for k in range(dw.shape[0]):
+def _norm_backward_serial(dy, x_hat, rstd, w, has_w, center, dx, dw, db, first, last):
+    for k in range(first, last):
         _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k)
 
 
@@ -233,8 +203,9 @@ def norm_backward_rows(dy, x_hat, rstd, w, center):
     blocks = (N + BLOCK - 1) // BLOCK
     dw = np.zeros((blocks, D))
     db = np.zeros((blocks, D))
-    f = _norm_backward_parallel if _spread(dy.size) and blocks > 1 else _norm_backward_serial
-    f(dy, x_hat, rstd, w if w is not None else np.ones(0, np.float32), w is not None, center, dx, dw, db)
+    w1 = w if w is not None else np.ones(0, np.float32)
+    _split(lambda a, b: _norm_backward_serial(dy, x_hat, rstd, w1, w is not None, center, dx, dw, db, a, b),
+           blocks, dy.size)
     return dx, _ordered_sum(dw), _ordered_sum(db)
 
 
@@ -270,18 +241,12 @@ def _cross_entropy_serial(logits, targets, probs, losses):
         _cross_entropy_row(logits, targets, probs, losses, i)
 
 
-@njit(parallel=True, **EXACT)
-def _cross_entropy_parallel(logits, targets, probs, losses):
-    for i in prange(logits.shape[0]):
-        _cross_entropy_row(logits, targets, probs, losses, i)
-
-
 def cross_entropy_rows(logits, targets):
     """logits: [N, V] float32, targets: [N] int64 -> mean loss (float32), probs [N, V] (float64 sums)"""
     probs = np.empty(logits.shape, np.float32)
     losses = np.empty(logits.shape[0])
-    f = _cross_entropy_parallel if _spread(logits.size) and logits.shape[0] > 1 else _cross_entropy_serial
-    f(logits, targets, probs, losses)
+    _split(lambda lo, hi: _cross_entropy_serial(logits[lo:hi], targets[lo:hi], probs[lo:hi], losses[lo:hi]),
+           logits.shape[0], logits.size)
     return np.float32(_mean(losses)), probs
 
 
@@ -301,22 +266,12 @@ def _cross_entropy_backward_rows(probs, targets, scale, out):
             o[j] = (p[j] - ONE if j == t else p[j]) * scale
 
 
-@njit(parallel=True, **EXACT)
-def _cross_entropy_backward_parallel(probs, targets, scale, out):
-    n = probs.shape[0]
-    step = max(1, SPAN // probs.shape[1])
-    for k in prange((n + step - 1) // step):
-        lo, hi = k * step, min(n, (k + 1) * step)
-        _cross_entropy_backward_rows(probs[lo:hi], targets[lo:hi], scale, out[lo:hi])
-
-
 def cross_entropy_backward_rows(probs, targets, scale):
     """probs: [N, V] float32 -> (probs - onehot(targets)) * scale, as cross_entropy_backward_numpy's steps"""
     out = np.empty(probs.shape, np.float32)
-    if _spread(probs.size):
-        _cross_entropy_backward_parallel(probs, targets, F(scale), out)
-    else:
-        _cross_entropy_backward_rows(probs, targets, F(scale), out)
+    scale = F(scale)
+    _split(lambda lo, hi: _cross_entropy_backward_rows(probs[lo:hi], targets[lo:hi], scale, out[lo:hi]),
+           probs.shape[0], probs.size)
     return out
 
 
@@ -343,19 +298,8 @@ def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
         p[i] = p[i] * decay - (mi / (np.sqrt(vi) / bc2_sqrt + eps)) * step_size
 
 
-@njit(parallel=True, **EXACT)
-def _adamw_parallel(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
-    n = p.shape[0]
-    for k in prange((n + SPAN - 1) // SPAN):
-        lo, hi = k * SPAN, min(n, (k + 1) * SPAN)
-        _adamw_span(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], decay, c1, b2, c2, bc2_sqrt, eps, step_size)
-
-
 def adamw_update(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
     """p, g, m, v: 1-D float32 (views of the parameter, its gradient and moments), updated in place;
     the scalars as training/optim.py rounds them to float32"""
     args = (F(decay), F(c1), F(b2), F(c2), F(bc2_sqrt), F(eps), F(step_size))
-    if _spread(p.shape[0]):
-        _adamw_parallel(p, g, m, v, *args)
-    else:
-        _adamw_span(p, g, m, v, *args)
+    _split(lambda lo, hi: _adamw_span(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], *args), p.shape[0], p.shape[0])
