@@ -75,6 +75,21 @@ from ffnlab.training.trainer import loss_and_grads  # noqa: E402
 torch.set_num_interop_threads(1)
 
 
+def cpu_named():
+    """the CPU's model name with its family and model numbers and AVX-512 (model names alone are vague: "Intel(R) Xeon(R) Processor")"""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                info.setdefault(k.strip(), v.strip())
+    except OSError:
+        return cpu_model()
+    avx512 = "AVX-512" if "avx512f" in info.get("flags", "").split() else "no AVX-512"
+    return (f"{cpu_model()}, family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
+            f"{os.cpu_count()} vCPUs, {avx512}")
+
+
 def use_threads(n):
     set_threads(n)                               # OpenBLAS (and torch's pools, through threadpoolctl) and numba
     torch.set_num_threads(n)
@@ -166,7 +181,7 @@ def one_shape():
         (m_ours, cpu_ours), (m_theirs, cpu_theirs) = medians(r["ours"]), medians(r["torch"])
         print(f"model: {cfg.arch}-style, {cfg.n_layer} layers, d_model {D}, {cfg.ffn} d_ff {cfg.d_ff}, T={args.seq_len}, "
               f"batch {args.batch}, {r['params'] / 1e6:.2f}M params; threads {n}; "
-              f"numpy {np.__version__}, torch {torch.__version__}; {cpu_model()}")
+              f"numpy {np.__version__}, torch {torch.__version__}; {cpu_named()}")
         print(f"ffnlab  : median {m_ours * 1e3:7.1f} ms/step  {tokens / m_ours:8.0f} tokens/s   (steps: "
               + ", ".join(f"{t * 1e3:.0f}" for t, _ in r["ours"]) + " ms)")
         print(f"pytorch : median {m_theirs * 1e3:7.1f} ms/step  {tokens / m_theirs:8.0f} tokens/s   (steps: "
@@ -177,7 +192,7 @@ def one_shape():
 
 
 def sweep():
-    print(f"{cpu_model()}; numpy {np.__version__}, torch {torch.__version__}; T={args.seq_len}, batch {args.batch}, "
+    print(f"{cpu_named()}; numpy {np.__version__}, torch {torch.__version__}; T={args.seq_len}, batch {args.batch}, "
           f"{args.steps} timed steps per engine, alternating; load average {os.getloadavg()[0]:.2f} at the start")
     print(f"{'arch':6} {'layers':>6} {'d_model':>7} {'thr':>3} {'ffnlab ms':>9} {'torch ms':>9} {'ratio':>6} "
           f"{'ffnlab CPU':>10} {'torch CPU':>9} {'ratio':>6}")
@@ -263,7 +278,7 @@ def llmc_anchor(checkout):
     tokens = rng.integers(0, cfg.vocab_size, size=n_batches * c["B"] * c["T"] + 1)
     write_llmc_tokens(data, tokens)
     print(f"llm.c anchor: GPT-2 124M ({sum(a.size for a in params.values()) / 1e6:.1f}M params, random init seed 0), "
-          f"B={c['B']}, T={c['T']}; {cpu_model()}; llm.c {checkout}")
+          f"B={c['B']}, T={c['T']}; {cpu_named()}; llm.c {checkout}")
     for n in THREADS:
         use_threads(n)
         env = dict(os.environ, OMP_NUM_THREADS=str(n))
