@@ -26,6 +26,7 @@ from ..errors import FfnlabError, UsageError
 from ..model.params import init_params
 from ..model import Model
 from ..progress import Progress as Bar
+from ..threads import blas_single
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
@@ -47,6 +48,11 @@ def loss_and_grads(model, x, y, aux_loss=0.0):
     """x, y: [B, T] -> loss (float32 scalar, the language-model loss), {name: grad}
     aux_loss: weight of a mixture of experts' load-balancing loss (training/moe_loss.py), whose
     gradient joins the language-model loss's."""
+    with blas_single():     # BLAS on one thread: the step's products split over the threads themselves
+        return _loss_and_grads(model, x, y, aux_loss)               # (ops/matmul.py says why)
+
+
+def _loss_and_grads(model, x, y, aux_loss):
     B, T = x.shape
     cfg = model.config
     logits, cache = model.forward(x, train=True)                       # [B, T, V]
