@@ -81,9 +81,10 @@ def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
     """-> {"kept", "transient", "peak"} in bytes for one block's forward (its input not included).
 
     The peak is the largest of three moments, in the order the block runs:
-      softmax:     what is kept up to the scores, plus raw q.k, the scaled scores and the
-                   probabilities ([B,H,T,S] each; ops/softmax.py exponentiates in place) and the
-                   grouped copy of q;
+      softmax:     what is kept up to the scores, plus raw q.k and the probabilities ([B,H,T,S]
+                   each; in float32 one compiled pass scales, masks and normalises each row,
+                   ops/train_kernels.py; other widths take NumPy's steps, which add the scaled
+                   scores as a third) and the grouped copy of q;
       activation:  everything before the MLP's product, the MLP inputs (gate and up, or up), the
                    activation's scratch array (tanh-GELU: x^2, SiLU: exp(-|x|); none for ReLU and
                    erf-GELU) and its output, and the block's locals (attention output, x + attn);
@@ -95,7 +96,7 @@ def layer_peak_bytes(cfg, B, T, S, bytes_per_elem) -> dict:
     kept = sum(k.values())
     probs = k["attention probabilities [B,H,T,S]"]
     before_scores = _kept_before_mlp(cfg, B, T, S) - probs - k["attention output (merged heads)"]
-    softmax = before_scores + 3 * probs + BT * q
+    softmax = before_scores + (2 if bytes_per_elem == 4 else 3) * probs + BT * q
     act_product = BT * F if gated else 0                               # act*up is made after the scratch is freed
     activation = kept - act_product + _ACT_TEMPS["swiglu" if cfg.moe else cfg.ffn] * BT * F + 2 * BT * D
     end = kept + 4 * BT * D
