@@ -28,6 +28,7 @@ from ..model.params import init_params
 from ..model import Model
 from ..progress import Progress as Bar
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
+from . import mlp_dropout
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
 from .data import TokenData, eval_batches, sample_batch
@@ -61,6 +62,7 @@ class TrainSettings:
     ckpt_every: int = 100       # commit a checkpoint every N steps (and at the end); 0: only at the end
     val_frac: float = 0.1       # held-out tail of the data
     aux_loss: float = 0.01      # mixture of experts: weight of the load-balancing loss (Switch: 0.01)
+    mlp_dropout: float = 0.0    # Dropout(p) on the MLP's hidden activation in training steps (mlp_dropout.py)
     schedule_steps: int = 0     # the steps warmup + cosine span; 0: steps. A run extended with
                                 # --resume --steps M keeps its first schedule, so the added steps
                                 # run at its final rate, min_lr_frac * lr (no jump back up)
@@ -75,6 +77,8 @@ class TrainSettings:
             raise UsageError("--warmup and --ckpt-every must be >= 0")
         if not (self.aux_loss >= 0 and math.isfinite(self.aux_loss)):
             raise UsageError(f"--aux-loss must be a number >= 0, got {self.aux_loss}")
+        if not 0.0 <= self.mlp_dropout < 1.0:
+            raise UsageError(f"mlp_dropout must be in [0, 1), got {self.mlp_dropout}")
 
     def lr_at(self, s) -> float:
         """The learning rate of 0-based step s: warmup + cosine over the schedule's steps, then
@@ -207,7 +211,10 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
     params = init_params(cfg, seed=settings.seed)
     if init_hook is not None:
         init_hook(params)
-    model = Model(cfg, params)                                         # the optimizer updates params in place
+    # the optimizer updates params in place; with MLP dropout the model sees the same arrays
+    # through mlp_dropout.DroppedInput weights
+    view = mlp_dropout.attach(params, cfg, settings.mlp_dropout, settings.seed) if settings.mlp_dropout else params
+    model = Model(cfg, view)
     opt = AdamW(params, settings.weight_decay, (settings.beta1, settings.beta2), decay_embeddings=settings.decay_embeddings)
     rng = np.random.default_rng([settings.seed, 1])                    # batch order (init used seed alone)
     history = {"train": [], "grad_norm": [], "eval": []}                # train[i]: loss of step i+1
@@ -258,7 +265,9 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
             t0 = time.perf_counter()
             lr = settings.lr_at(s)
             x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
+            mlp_dropout.set_step(view, step)
             loss, grads = loss_and_grads(model, x, y, settings.aux_loss)
+            mlp_dropout.set_step(view, step, training=False)
             if grads is None:
                 raise diverged(step, f"the loss ({float(loss)})", model, x)
             norm = clip_grad_norm(grads, settings.grad_clip)
