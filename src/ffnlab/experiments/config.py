@@ -119,7 +119,8 @@ def _rel(path):
 def _merge(base, over):
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        # an empty table replaces ([quick.compression] smollm2 = {}: none)
+        out[k] = _merge(out[k], v) if v and isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from ..training.data import read_text
 from . import analysis
 from .config import ROOT
-from .runs import data_digest, digest, run_key, run_units, train_unit, train_units
+from .runs import data_digest, digest, run_key, run_units, shared_dir, train_unit, train_units
 
 
 def job_key(exp, sha, stage, specs):
@@ -33,8 +33,8 @@ def run_training(exp, out, backend, log=print, variants=None):
     units = train_units(exp, sha, variants)
     params = {"text": read_text(exp.data), "data": exp.data}
     return run_units(job_key(exp, sha, "train", [u.payload for u in units]), units, train_unit, params,
-                     os.path.join(out, "train"), backend, key_of=lambda u: run_key(u.payload), label=f"{exp.name} train",
-                     log=log)
+                     os.path.join(out, "train"), backend, key_of=lambda u: run_key(u.payload), shared=shared_dir(out),
+                     label=f"{exp.name} train", log=log)
 
 
 def run(exp, out, backend, log=print) -> dict:

@@ -115,8 +115,9 @@ def weights_of(result) -> dict:
 
 
 # --- running units with the shared store ----------------------------------------------------------
-def _shared_dir(out):
-    return os.path.join(os.path.dirname(os.path.abspath(out)), SHARED)
+def shared_dir(exp_out):
+    """The store beside an experiment's runs folder: experiments/runs/shared for experiments/runs/NAME."""
+    return os.path.join(os.path.dirname(os.path.abspath(exp_out)), SHARED)
 
 
 def _copy_unit(src, dst_folder, unit_id):
@@ -133,19 +134,19 @@ def _copy_unit(src, dst_folder, unit_id):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_units(job, units, fn, params, out, backend, key_of, label="", log=print):
+def run_units(job, units, fn, params, out, backend, key_of, shared, label="", log=print):
     """Run (or finish) `units` with fn on backend into OutputDir `out` -> {unit id: result}.
-    key_of(unit) -> a shared-store key or None (not shared)."""
+    key_of(unit) -> a key in the shared store folder `shared`, or None (not shared)."""
     outdir = OutputDir(out, "experiment", job, [u.id for u in units])
-    shared = _shared_dir(out)
-    os.makedirs(shared, exist_ok=True)
+    if shared:
+        os.makedirs(shared, exist_ok=True)
     for u in units:                                   # runs another experiment already trained
-        k = key_of(u)
+        k = shared and key_of(u)
         if k and not outdir.finished(u.id) and os.path.isfile(os.path.join(shared, k, "result.json")):
             _copy_unit(os.path.join(shared, k), outdir.units, u.id)
 
     def landed(u, result):
-        k = key_of(u)
+        k = shared and key_of(u)
         if k:
             _copy_unit(os.path.join(outdir.units, u.id), shared, k)
         log(f"  done {u.id}")
@@ -158,7 +159,7 @@ def run_units(job, units, fn, params, out, backend, key_of, label="", log=print)
             log(f"unit {uid} failed: {reason}")
         raise FfnlabError(f"{len(outcome.failures)} of {len(units)} units failed ({outcome.failures[0][0]}: "
                           f"{outcome.failures[0][1]}); rerun the same command to compute only those")
-    log(f"{label}: {len(units)} units, {outcome.resumed} found in {out} or {shared}, "
+    log(f"{label}: {len(units)} units, {outcome.resumed} found in {out}" + (f" or {shared}" if shared else "") + ", "
         f"{len(units) - outcome.resumed} computed in {outcome.seconds:.0f} s")
     return {u.id: outdir.read(u.id) for u in units}, outcome
 
