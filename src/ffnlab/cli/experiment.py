@@ -37,7 +37,7 @@ def run(args):
 
     if args.list:
         for n in cfgmod.names():
-            e = cfgmod.load(n)
+            e = cfgmod.load(n, check_data=False)
             print(f"{n}: {e.claim}")
         return 0
     if not args.name:
@@ -50,6 +50,8 @@ def run(args):
     if args.plot:
         from ..experiments.plots import plot
         res = read_results(results)
+        print(markdown(res))                          # the tables docs/experiments.md quotes, from the same file
+        print(compute_line(res))
         for path in plot(res, args.docs or os.path.join(cfgmod.ROOT, "docs")):
             print(f"wrote {path}")
         return 0

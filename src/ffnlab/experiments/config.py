@@ -124,8 +124,9 @@ def _merge(base, over):
     return out
 
 
-def load(name, quick=False, seeds=None, data=None) -> Experiment:
-    """NAME or path -> Experiment; quick: apply [quick]; seeds, data: command-line overrides."""
+def load(name, quick=False, seeds=None, data=None, check_data=True) -> Experiment:
+    """NAME or path -> Experiment; quick: apply [quick]; seeds, data: command-line overrides;
+    check_data False: the training text need not exist here (--list)."""
     path = find(name)
     try:
         with open(path, "rb") as f:
@@ -147,7 +148,7 @@ def load(name, quick=False, seeds=None, data=None) -> Experiment:
     data_path = data or exp.get("data", str, required=True)
     if not os.path.isabs(data_path):
         data_path = os.path.join(ROOT, data_path)
-    if not os.path.isfile(data_path):
+    if check_data and not os.path.isfile(data_path):
         raise UsageError(f"{_rel(path)}: experiment.data: {data_path}: no such file (give --data FILE)")
     n_seeds = seeds or _Fields(path, q, "quick.").get("seeds", int, None) or exp.get("seeds", int, 5)
     if n_seeds < 1:
