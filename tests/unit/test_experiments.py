@@ -163,7 +163,7 @@ def test_a_quick_grid_resumes_and_repeats_bit_for_bit(tmp_path, capsys):
 def test_runs_of_one_experiment_are_reused_by_another(tmp_path, capsys):
     _quick(tmp_path, "activation", "a")
     out, res = _quick(tmp_path, "dropout", "a")                           # gelu-x4 is in both
-    log = capsys.readouterr()
+    capsys.readouterr()
     assert res["compute"]["runs"] == 4
     assert sorted(os.listdir(out.parent / "shared")) and len(os.listdir(out.parent / "shared")) == 6
 
