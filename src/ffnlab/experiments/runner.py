@@ -116,6 +116,12 @@ def markdown(res) -> str:
 
 def compute_line(res) -> str:
     c = res["compute"]
-    return (f"compute: {c['runs']} units, {c.get('tokens', 0) / 1e6:.2f}M tokens trained, "
-            f"{c.get('unit_seconds', 0):.0f} s in the units ({c['wall_seconds']:.0f} s wall this time; finished "
-            f"units are not recomputed)")
+    extra = ""
+    if "finetune_units" in c:
+        extra = f"; {c['finetune_units']} LoRA fine-tunes, {c['finetune_tokens'] / 1e6:.2f}M tokens, {c['finetune_seconds']:.0f} s"
+    if "cut_units" in c:
+        extra = (f"; {c['cut_units']} cuts with {c['recovery_tokens'] / 1e6:.2f}M recovery tokens, {c['cut_seconds']:.0f} s"
+                 + (f"; SmolLM2 {c['smollm2_seconds']:.0f} s" if "smollm2_seconds" in c else ""))
+    return (f"compute: {c['runs']} training runs, {c.get('tokens', 0) / 1e6:.2f}M tokens, "
+            f"{c.get('unit_seconds', 0):.0f} s{extra} ({c['wall_seconds']:.0f} s wall the last time it ran; "
+            f"finished units are not recomputed)")
