@@ -65,7 +65,8 @@ def curves(res, path):
     ax.set_xlabel("step")
     ax.set_ylabel(f"training loss, moving average of {WINDOW} steps (nats/byte)")
     ax.set_title(f"{res['experiment']}: mean over seeds, 95% t band\n{_title(res)}", fontsize=9)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:                                    # runs shorter than the window draw none
+        ax.legend(fontsize=8)
     tail = [r["train"][len(r["train"]) // 2:] for r in res["runs"] if r["train"]]
     if tail:                                                                  # the second half, where the variants part
         lo_y, hi_y = min(min(t) for t in tail), max(max(t) for t in tail)
