@@ -26,7 +26,7 @@ def plot(res, folder) -> list:
         out.append(curves(res, os.path.join(folder, f"experiments_{name}_curves.png")))
         if res["comparisons"]:
             out.append(diffs(res, os.path.join(folder, f"experiments_{name}_diffs.png")))
-        if res["experiment"] == "width" or len({v["d_ff"] for v in res["variants"]}) > 2:
+        if res["kind"] == "train" and len({v["d_ff"] for v in res["variants"]}) > 2:   # a width grid
             out.append(params(res, os.path.join(folder, f"experiments_{name}_params.png")))
     if res["kind"] == "compression":
         out.append(cuts(res, os.path.join(folder, f"experiments_{name}_cuts.png")))
