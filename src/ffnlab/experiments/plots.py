@@ -22,7 +22,7 @@ def plot(res, folder) -> list:
     os.makedirs(folder, exist_ok=True)
     name = res["experiment"] + ("-quick" if res.get("quick") else "")
     out = []
-    if res["kind"] in ("train", "compression"):
+    if res["kind"] == "train":
         out.append(curves(res, os.path.join(folder, f"experiments_{name}_curves.png")))
         if res["comparisons"]:
             out.append(diffs(res, os.path.join(folder, f"experiments_{name}_diffs.png")))
