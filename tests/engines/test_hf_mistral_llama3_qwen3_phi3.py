@@ -172,7 +172,7 @@ def test_llama3_factors_equal_transformers_inv_freq():
     """Our divisors applied to the plain frequencies give transformers' own llama3 inv_freq."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from ffnlab.ops.rope import llama3_freq_factors
+    from ffnlab.config import llama3_freq_factors
     cfg = transformers.LlamaConfig(**{**COMMON, "hidden_size": 512, "num_attention_heads": 4},
                                    rope_parameters={**LLAMA3, "rope_theta": 500000.0,
                                                     "original_max_position_embeddings": 8192})

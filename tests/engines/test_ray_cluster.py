@@ -226,8 +226,29 @@ def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(clu
         r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
         assert r.returncode == 1
         last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("ffnlab perplexity: error: node "), r.stderr
         assert "ffnlab 0.0.0+other-" in last and "is installed there, the driver runs" in last
         assert f"node 127.0.0.1 ({node.node_id[:8]})" in last
+    finally:
+        cluster.remove_node(node)
+
+
+def test_a_node_without_ffnlab_is_refused_in_one_line_naming_it(cluster, corpus, tmp_path):
+    # the node's workers find, first on their path, a package that cannot be imported: as where ffnlab is missing
+    missing = tmp_path / "missing" / "ffnlab"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'ffnlab\'", name="ffnlab")\n')
+    node = cluster.add_node(num_cpus=1, env_vars={"PYTHONPATH": str(missing.parent)})
+    try:
+        cluster.wait_for_nodes()
+        r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--ray", cluster.address))
+        assert r.returncode == 1
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"ffnlab perplexity: error: node 127.0.0.1 ({node.node_id[:8]}): cannot start an "
+                               f"ffnlab worker"), r.stderr
+        version = __import__("ffnlab").__version__
+        assert last.endswith(f"(ModuleNotFoundError: No module named 'ffnlab'); install ffnlab {version} there"), last
+        assert len(r.stderr.strip().splitlines()) == 2, r.stderr      # the command's header line, then this one
     finally:
         cluster.remove_node(node)
 
@@ -242,3 +263,22 @@ def test_ray_flag_alone_follows_ray_address(cluster, corpus):
                        capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": cluster.address})
     assert r.returncode == 0, r.stderr
     assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)
+
+
+def test_prompt_datasets_on_the_cluster_equal_the_in_process_run(cluster, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps(p) for p in [
+        {"clean": "First Citizen: Before we", "corrupt": "First Soldier: Before we", "target": " ", "foil": "e"},
+        {"clean": "All: Speak, speak.", "corrupt": "All: Speak, shout.", "target": "\n", "foil": " "}]) + "\n")
+    facts = tmp_path / "facts.jsonl"
+    facts.write_text("\n".join(json.dumps(p) for p in [
+        {"prompt": "First Citizen: Before we", "subject": "Citizen"},
+        {"prompt": "All: Speak, speak.", "subject": "Speak"}]) + "\n")
+    for args in (["patch", "-m", tiny_gguf("f32"), "--prompts", str(pairs), "--json"],
+                 ["causal-trace", "-m", tiny_gguf("f32"), "--prompts", str(facts), "--samples", "2", "--window", "1",
+                  "--json"]):
+        here, there = ffnlab(*args), ffnlab(*args, "--ray", cluster.address)
+        assert here.returncode == 0 and there.returncode == 0, there.stderr
+        mine, theirs = json.loads(here.stdout), json.loads(there.stdout)
+        mine.pop("executor"), theirs.pop("executor")
+        assert mine == theirs

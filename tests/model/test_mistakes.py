@@ -36,6 +36,14 @@ def mutated(module, *edits, **overrides):
     return copy
 
 
+def numpy_probs(attention_module):
+    """attention_module with its float32 probabilities from the NumPy twin, where the mutations
+    below edit them (float32 otherwise runs ops/train_kernels.py's fused softmax, whose own
+    mistakes tests/unit/test_train_kernels.py catches)"""
+    attention_module.attention_probs = attention_module.attention_probs_numpy
+    return attention_module
+
+
 def block_with_attention(attention_module):
     """A block module whose attention sub-layer comes from attention_module."""
     return mutated(model_block, attention_forward_layer=attention_module.attention_forward_layer)
@@ -81,12 +89,14 @@ def test_catches_mask_applied_after_softmax():
         "        np.copyto(scores, -np.inf, where=~allowed)\n    return softmax_forward(scores)",
         "        pass\n    probs = softmax_forward(scores)\n    if allowed is not None:\n        np.copyto(probs, 0.0, where=~allowed)\n"
         "    return probs"))
+    numpy_probs(bad)
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
 
 def test_catches_mask_with_zero_instead_of_neg_inf():
     bad = mutated(ops_attention, ("np.copyto(scores, -np.inf, where=~allowed)", "np.copyto(scores, 0.0, where=~allowed)"))
+    numpy_probs(bad)
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 
@@ -94,6 +104,7 @@ def test_catches_mask_with_zero_instead_of_neg_inf():
 # --- 3. scale --------------------------------------------------------------------------------
 def test_catches_missing_one_over_sqrt_head_dim():
     bad = mutated(ops_attention, ("scores = kq * np.asarray(scale, dtype=kq.dtype)", "scores = kq.copy()"))
+    numpy_probs(bad)
     with pytest.raises(AssertionError, match="relative error"):
         check_attention(bad.attention_forward)
 

@@ -261,3 +261,52 @@ def test_a_bad_prompt_line_fails_alone_with_its_line_number(tmp_path, capsys):
     assert err[0] == f"unit line-000002 failed: {path} line 2: --subject 'Rome' does not occur in the prompt 'All: Speak'"
     assert err[1].startswith(f"unit line-000003 failed: {path} line 3: not JSON")
     assert err[2].startswith("2 of 4 units failed")
+
+
+# --- activation patching over a dataset of pairs -------------------------------------------------------
+PAIRS = [{"clean": "First Citizen: Before we", "corrupt": "First Soldier: Before we", "target": " ", "foil": "e"},
+         {"clean": "All: Speak, speak.", "corrupt": "All: Speak, shout.", "target": "\n", "foil": " "}]
+
+
+def test_each_pair_of_a_dataset_gets_its_single_pair_patching(tmp_path, capsys):
+    assert main(["patch", "-m", tiny_gguf("f32"), "--prompts", _prompts(tmp_path, PAIRS), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    for pair, g in zip(PAIRS, got["prompts"]):
+        one = [a for k in ("clean", "corrupt", "target", "foil") for a in (f"--{k}", pair[k])]
+        assert main(["patch", "-m", tiny_gguf("f32"), *one, "--json"]) == 0
+        want = json.loads(capsys.readouterr().out)
+        assert {k: g[k] for k in ("effect", "clean", "corrupt", "tokens", "target")} == \
+               {k: want[k] for k in ("effect", "clean", "corrupt", "tokens", "target")}
+    # byte tokens: "Citizen" -> "Soldier" differ at positions 6..12; "speak" -> "shout" at 13..16
+    assert [g["subject"] for g in got["prompts"]] == [[6, 12], [13, 16]]
+    from ffnlab.runtime.prompts import average_patch_effect
+    assert got["average_effect"] == json.loads(json.dumps(average_patch_effect(got["prompts"])))
+
+
+def test_average_patch_effect_groups_positions_by_the_corrupted_span():
+    from ffnlab.runtime.prompts import average_patch_effect
+    # one layer; pair A: 4 tokens, corrupted 1..2; pair B: 3 tokens, corrupted 0..0
+    a = {"subject": [1, 2], "effect": [[0.1, 0.2, 0.4, 0.8]]}
+    b = {"subject": [0, 0], "effect": [[0.5, 0.25, 0.125]]}
+    got = average_patch_effect([a, b])["effect"][0]
+    # A: further {}: -, first {1}: .2, middle {}: -, last {2}: .4, first subsequent {3} is the last token: .8
+    # B: last subject {0}: .5, first subsequent {1}: .25, last token {2}: .125
+    want = [0.2, np.nan, (0.4 + 0.5) / 2, 0.25, 0.1, (0.8 + 0.125) / 2]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_bad_pair_line_fails_alone_with_its_line_number(tmp_path, capsys):
+    lines = [PAIRS[0], {"clean": "All: Speak", "corrupt": "All: Speak, speak", "target": " ", "foil": "e"},
+             {"clean": "All", "corrupt": "All", "target": " "}, PAIRS[1]]
+    path = _prompts(tmp_path, lines)
+    assert main(["patch", "-m", tiny_gguf("f32"), "--prompts", path, "--json"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith(f"unit line-000002 failed: {path} line 2: --clean has 10 tokens and --corrupt 17")
+    assert err[1].startswith(f"unit line-000003 failed: {path} line 3: expected {{\"clean\"")
+    assert err[2].startswith("2 of 4 units failed")
+
+
+def test_patch_without_its_four_prompts_or_a_dataset_is_one_line(capsys):
+    assert main(["patch", "-m", tiny_gguf("f32"), "--clean", "a b", "--corrupt", "a c"]) == 1
+    assert "give --target --foil (all four of --clean, --corrupt, --target, --foil), or --prompts" in \
+           capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""Load-time warm-up (quant/warmup.py) and the release of LLVM's code pages (quant/pages.py).
+"""Load-time warm-up (model/warmup.py) and the release of LLVM's code pages (quant/pages.py).
 
 compile_decode runs one layer of each kind, not the whole model: these tests hold it to loading
 every kernel a real decoding step calls (no numba compilation or cache load may happen inside
@@ -82,7 +82,7 @@ def test_llvm_code_is_released_after_load_and_comes_back(tmp_path):
 
 
 def test_split_keeps_each_group_whole_and_balances_the_cost():
-    from ffnlab.quant.warmup import Step, _split
+    from ffnlab.model.warmup import Step, _split
     steps = [Step("a", None, "one-token", 5.0), Step("b", None, "one-token", 5.0), Step("c", None, "prompt", 9.0),
              Step("d", None, "attention", 6.0), Step("e", None, "rows", 3.0)]
     shares = _split(steps, 2)
@@ -94,7 +94,7 @@ def test_split_keeps_each_group_whole_and_balances_the_cost():
 
 
 def test_the_time_left_comes_from_the_pace_so_far():
-    from ffnlab.quant.warmup import Pace, _note
+    from ffnlab.model.warmup import Pace, _note
     assert _note(3, 11, 10.0, 40.0, 5.0) == "3/11, ~15 s left"               # 10 of 40 in 5 s: 30 more in 15 s
     pace = Pace(2.0)
     assert pace.seconds_per_cost == 2.0                                      # nothing done: the guess
@@ -105,7 +105,7 @@ def test_the_time_left_comes_from_the_pace_so_far():
 
 @pytest.fixture
 def stamp(tmp_path, monkeypatch):
-    from ffnlab.quant import warmup
+    from ffnlab.model import warmup
     path = tmp_path / "stamp"
     monkeypatch.setattr(warmup, "stamp_path", lambda model, arith, steps: str(path))
     return path
@@ -114,7 +114,7 @@ def stamp(tmp_path, monkeypatch):
 def test_a_first_load_compiles_in_workers_and_stamps_and_the_next_reads_the_cache(tmp_path, monkeypatch, stamp):
     """No stamp: workers (one per core and one more: 3 for 2 cores) run the steps; then the stamp is
     written, and the next load runs the steps in this process only."""
-    from ffnlab.quant import warmup
+    from ffnlab.model import warmup
     from quant_models import quant_model
     calls = []
     monkeypatch.setattr(warmup, "available_cores", lambda: 2)
@@ -127,7 +127,7 @@ def test_a_first_load_compiles_in_workers_and_stamps_and_the_next_reads_the_cach
 
 
 def test_one_core_compiles_in_this_process(tmp_path, monkeypatch, stamp):
-    from ffnlab.quant import warmup
+    from ffnlab.model import warmup
     from quant_models import quant_model
     monkeypatch.setattr(warmup, "available_cores", lambda: 1)
     monkeypatch.setattr(warmup, "_compile_in_workers", lambda *a: pytest.fail("a worker on one core"))
@@ -136,10 +136,10 @@ def test_one_core_compiles_in_this_process(tmp_path, monkeypatch, stamp):
 
 
 def test_the_workers_run_every_step_and_report_each(tmp_path):
-    """The real worker processes (python -m ffnlab.quant.warmup --worker), on this machine's cache:
+    """The real worker processes (python -m ffnlab.runtime.warmup --worker), on this machine's cache:
     every step of the model is reported done once, whichever worker ran it."""
     from ffnlab.formats.gguf import load_gguf
-    from ffnlab.quant.warmup import _compile_in_workers, warm_up_steps
+    from ffnlab.model.warmup import _compile_in_workers, warm_up_steps
     from quant_models import quant_model
     path = quant_model(tmp_path, "Q4_1")
     steps = warm_up_steps(load_gguf(path, warm=False))

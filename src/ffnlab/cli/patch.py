@@ -6,21 +6,86 @@ COMMAND = "patch"
 HELP = "activation patching: restore one node's row from a clean run into a corrupt one (heat map + table)"
 
 
+PAIR = ("--clean", "--corrupt", "--target", "--foil")
+
+
 def add_arguments(p):
-    from .common import add_model_argument, refuse_together
+    from .common import add_model_argument, needs, refuse_together
     add_model_argument(p)
-    p.add_argument("--clean", required=True, help="the prompt whose answer is the target")
-    p.add_argument("--corrupt", required=True, help="a prompt of the same token count whose answer differs")
-    p.add_argument("--target", required=True, help="the clean answer: one token as text (' Paris') or #ID")
-    p.add_argument("--foil", required=True, help="the corrupt answer: one token as text (' Rome') or #ID")
+    p.add_argument("--clean", default=None, help="the prompt whose answer is the target")
+    p.add_argument("--corrupt", default=None, help="a prompt of the same token count whose answer differs")
+    p.add_argument("--target", default=None, help="the clean answer: one token as text (' Paris') or #ID")
+    p.add_argument("--foil", default=None, help="the corrupt answer: one token as text (' Rome') or #ID")
     p.add_argument("--node", default="l_out", help="the node patched at each layer: l_out (residual stream), attn_out, "
                                                    "ffn_out, or any per-layer node name (default l_out)")
     p.add_argument("--out", default=None, metavar="PNG", help="heat map file (default patch-NODE.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
     refuse_together(p, "--out", "--json", "--json draws no heat map")
+    p.add_argument("--prompts", metavar="FILE.jsonl", default=None,
+                   help='a dataset, one {"clean", "corrupt", "target", "foil"} per line: every pair patched as a '
+                        "work unit, and --out draws the effect averaged over position groups (the corrupted span "
+                        "as ROME's subject)")
+    p.add_argument("--results", metavar="DIR", default=None,
+                   help="with --prompts: keep each pair's result in DIR as it finishes; the same command resumes it")
+    from .scaleout import add_ray_arguments
+    add_ray_arguments(p)
+    for flag in PAIR:
+        refuse_together(p, flag, "--prompts", "each line of --prompts gives its own")
+    needs(p, "--results", "--prompts", "a single pair is one unit")
+
+
+def run_dataset(args):
+    """--prompts: one unit per line (runtime/prompts.py) -> per-pair results and their average per position group."""
+    from ..runtime.executor import ModelSpec, OutputDir, Task, execute
+    from ..runtime.prompts import average_patch_effect, patch_unit, prompt_units, read_prompt_lines
+    from .common import load_model
+    from .scaleout import backend, file_digest, finish
+
+    path = args.out or f"patch-{args.node}.png"
+    if not args.json:
+        from ..pictures import check_png
+        check_png(path, "--out")                       # before the work, not after it
+    units = prompt_units(read_prompt_lines(args.prompts))
+    spec = ModelSpec.from_args(args)
+    params = {"path": args.prompts, "node": args.node}
+    out = None
+    if args.results is not None:
+        out = OutputDir(args.results, "patch", {"model": spec.path, "arith": spec.arith,
+                                                "prompts": file_digest(args.prompts), **params}, [u.id for u in units])
+    where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
+    outcome = execute(Task(spec, patch_unit, params), units, lambda acc, r: acc + [r], [], out=out,
+                      backend=where, label="patch")
+    code, summary = finish(outcome, len(units))
+    if code:
+        return code
+    results = outcome.merged
+    avg = average_patch_effect(results)
+    if args.json:
+        print(json.dumps({"prompts": results, "average_effect": avg, "executor": summary}))
+        return 0
+    from ..interventions.plots import patch_heatmap
+    from ..pictures import written
+    g = avg["effect"]
+    il, k = max(((i, j) for i in range(len(g)) for j in range(len(g[0])) if g[i][j] == g[i][j]),
+                key=lambda ij: g[ij[0]][ij[1]])
+    print(f"largest average effect of patching {args.node}: {g[il][k]:.4f} at layer {il}, {avg['groups'][k]}")
+    sys.stdout.flush()
+    with written(path, "--out"):
+        patch_heatmap(path, avg, avg["groups"], f"patching {args.node}, averaged over {len(results)} pairs "
+                                                f"by position group (the corrupted span as the subject)")
+    print(f"{len(results)} pairs; heat map: {path}", file=sys.stderr)
+    return 0
 
 
 def run(args):
+    if args.prompts is not None:
+        return run_dataset(args)
+    from ..errors import UsageError
+    missing = [f for f in PAIR if getattr(args, f[2:]) is None]
+    if missing:
+        raise UsageError(f"give {' '.join(missing)} (all four of {', '.join(PAIR)}), or --prompts FILE.jsonl")
+    if args.ray is not None:
+        raise UsageError("--ray needs --prompts: a single pair is one unit")
     from ..interventions.common import one_token, prompt_ids, token_strings
     from ..interventions.patching import patch
     from ..pictures import check_png, model_label, written

@@ -23,12 +23,12 @@ def add_arguments(p):
 
 def progress_callback(n_chunk, label="perplexity", stream=None):
     """-> on_batch(done, running) that shows a bar with the running PPL on a terminal, and
-    llama-perplexity's `[chunk]ppl,` trail otherwise."""
+    llama-perplexity's `[chunk]ppl,` trail otherwise; on_batch.end() ends an unfinished trail's line
+    (a failure's message then starts a line of its own)."""
     from ..progress import Progress
     stream = stream or sys.stderr
     bar = Progress(n_chunk, label, stream=stream)
-    if not bar.enabled:
-        stream.write(f"{label}: ")
+    state = {"open": False}
 
     def on_batch(done, running):
         if bar.enabled:
@@ -36,8 +36,18 @@ def progress_callback(n_chunk, label="perplexity", stream=None):
             if done >= n_chunk:
                 bar.close()
             return
+        if not state["open"]:
+            stream.write(f"{label}: ")
+        state["open"] = done < n_chunk
         stream.write(f"[{done}]{running.ppl:.4f}," + ("\n" if done >= n_chunk else ""))
         stream.flush()
+
+    def end():
+        if state["open"]:
+            stream.write("\n")
+            state["open"] = False
+        bar.close()
+    on_batch.end = end
     return on_batch
 
 
@@ -68,9 +78,12 @@ def run(args):
     out = output_dir(args, "perplexity", key, units)
     where = backend(args, model)                                      # a cluster that does not answer: one line, now
     trail = progress_callback(n_chunk)
-    outcome = execute(Task(spec, perplexity_shard, {"batch": args.batch}), units, perplexity_merge, (RunningNLL(), 0),
-                      out=out, backend=where, label="perplexity", progress=False,
-                      on_merged=lambda _n, acc: trail(acc[1], acc[0]))
+    try:
+        outcome = execute(Task(spec, perplexity_shard, {"batch": args.batch}), units, perplexity_merge,
+                          (RunningNLL(), 0), out=out, backend=where, label="perplexity", progress=False,
+                          on_merged=lambda _n, acc: trail(acc[1], acc[0]))
+    finally:
+        trail.end()
     code, summary = finish(outcome, len(units))
     if code:
         if args.json:

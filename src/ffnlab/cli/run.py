@@ -2,6 +2,8 @@
 import json
 import sys
 
+from .run_interactive import chat_loop, chat_template, context_notice
+
 COMMAND = "run"
 HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
@@ -70,7 +72,7 @@ def run(args):
     import time
     t0 = time.perf_counter()
     model = load_model(args)
-    if not getattr(model, "load_seconds", 0.0):         # a checkpoint's loader keeps no time of its own
+    if not model.load_seconds:         # a checkpoint's loader keeps no time of its own
         model.load_seconds = time.perf_counter() - t0
     if model.tokenizer is None:
         raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
@@ -82,7 +84,6 @@ def run(args):
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
     if args.interactive:
-        from .run_interactive import chat_loop
         return chat_loop(model, args, prompt, params, n_ctx, _perf)
     if args.chat:
         template = chat_template(args, model)
@@ -99,12 +100,12 @@ def run(args):
     out = generate(model, ids, n_predict, params, None if args.json else _stream, n_ctx=n_ctx,
                    ignore_eos=args.ignore_eos)
     t = out.timings
-    load_ms = 1000 * getattr(model, "load_seconds", 0.0)
+    load_ms = 1000 * model.load_seconds
     if args.json:
         print(json.dumps({"model": model.source, "threads": thread_report(), "prompt": prompt, "prompt_ids": out.prompt_ids, "ids": out.ids,
                           "text": out.text, "stop_reason": out.stop_reason, "interventions": interventions,
-                          "timings": {"load_ms": load_ms, "kernels_ms": 1000 * getattr(model, "compile_seconds", 0.0),
-                                      "packed_from_cache": getattr(model, "pack_cached", False),
+                          "timings": {"load_ms": load_ms, "kernels_ms": 1000 * model.compile_seconds,
+                                      "packed_from_cache": model.pack_cached,
                                       "prompt_tokens": t.prompt_tokens, "prompt_ms": t.prompt_ms,
                                       "prompt_tokens_per_s": t.prompt_tps, "eval_tokens": t.eval_tokens,
                                       "eval_ms": t.eval_ms, "eval_tokens_per_s": t.eval_tps}}, ensure_ascii=False))
@@ -112,7 +113,7 @@ def run(args):
         sys.stdout.write("\n")
         sys.stdout.flush()
     context_notice(out, n_ctx, args.n_predict)
-    _perf(load_ms, t, 1000 * getattr(model, "compile_seconds", 0.0))
+    _perf(load_ms, t, 1000 * model.compile_seconds)
     return 0
 
 
@@ -124,23 +125,6 @@ def context_size(args, model) -> int:
         raise UsageError(f"-c/--ctx-size {args.ctx_size} exceeds {model.source}'s context length {n_ctx} "
                          f"(ffnlab does not extend a model's context)")
     return args.ctx_size or n_ctx
-
-
-def chat_template(args, model):
-    """--chat-template, the model's own, or llama.cpp's fallback (chatml) with a notice on stderr."""
-    from ..generation.chat_templates import resolve_template
-    template, _label, notice = resolve_template(args.chat_template, model.tokenizer, model.config.arch)
-    if notice:
-        print(f"ffnlab run: {notice}", file=sys.stderr)
-    return template
-
-
-def context_notice(out, n_ctx, n_predict):
-    """One line on stderr when the context, not -n or EOS, ended the generation."""
-    if out.stop_reason == "context":
-        asked = "no -n limit" if n_predict < 0 else f"-n {n_predict}"
-        print(f"ffnlab run: the context is full ({n_ctx} tokens: {len(out.prompt_ids)} prompt + {len(out.ids)} "
-              f"generated), generation stopped ({asked}); -c/--ctx-size or a shorter prompt", file=sys.stderr)
 
 
 def _stream(_id, piece):

@@ -11,6 +11,23 @@ import sys
 PROMPT_MARK = "> "
 
 
+def chat_template(args, model):
+    """--chat-template, the model's own, or llama.cpp's fallback (chatml) with a notice on stderr."""
+    from ..generation.chat_templates import resolve_template
+    template, _label, notice = resolve_template(args.chat_template, model.tokenizer, model.config.arch)
+    if notice:
+        print(f"ffnlab run: {notice}", file=sys.stderr)
+    return template
+
+
+def context_notice(out, n_ctx, n_predict):
+    """One line on stderr when the context, not -n or EOS, ended the generation."""
+    if out.stop_reason == "context":
+        asked = "no -n limit" if n_predict < 0 else f"-n {n_predict}"
+        print(f"ffnlab run: the context is full ({n_ctx} tokens: {len(out.prompt_ids)} prompt + {len(out.ids)} "
+              f"generated), generation stopped ({asked}); -c/--ctx-size or a shorter prompt", file=sys.stderr)
+
+
 def _read_turns(first):
     if first is not None:
         yield first
@@ -31,7 +48,6 @@ def chat_loop(model, args, first, params, n_ctx, perf) -> int:
     from ..generation import generate
     from ..generation.chat import encode_chat, render_chat
     from ..generation.generate import Timings
-    from .run import chat_template, context_notice
 
     template = chat_template(args, model)
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -56,7 +72,7 @@ def chat_loop(model, args, first, params, n_ctx, perf) -> int:
         context_notice(out, n_ctx, args.n_predict)
         if out.stop_reason == "context":
             break
-    perf(1000 * getattr(model, "load_seconds", 0.0), total)
+    perf(1000 * model.load_seconds, total)
     return 0
 
 

@@ -77,7 +77,7 @@ def read_weights(path, cfg: ModelConfig) -> dict:
 
 
 def read_tokenizer(path, meta=None):
-    from ..training.data import byte_tokenizer, tokenizer_from_json
+    from .tokenizer import byte_tokenizer, tokenizer_from_json
 
     meta = meta or read_meta(path)
     mf = os.path.join(path, META_FILE)

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from ..families import FAMILIES, family
 from ..progress import Progress
 from .export_targets import config_mismatches
 from .gguf_families import FAMILY_ARCHS, family_gguf_params, family_mismatches, write_family_keys
@@ -28,20 +29,11 @@ from .gguf_write import copied_field, finish_atomically, writer_class
 Q8_0_BLOCK = 32      # q8_0 packs 32 weights per block: only rows that are a multiple of 32 quantize
 
 
-# llama.cpp architectures a RoPE model is written as: the flags each one's graph computes, and the
-# features (beyond plain Llama) it reads from the file. A config whose arch names one of them is
-# written as that arch; anything else RoPE-based as llama.
-_SWIGLU = dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, attn_out_bias=False, positions="rope")
-GGUF_TARGETS = {
-    "llama": (dict(_SWIGLU, attn_bias=False, fused_qkv=False), ("sliding_window", "rope_freq_factors", "rope_scale")),
-    "qwen2": (dict(_SWIGLU, attn_bias=True, fused_qkv=False, rope_pairing="neox"), ()),
-    "qwen3": (dict(_SWIGLU, attn_bias=False, fused_qkv=False, qk_norm=True, qk_norm_full=False,
-                   rope_pairing="neox"), ("sliding_window",)),
-    "phi3": (dict(_SWIGLU, attn_bias=False, fused_qkv=True, rope_pairing="neox"), ("sliding_window", "rope_dim")),
-}
-# llama.cpp's llama and phi3 graphs attend to every position whatever the file's sliding_window says
-# (phi3 warns "Phi SWA is currently disabled"): the key is written for ffnlab and HF's sake
-LLAMA_CPP_IGNORES_WINDOW = ("llama", "phi3", "qwen3")
+# llama.cpp architectures a RoPE model is written as (families/<arch>.py gguf_target): the flags each
+# one's graph computes, and the features (beyond plain Llama) it reads from the file. A config whose
+# arch names one of them is written as that arch; anything else RoPE-based as llama.
+GGUF_TARGETS = {a: f.gguf_target for a, f in FAMILIES.items() if f.gguf_target}
+PLAIN = "llama"          # the graph a RoPE model of no other target is written as (families/llama.py)
 
 
 def gguf_arch(cfg) -> str:
@@ -58,7 +50,7 @@ def gguf_arch(cfg) -> str:
         want, allow = dict(norm="layernorm", ffn="gelu_tanh", ffn_bias=True, attn_bias=True, attn_out_bias=True), ()
         arch = "gpt2"
     else:
-        arch = cfg.arch if cfg.arch in GGUF_TARGETS else "llama"
+        arch = cfg.arch if cfg.arch in GGUF_TARGETS else PLAIN
         want, allow = GGUF_TARGETS[arch]
     why += config_mismatches(cfg, want, allow)
     if arch == "gpt2" and cfg.n_kv_head != cfg.n_head:
@@ -74,7 +66,9 @@ def gguf_arch(cfg) -> str:
 
 def window_warning(cfg, arch) -> str:
     """'' or one line: the file keeps the sliding window, but llama.cpp will not apply it."""
-    if cfg.sliding_window and arch in LLAMA_CPP_IGNORES_WINDOW:
+    # llama.cpp's llama and phi3 graphs attend to every position whatever the file's sliding_window says
+    # (phi3 warns "Phi SWA is currently disabled"): the key is written for ffnlab and HF's sake
+    if cfg.sliding_window and family(arch).llama_cpp_ignores_window:
         return (f"note: llama.cpp's {arch} graph ignores attention.sliding_window={cfg.sliding_window}: it attends to "
                 f"all positions, so its logits differ from HF's (and ffnlab's) beyond {cfg.sliding_window} tokens")
     return ""
@@ -105,7 +99,7 @@ def gguf_tensors(cfg, params, arch) -> dict:
             for kind in ("weight", "bias"):
                 parts = [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"]
                 params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(parts)      # [q_dim + 2*kv_dim, ...]
-    if arch == "phi3":                                  # llama.cpp's phi3 reads gate and up as one ffn_up
+    if family(arch).graph.fused_gate_up:                # llama.cpp's phi3 reads gate and up as one ffn_up
         for il in range(cfg.n_layer):
             gate, up = params.pop(f"blk.{il}.ffn_gate.weight"), params.pop(f"blk.{il}.ffn_up.weight")
             params[f"blk.{il}.ffn_up.weight"] = np.concatenate([gate, up])       # [2*d_ff, d_model], gate first
@@ -114,7 +108,9 @@ def gguf_tensors(cfg, params, arch) -> dict:
     out = {}
     for name, a in params.items():
         a = np.asarray(a, dtype=np.float32)
-        if arch == "llama" and cfg.rope_pairing == "neox":     # the MoE archs rotate NEOX pairs themselves
+        # llama and the graphs like it rotate adjacent pairs: the converter's permutation (families/*.py
+        # gguf_qk_permuted); the MoE archs rotate NEOX pairs themselves
+        if family(arch).gguf_qk_permuted and cfg.rope_pairing == "neox":
             if name.endswith("attn_q.weight"):
                 a = neox_to_normal_rows(a, cfg.n_head)
             elif name.endswith("attn_k.weight"):
@@ -242,6 +238,9 @@ def export_gguf(cfg, params, tok, tok_meta, out_path, qtype="f32"):
             w.add_rope_scaling_factor(cfg.rope_scale)
         if cfg.sliding_window:
             w.add_sliding_window(cfg.sliding_window)
+    kinds = {float: gguf.GGUFValueType.FLOAT32, int: gguf.GGUFValueType.UINT32, bool: gguf.GGUFValueType.BOOL}
+    for f, (key, _) in family(arch).gguf_keys.items():     # what a family adds (families/<arch>.py)
+        w.add_key_value(f"{arch}.{key}", getattr(cfg, f), kinds[type(getattr(cfg, f))])
     if cfg.moe:
         write_moe_keys(w, cfg, arch)
     for key, val, vtype, sub in tokenizer_fields(tok, tok_meta):

@@ -18,28 +18,24 @@ fitted to the divisors (llama3_from_factors) that give the same frequencies.
 import numpy as np
 
 from ..errors import UsageError
+from ..families import FAMILIES, hf_family
+from ..families import family as family_of
 from .export_targets import config_mismatches
 
 HF_LLAMA_ACT = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh"}
-CLASS = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-         "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
-_BASE = dict(norm="rmsnorm", ffn_bias=False, positions="rope")
-# family -> (flags the class computes, features it allows beyond plain Llama)
-WANT = {
-    "llama": (dict(_BASE, fused_qkv=False), ("rope_freq_factors",)),
-    "mistral": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=False, ffn="swiglu"), ("sliding_window",)),
-    "qwen2": (dict(_BASE, attn_bias=True, attn_out_bias=False, fused_qkv=False, ffn="swiglu"),
-              ("sliding_window", "sliding_window_start")),
-    "qwen3": (dict(_BASE, fused_qkv=False, qk_norm=True, qk_norm_full=False, ffn="swiglu"),
-              ("sliding_window", "sliding_window_start")),
-    "phi3": (dict(_BASE, attn_bias=False, attn_out_bias=False, fused_qkv=True, ffn="swiglu", rope_pairing="neox"),
-             ("sliding_window", "rope_dim")),
-}
+# the Llama-shaped families (families/<arch>.py hf_export): model_type -> transformers class, and
+# (flags the class computes, features it allows beyond plain Llama)
+CLASS = {t: e[0] for f in FAMILIES.values() if f.hf_llama_shaped for t, e in f.hf_export.items()}
+WANT = {t: e[1:] for f in FAMILIES.values() if f.hf_llama_shaped for t, e in f.hf_export.items()}
 
 
 def llama_family(cfg) -> str:
     """The transformers family that computes this RoPE config exactly, or UsageError naming why none."""
-    family = cfg.arch if cfg.arch in ("qwen2", "qwen3", "phi3") else "mistral" if cfg.sliding_window else "llama"
+    fam = family_of(cfg.arch)
+    if fam.hf_llama_shaped and len(fam.hf_export) == 1:       # a config's own class (Qwen2, Phi-3, ...)
+        family = next(iter(fam.hf_export))
+    else:                                                      # Llama's two: Mistral slides every layer
+        family = "mistral" if cfg.sliding_window else "llama"
     want, allow = WANT[family]
     why = []
     if cfg.ffn not in HF_LLAMA_ACT:
@@ -64,7 +60,7 @@ def llama3_from_factors(cfg):
     with s = orig / (wavelength * (high - low)) - low / (high - low) = A / wavelength - B: two
     numbers, fitted from two band frequencies; any (orig, low, high) with the same A and B gives the
     same frequencies, so low = 1 is chosen. The fit is accepted only if it reproduces every divisor."""
-    from ..ops.rope import llama3_freq_factors
+    from ..config import llama3_freq_factors
     f = np.asarray(cfg.rope_freq_factors, dtype=np.float64)
     n = 2 * len(f)
     wl = 2 * np.pi * cfg.rope_theta ** (np.arange(0, n, 2, dtype=np.float64) / n)      # wavelengths [n/2]
@@ -120,7 +116,8 @@ def llama_config(cfg, family, common) -> dict:
                  max_window_layers=cfg.sliding_window_start)
     if family in ("mistral", "phi3"):
         d["sliding_window"] = cfg.sliding_window or None
-    return d
+    extra = hf_family(family).hf_export_extra                  # what a family adds (families/<arch>.py)
+    return {**d, **extra(cfg)} if extra else d
 
 
 def normal_to_neox_rows(w, n_head):

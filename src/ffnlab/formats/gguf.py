@@ -17,12 +17,13 @@ import numpy as np
 
 from ..config import ConfigError
 from ..errors import ModelFileError
+from ..families import family
 from ..model import Model
 from ..model.params import param_shapes
 from ..progress import Progress
 from ..quant import KERNEL_TYPES, QuantTensor
 from ..quant.pages import release_code, release_pages, trim_heap
-from ..quant.warmup import warm_up
+from ..model.warmup import warm_up
 from .gguf_meta import config_from_gguf, file_type_name, open_gguf, tokenizer_meta
 from . import pack_cache, tokenizer_cache
 from .gguf_tokenizer import tokenizer_from_gguf
@@ -91,7 +92,7 @@ def _with_rope_freqs(cfg, factors, path):
 def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f32", warm=True) -> Model:
     """-> Model. dequantize: float arrays of dtype for every tensor (training); otherwise weight
     matrices stay in their blocks (float32 products only, so another dtype implies dequantize).
-    warm: compile or load the kernels now (quant/warmup.py); False only for its own workers."""
+    warm: compile or load the kernels now (model/warmup.py); False only for its own workers."""
     path = os.fspath(path)
     t0 = time.perf_counter()
     dequantize = dequantize or np.dtype(dtype) != np.float32
@@ -109,7 +110,7 @@ def load_gguf(path, dtype=np.float32, progress=None, dequantize=False, arith="f3
         if t.name == ROPE_FREQS:                                  # a config value, not a parameter
             cfg = _with_rope_freqs(cfg, _tensor(path, t, shape, np.float32, True, []), path)
             continue
-        if cfg.arch == "phi3" and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
+        if family(cfg.arch).graph.fused_gate_up and t.name.endswith(".ffn_up.weight") and shape == (2 * cfg.d_ff, cfg.d_model):
             w = _tensor(path, t, shape, dtype, dequantize, fallback, arith)  # [gate; up] rows, as HF's gate_up_proj
             blk = t.name.removesuffix("ffn_up.weight")
             params[blk + "ffn_gate.weight"], params[blk + "ffn_up.weight"] = w[:cfg.d_ff], w[cfg.d_ff:]

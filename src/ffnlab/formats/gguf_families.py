@@ -68,8 +68,7 @@ def write_family_keys(w, cfg, arch):
     if arch == "gptneox":
         w.add_layer_norm_eps(cfg.norm_eps)
         w.add_rope_dimension_count(cfg.n_rot)
-        w.add_parallel_residual(cfg.parallel_residual)
-        return
+        return                                        # use_parallel_residual: families/gptneox.py gguf_keys
     w.add_head_count_kv(cfg.n_kv_head)
     w.add_layer_norm_rms_eps(cfg.norm_eps)
     if arch == "olmo2":

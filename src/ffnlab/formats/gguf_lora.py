@@ -90,15 +90,14 @@ def read_gguf_lora(path, cfg, params):
 def write_merged_gguf(src, out, merged: dict):
     """A copy of the GGUF src with the tensors in merged (name -> float32 [out, in]) written as F32
     (W + scale * B A) and every other tensor and metadata key copied as it is."""
-    from ..pruning.gguf_rewrite import _copy_fields
     from .gguf_meta import get_key, open_gguf
-    from .gguf_write import finish_atomically, writer_class
+    from .gguf_write import copy_fields, finish_atomically, writer_class
     if os.path.abspath(out) == os.path.abspath(src):
         raise UsageError(f"{out}: refusing to overwrite the base model")
     reader = open_gguf(src)
     tmp = out + f".tmp-{os.getpid()}"
     w = writer_class()(tmp, get_key(reader, "general.architecture", src))
-    _copy_fields(reader, w, None, None)
+    copy_fields(reader, w)
     for t in reader.tensors:
         if t.name in merged:
             w.add_tensor(t.name, np.ascontiguousarray(merged[t.name], np.float32))

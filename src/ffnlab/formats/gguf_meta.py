@@ -38,17 +38,13 @@ from dataclasses import dataclass
 
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
+from ..families import family, gguf_archs
 from .gguf_arrays import ArrayReader
 from .gguf_check import check_gguf
-from .gguf_moe import MOE_ARCHS, check_expert_tensors, moe_fields
+from .gguf_moe import check_expert_tensors, moe_fields
 from .jsonfile import check_regular_file
 
-ARCHS = ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gptneox", "olmo2") + MOE_ARCHS   # MoE: gguf_moe.py
-_ACTIVATION = {"gpt2": "gelu_tanh", "llama": "silu", "qwen2": "silu", "qwen3": "silu", "phi3": "silu",
-               "gemma2": "gelu_tanh", "gemma3": "gelu_tanh", "gptneox": "gelu", "olmo2": "silu",
-               **{a: "silu" for a in MOE_ARCHS}}
-_DENSE_FFN = ("gpt2", "gptneox")                   # the others have a gated FFN (or experts)
-_LAYERNORM = ("gpt2", "gptneox")
+ARCHS = gguf_archs()                               # families/: one module per architecture
 _GATED_KIND = {"silu": "swiglu", "gelu_tanh": "geglu"}
 
 
@@ -233,12 +229,13 @@ def config_from_gguf(reader, path) -> ModelConfig:
         d_ff = widths.pop()
     else:
         d_ff = key("feed_forward_length")
-    eps_key = "attention.layer_norm_epsilon" if arch in _LAYERNORM else "attention.layer_norm_rms_epsilon"
+    fam = family(arch)                                           # families/<arch>.py
+    eps_key = "attention.layer_norm_epsilon" if fam.layernorm else "attention.layer_norm_rms_epsilon"
     has = lambda t: f"blk.0.{t}" in names                       # noqa: E731
-    act = _ACTIVATION[arch]
-    gated = has("ffn_gate.weight") or arch == "phi3"            # phi3: gate rows inside ffn_up
+    act = fam.activation
+    gated = has("ffn_gate.weight") or fam.graph.fused_gate_up   # Phi-3: gate rows inside ffn_up
     moe = moe_fields(key, arch, names, path)                     # {} for a dense file
-    if arch not in _DENSE_FFN and not gated and not moe:
+    if not fam.dense_ffn and not gated and not moe:
         raise ModelFileError(f"{path}: missing tensor blk.0.ffn_gate.weight ({arch} has a gated FFN)")
     kw = dict(
         arch=arch, n_layer=n_layer, d_model=d_model, n_head=n_head,
@@ -248,17 +245,15 @@ def config_from_gguf(reader, path) -> ModelConfig:
         ffn_bias=has("ffn_up.bias"), attn_bias=has("attn_q.bias") or has("attn_qkv.bias"),
         attn_out_bias=has("attn_output.bias"), fused_qkv=has("attn_qkv.weight"),
         norm="layernorm" if has("attn_norm.bias") else "rmsnorm", norm_eps=key(eps_key, kind=float, lo=1e-30, hi=1.0),
-        pre_norm=arch != "olmo2",                                # OLMo 2: post norms only
         post_attn_norm=has("post_attention_norm.weight"), post_ffn_norm=has("post_ffw_norm.weight"),
-        qk_norm=has("attn_q_norm.weight"), qk_norm_full=arch == "olmo2",
+        qk_norm=has("attn_q_norm.weight"),
         positions="learned" if "position_embd.weight" in names else "rope",
-        rope_pairing="normal" if arch == "llama" else "neox",
+        rope_pairing=fam.gguf_pairing,           # llama: the converter permuted Q/K rows to adjacent pairs
         rope_theta=key("rope.freq_base", 10000.0, float, 1e-30, 1e30),
         vocab_size=_vocab_size(reader, arch, shapes, path), n_ctx=key("context_length"),
         tie_embeddings="output.weight" not in names,
         name=get_key(reader, "general.name", path, "", str))
-    if arch == "gpt2":
-        kw["rope_pairing"] = "normal"                           # unused: GPT-2 has learned positions
+    kw.update(fam.gguf_flags)                                    # what the graph hard-codes (OLMo 2: post norms only)
     scaling = get_key(reader, f"{arch}.rope.scaling.type", path, "linear", str)
     factor = key("rope.scaling.factor", 0.0, float, 0.0, 1e30)
     if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
@@ -272,11 +267,10 @@ def config_from_gguf(reader, path) -> ModelConfig:
         raise ModelFileError(f"{path}: {arch}.rope.dimension_count = {n_rot} exceeds the head width {kw['head_dim']}")
     if kw["positions"] == "rope" and n_rot < kw["head_dim"]:
         kw["rope_dim"] = n_rot                                   # partial rotary (GPT-NeoX)
-    if arch == "gptneox":
-        kw["parallel_residual"] = get_key(reader, "gptneox.use_parallel_residual", path, kind=bool)
+    kw.update(family_keys(reader, arch, path))
     if arch in ("gemma2", "gemma3"):
         kw.update(_gemma(reader, arch, path, kw))
-    elif arch in ("llama", "qwen3", "phi3"):
+    elif fam.gguf_window:
         # every layer slides (pattern 0): written by convert_hf_to_gguf for Phi-3 and by ffnlab's
         # export for Mistral; llama.cpp's llama and phi3 graphs do not apply it (HF does)
         kw["sliding_window"] = key("attention.sliding_window", 0, int, 0, MAX_DIM)
@@ -288,6 +282,16 @@ def config_from_gguf(reader, path) -> ModelConfig:
         return cfg
     except ConfigError as e:                 # e.g. embedding_length not a multiple of head_count
         raise ModelFileError(f"{path}: the metadata describes no valid model: {e}") from None
+
+
+def family_keys(reader, arch, path) -> dict:
+    """The {arch}.* keys a family adds (families/<arch>.py gguf_keys), typed as the config field's
+    default: {config field: value}."""
+    out = {}
+    for f, (k, default) in family(arch).gguf_keys.items():
+        kind = type(getattr(ModelConfig, f))
+        out[f] = get_key(reader, f"{arch}.{k}", path, default, kind, *((0, 1e30) if kind in (int, float) else ()))
+    return out
 
 
 def _check_blocks(names, n_layer, path):

@@ -47,3 +47,22 @@ def finish_atomically(writer, tmp, out_path):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def copy_fields(reader, writer, d_ff_key=None, n_keep=None):
+    """Every metadata key of the source, in order (a pruned file: d_ff_key, its feed_forward_length, set to n_keep)."""
+    from gguf import GGUFValueType as T
+
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":     # the writer writes these itself
+            continue
+        if key == "general.alignment":
+            writer.add_custom_alignment(int(f.contents()))
+            continue
+        vtype, sub = f.types[0], None
+        if vtype == T.ARRAY:                                           # an empty array lists no item type:
+            sub = f.types[1] if len(f.types) > 1 else T(int(f.parts[3][0]))   # read it from the raw parts
+        value = f.contents()
+        if key == d_ff_key:                                            # one width, or one per layer
+            value = [n_keep] * len(value) if vtype == T.ARRAY else n_keep
+        writer.add_key_value(key, value, vtype, sub_type=sub)

@@ -13,72 +13,33 @@ Llama runs with the neox pairing here.
 """
 import glob
 import os
-import re
 import time
 
 import numpy as np
 
 from ..errors import ModelFileError
+from ..families import FAMILIES, family
+from ..families.llama import GATE_UP
 from ..model import Model
 from ..model.params import param_shapes
 from .hf_config import config_from_hf, flat_rope_parameters, load_hf_config
-from .hf_families import family_gguf_name, family_tensor
-from .hf_moe import expert_entries, moe_gguf_name, read_experts
+from .hf_families import family_tensor
+from .hf_moe import expert_entries, read_experts
+from .hf_names import gguf_name
 from .hf_tokenizer import tokenizer_from_hf
 from .safetensors_io import read_tensors, safetensors_index
 from .tokenizer import check_vocab
-
-_GPT2 = {
-    "wte.weight": "token_embd.weight", "wpe.weight": "position_embd.weight",
-    "ln_f.weight": "output_norm.weight", "ln_f.bias": "output_norm.bias",
-}
-_GPT2_BLOCK = {
-    "ln_1": "attn_norm", "attn.c_attn": "attn_qkv", "attn.c_proj": "attn_output",
-    "ln_2": "ffn_norm", "mlp.c_fc": "ffn_up", "mlp.c_proj": "ffn_down",
-}
-GATE_UP = "ffn_gate_up"     # Phi-3's [2*d_ff, hidden] gate_up_proj, split at load into ffn_gate, ffn_up
-_LLAMA = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-          "lm_head.weight": "output.weight"}
-_LLAMA_BLOCK = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": GATE_UP,            # Phi-3's fused matrices
-}
-
-
-def gguf_name(hf_name, arch):
-    """HF tensor name -> GGUF tensor name, or None for tensors ffnlab does not use."""
-    if arch in ("gemma2", "gptneox", "olmo2"):
-        return family_gguf_name(hf_name, arch)          # formats/hf_families.py
-    if arch == "gpt2":
-        n = hf_name.removeprefix("transformer.")
-        if n in _GPT2:
-            return _GPT2[n]
-        m = re.fullmatch(r"h\.(\d+)\.(.+)\.(weight|bias)", n)
-        if m and m.group(2) in _GPT2_BLOCK:
-            return f"blk.{m.group(1)}.{_GPT2_BLOCK[m.group(2)]}.{m.group(3)}"
-        return None                                  # attn.bias / attn.masked_bias mask buffers, lm_head (tied)
-    if hf_name in _LLAMA:
-        return _LLAMA[hf_name]
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf_name)
-    if m and m.group(2) in _LLAMA_BLOCK:
-        return f"blk.{m.group(1)}.{_LLAMA_BLOCK[m.group(2)]}.{m.group(3)}"
-    moe = moe_gguf_name(hf_name)                    # routers, shared experts, q/k norms (hf_moe.py)
-    return moe[0] if moe and moe[1] is None else None
-
 
 def load_hf(path, dtype=np.float32, progress=None) -> Model:
     t0 = time.perf_counter()
     d, cfg_path = load_hf_config(path)
     d = flat_rope_parameters(d)
     cfg = config_from_hf(d, cfg_path)                 # refuses RoPE scalings and fields it cannot compute
-    if cfg.arch not in ("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma2", "gptneox", "olmo2", "qwen2moe",
-                        "qwen3moe", "olmoe"):
+    if family(cfg.arch).hf_tensors is None or not family(cfg.arch).runnable:
+        loadable = [t for f in FAMILIES.values() if f.runnable and f.hf_tensors is not None for t in f.hf_types]
         raise ModelFileError(f"{cfg_path}: model_type {d.get('model_type')!r} cannot be loaded from an HF "
-                             f"directory (supported: gpt2, llama, mistral, qwen2, qwen3, phi3, gemma2, gpt_neox, "
-                             f"olmo2 and the MoE families; use a GGUF for others)")
-    if cfg.arch != "gpt2":
+                             f"directory (supported: {', '.join(loadable)}; use a GGUF for others)")
+    if cfg.positions == "rope":
         cfg.rope_pairing = "neox"                   # HF q/k rows are in rotate_half order
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -120,7 +81,7 @@ def load_hf(path, dtype=np.float32, progress=None) -> Model:
 
 def _conv1d(cfg, name):
     """GPT-2's Conv1D layers store [in, out]; its embedding tables do not."""
-    return cfg.arch == "gpt2" and name not in ("token_embd.weight", "position_embd.weight")
+    return family(cfg.arch).hf_tensors.conv1d and name not in ("token_embd.weight", "position_embd.weight")
 
 
 def _weight_entries(index, cfg, cfg_path) -> dict:

@@ -31,16 +31,16 @@ import os
 
 from ..config import MAX_DIM, MAX_LAYERS, ConfigError, ModelConfig
 from ..errors import ModelFileError
-from .hf_families import check_layer_types, gemma2_fields, gptneox_config, olmo2_fields
+from ..families import hf_family, hf_types
+from .hf_families import check_layer_types, gemma2_fields, gptneox_config
 from .hf_fields import refuse_unsupported
+from .hf_values import GELU_TANH, dense_act, rope_scaling
 from .hf_moe import MOE_TYPES, moe_fields
 from .jsonfile import field, read_json_object
 
-SUPPORTED = ("gpt2", "bert", "llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "gemma3_text",
-             "gpt_neox", "olmo2") + MOE_TYPES
+SUPPORTED = hf_types()                  # families/: one module per family, its hf_types
 
 # transformers' hidden_act / activation_function -> the activation inside ffnlab's FFN kinds
-_GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_tanh")
 
 
 def load_hf_config(path) -> tuple[dict, str]:
@@ -113,19 +113,9 @@ def hf_extra_params(d: dict) -> dict:
 def _ffn_from_act(act, path, key):
     if act in ("silu", "swish"):
         return "swiglu"
-    if act in _GELU_TANH:
+    if act in GELU_TANH:
         return "geglu"
     raise ConfigError(f"{path}: field '{key}' = {act!r} is not a gated activation ffnlab knows (silu, gelu_pytorch_tanh)")
-
-
-def _dense_act(act, path, key):
-    if act in _GELU_TANH:
-        return "gelu_tanh"
-    if act == "gelu":
-        return "gelu"
-    if act == "relu":
-        return "relu"
-    raise ConfigError(f"{path}: field '{key}' = {act!r} is not an activation ffnlab knows (gelu, gelu_new, relu)")
 
 
 def _gpt2(d, req, path, name):
@@ -133,7 +123,7 @@ def _gpt2(d, req, path, name):
     d_ff = req("n_inner", default=None) or 4 * D          # GPT2Config: n_inner None means 4 * n_embd
     return ModelConfig(
         arch="gpt2", n_layer=req("n_layer", hi=MAX_LAYERS), d_model=D, n_head=req("n_head"), d_ff=d_ff,
-        ffn=_dense_act(req("activation_function", str, "gelu_new"), path, "activation_function"),
+        ffn=dense_act(req("activation_function", str, "gelu_new"), path, "activation_function"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=True,
         norm="layernorm", norm_eps=req("layer_norm_epsilon", float, 1e-5, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("n_positions"),
@@ -144,7 +134,7 @@ def _bert(d, req, path, name):
     return ModelConfig(
         arch="bert", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=req("hidden_size"),
         n_head=req("num_attention_heads"), d_ff=req("intermediate_size"),
-        ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
+        ffn=dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=True, attn_out_bias=True, fused_qkv=False,
         norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-12, lo=1e-30, hi=1.0), positions="learned",
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
@@ -155,32 +145,33 @@ def _decoder(d, req, model_type, path, name):
     D, n_head = req("hidden_size"), req("num_attention_heads")
     n_kv = req("num_key_value_heads", default=None) or n_head
     head_dim = req("head_dim", default=None) or D // n_head
+    fam = hf_family(model_type)                            # families/<arch>.py
     gemma = model_type.startswith("gemma")
     act_key = "hidden_activation" if gemma and "hidden_activation" in d else "hidden_act"
     act = req(act_key, str, None) or ("gelu_pytorch_tanh" if gemma else "silu")
     # q/k/v and o biases: attention_bias where the family's attention reads it (Llama, Qwen3, Gemma,
-    # OLMo 2); Qwen2 always has q/k/v biases and no o bias; Mistral and Phi-3 have none
-    attention_bias = req("attention_bias", bool, False) if model_type not in ("mistral", "phi3", "qwen2") else False
+    # OLMo 2); Qwen2 always has q/k/v biases and no o bias; Mistral and Phi-3 have none (hf_flags)
+    attention_bias = req("attention_bias", bool, False) if model_type not in fam.hf_fixed_bias else False
     n_layer = req("num_hidden_layers", hi=MAX_LAYERS)
     kw = dict(
-        arch={"mistral": "llama", "gemma3_text": "gemma3"}.get(model_type, model_type),
+        arch=fam.arch,
         n_layer=n_layer, d_model=D, n_head=n_head, n_kv_head=n_kv, head_dim=head_dim,
         d_ff=req("intermediate_size"), ffn=_ffn_from_act(act, path, act_key),
         ffn_bias=req("mlp_bias", bool, False), attn_bias=attention_bias, attn_out_bias=attention_bias,
         norm="rmsnorm", norm_eps=req("rms_norm_eps", float, 1e-6 if gemma else 1e-5, lo=1e-30, hi=1.0),
-        positions="rope", rope_pairing="normal" if model_type in ("llama", "mistral", "mixtral") else "neox",
+        positions="rope", rope_pairing=fam.hf_pairing,
         rope_theta=req("rope_theta", float, None, lo=1e-30, hi=1e30) or 10000.0,
         vocab_size=req("vocab_size"), n_ctx=req("max_position_embeddings"),
         tie_embeddings=req("tie_word_embeddings", bool, gemma), name=name)
-    kw.update(_rope_scaling(req("rope_scaling", dict, None) or {}, path))
-    if model_type == "qwen2":
-        kw["attn_bias"] = True                             # Qwen2 always has q/k/v biases (no config flag)
+    kw.update(rope_scaling(req("rope_scaling", dict, None) or {}, path))
+    kw.update(fam.hf_flags)                                # what the class hard-codes (Qwen2's q/k/v biases,
+                                                           # Qwen3's per-head q/k norms, Phi-3's fused qkv_proj)
+    kw.update({f: req(k, type(getattr(ModelConfig, f)), default, lo=0) for f, (k, default) in fam.hf_keys.items()})
+    if fam.hf_config_extra is not None:
+        kw.update(fam.hf_config_extra(d, req, n_layer, lambda msg: _fail(path, msg)))
     if model_type in MOE_TYPES:
         kw.update(moe_fields(d, req, model_type, path))    # formats/hf_moe.py
-    if model_type == "qwen3":
-        kw["qk_norm"] = True                               # q_norm / k_norm: RMSNorm over each head's head_dim
     if model_type == "phi3":
-        kw["fused_qkv"] = True                             # qkv_proj: one [q_dim + 2*kv_dim, hidden] matrix
         kw["rope_dim"] = _phi3_rope_dim(d, head_dim, path)
     if gemma:
         kw.update(post_attn_norm=True, post_ffn_norm=True, embed_scale=True,
@@ -195,12 +186,14 @@ def _decoder(d, req, model_type, path, name):
         kw["rope_theta"] = req("rope_theta", float, None, lo=1e-30, hi=1e30) or 1_000_000.0
     if model_type == "gemma2":
         kw.update(gemma2_fields(d, req, path))             # formats/hf_families.py
-    if model_type == "olmo2":
-        kw.update(olmo2_fields(d, req, path))
     cfg = ModelConfig(**kw)
     if model_type == "gemma2":
         check_layer_types(d, cfg, path)
     return cfg
+
+
+def _fail(path, msg):
+    raise ConfigError(f"{path}: {msg}")
 
 
 def _phi3_rope_dim(d, head_dim, path) -> int:
@@ -215,25 +208,6 @@ def _phi3_rope_dim(d, head_dim, path) -> int:
         raise ConfigError(f"{path}: field 'partial_rotary_factor' = {f!r}: rotates {n} of {head_dim} dims, "
                           f"which must be even and nonzero")
     return n if n < head_dim else 0
-
-
-def _rope_scaling(rs, path) -> dict:
-    """rope_scaling / rope_parameters -> ModelConfig fields. default, linear (positions / factor) and
-    llama3 (per-frequency divisors, ops/rope.py) run; every other type is refused: running it as
-    plain RoPE would be silently wrong."""
-    kind = rs.get("rope_type", rs.get("type", "default"))
-    where = f"{path}: rope_parameters"
-    if kind in ("default", None):
-        return {}
-    if kind == "linear":
-        return {"rope_scale": field(rs, "factor", float, where, lo=1e-30, hi=1e30)}
-    if kind == "llama3":
-        return {"rope_llama3": (field(rs, "factor", float, where, lo=1e-30, hi=1e30),
-                                field(rs, "low_freq_factor", float, where, lo=1e-30, hi=1e30),
-                                field(rs, "high_freq_factor", float, where, lo=1e-30, hi=1e30),
-                                float(field(rs, "original_max_position_embeddings", int, where, lo=1, hi=MAX_DIM)))}
-    raise ConfigError(f"{path}: field 'rope_parameters' has rope_type {kind!r}: not implemented (ffnlab runs "
-                      f"'default', 'linear' and 'llama3' RoPE; anything else would give wrong logits)")
 
 
 def _sliding(d, req, model_type, n_layer, path) -> tuple:

@@ -27,36 +27,13 @@ Two tensors change on the way in, as llama.cpp's converter changes them for GGUF
 Every field of the three config classes is used, known not to change the logits, or refused:
 formats/hf_fields.py lists them, tests/engines/test_hf_fields.py holds the lists to transformers' classes.
 """
-import re
 
 import numpy as np
 
 from ..config import MAX_LAYERS, ConfigError, ModelConfig
+from ..families import FAMILIES, family
+from .hf_values import dense_act, rope_scaling   # linear and llama3 RoPE run; other types are refused
 
-
-_LLAMA_ATTN_MLP = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-_BLOCK = {
-    "gemma2": {**_LLAMA_ATTN_MLP, "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"},
-    "olmo2": {**_LLAMA_ATTN_MLP, "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-              "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"},
-    "gptneox": {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-                "attention.query_key_value": "attn_qkv", "attention.dense": "attn_output",
-                "mlp.dense_h_to_4h": "ffn_up", "mlp.dense_4h_to_h": "ffn_down"},
-}
-_TOP = {
-    "gemma2": {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-               "lm_head.weight": "output.weight"},
-    "gptneox": {"gpt_neox.embed_in.weight": "token_embd.weight",
-                "gpt_neox.final_layer_norm.weight": "output_norm.weight",
-                "gpt_neox.final_layer_norm.bias": "output_norm.bias", "embed_out.weight": "output.weight"},
-}
-_TOP["olmo2"] = _TOP["gemma2"]
-_LAYERS = {"gemma2": r"model\.layers", "olmo2": r"model\.layers", "gptneox": r"gpt_neox\.layers"}
 
 # --- config fields (formats/hf_fields.py sorts every field of the three classes) ----------------
 def _refuse(path, key, value, why):
@@ -80,14 +57,8 @@ def check_layer_types(d, cfg, path):
                                             f"layer global, the others sliding: {want[:4]}...")
 
 
-def olmo2_fields(d, req, path) -> dict:
-    """OLMo 2: post norms only, q/k norms over the whole projection."""
-    return {"pre_norm": False, "post_attn_norm": True, "post_ffn_norm": True, "qk_norm": True, "qk_norm_full": True}
-
-
 def gptneox_config(d, req, path, name) -> ModelConfig:
     """GPTNeoXConfig -> ModelConfig. HF computes rotary_ndims = int(head_dim * partial_rotary_factor)."""
-    from .hf_config import _dense_act
     D, n_head = req("hidden_size"), req("num_attention_heads")
     if D % n_head:
         raise ConfigError(f"{path}: hidden_size {D} is not a multiple of num_attention_heads {n_head}")
@@ -104,11 +75,10 @@ def gptneox_config(d, req, path, name) -> ModelConfig:
     if rope_dim % 2:
         _refuse(path, "partial_rotary_factor", factor, f"it rotates {rope_dim} of {hd} dims, an odd number")
     bias = req("attention_bias", bool, True)
-    from .hf_config import _rope_scaling                 # linear and llama3 run; other types are refused
-    scaling = _rope_scaling(req("rope_scaling", dict, None) or {}, path)
+    scaling = rope_scaling(req("rope_scaling", dict, None) or {}, path)
     return ModelConfig(**scaling,
         arch="gptneox", n_layer=req("num_hidden_layers", hi=MAX_LAYERS), d_model=D, n_head=n_head,
-        d_ff=req("intermediate_size"), ffn=_dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
+        d_ff=req("intermediate_size"), ffn=dense_act(req("hidden_act", str, "gelu"), path, "hidden_act"),
         ffn_bias=True, attn_bias=bias, attn_out_bias=bias, fused_qkv=True,
         norm="layernorm", norm_eps=req("layer_norm_eps", float, 1e-5, lo=1e-30, hi=1.0),
         parallel_residual=req("use_parallel_residual", bool, True),
@@ -118,16 +88,6 @@ def gptneox_config(d, req, path, name) -> ModelConfig:
 
 
 # --- tensors --------------------------------------------------------------------------------------
-def family_gguf_name(hf_name, arch):
-    """HF tensor name -> GGUF name for these families, or None for a tensor ffnlab does not use."""
-    if hf_name in _TOP[arch]:
-        return _TOP[arch][hf_name]
-    m = re.fullmatch(_LAYERS[arch] + r"\.(\d+)\.(.+)\.(weight|bias)", hf_name)
-    if m and m.group(2) in _BLOCK[arch]:
-        return f"blk.{m.group(1)}.{_BLOCK[arch][m.group(2)]}.{m.group(3)}"
-    return None                                  # rotary inv_freq buffers, masks
-
-
 def family_tensor(name, a, cfg):
     """A tensor as HF stores it -> as ffnlab (and GGUF) computes with it (see the module docstring)."""
     if cfg.arch == "gemma2" and name.endswith("norm.weight"):
@@ -149,27 +109,17 @@ def hf_tensor(name, a, cfg):
 
 
 # --- export (formats/export_hf.py) ----------------------------------------------------------------
-HF_CLASS = {"gemma2": "Gemma2ForCausalLM", "gptneox": "GPTNeoXForCausalLM", "olmo2": "Olmo2ForCausalLM"}
-MODEL_TYPE = {"gemma2": "gemma2", "gptneox": "gpt_neox", "olmo2": "olmo2"}
-# the fields each transformers class hard-codes (the others are written into config.json)
-_HF_WANT = {
-    "gemma2": dict(norm="rmsnorm", ffn="geglu", ffn_bias=False, fused_qkv=False, pre_norm=True, post_attn_norm=True,
-                   post_ffn_norm=True, qk_norm=False, parallel_residual=False, rope_dim=0, embed_scale=True,
-                   rope_theta_local=0.0, rope_freq_factors=(), rope_pairing="neox"),
-    "gptneox": dict(norm="layernorm", ffn_bias=True, pre_norm=True, post_attn_norm=False, post_ffn_norm=False,
-                    qk_norm=False, embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0,
-                    sliding_window=0, rope_freq_factors=(), rope_pairing="neox"),
-    "olmo2": dict(norm="rmsnorm", ffn="swiglu", ffn_bias=False, fused_qkv=False, pre_norm=False, post_attn_norm=True,
-                  post_ffn_norm=True, qk_norm=True, qk_norm_full=True, parallel_residual=False, rope_dim=0,
-                  embed_scale=False, attn_scale=0.0, attn_softcap=0.0, final_logit_softcap=0.0, sliding_window=0,
-                  rope_freq_factors=(), rope_pairing="neox"),
-}
+# the families whose HF class export writes here (families/<arch>.py hf_export; the Llama-shaped ones
+# are export_hf_llama.py's)
+HF_CLASS = {a: c for a, f in FAMILIES.items() if not f.hf_llama_shaped for c, _, _ in f.hf_export.values()}
+MODEL_TYPE = {a: t for a in HF_CLASS for t in family(a).hf_export}
 _HF_NEOX_ACT = {"gelu": "gelu", "gelu_tanh": "gelu_new"}
 
 
 def family_hf_mismatches(cfg) -> list:
     """What the transformers class of cfg.arch computes differently from cfg -> ["field=value (why)", ...]"""
-    why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in _HF_WANT[cfg.arch].items() if getattr(cfg, k) != v]
+    want = family(cfg.arch).hf_export[MODEL_TYPE[cfg.arch]][1]
+    why = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
     if cfg.attn_bias != cfg.attn_out_bias:
         why.append(f"attn_bias={cfg.attn_bias} but attn_out_bias={cfg.attn_out_bias} (one attention_bias covers both)")
     if cfg.arch == "gemma2" and cfg.sliding_window and cfg.sliding_window_pattern != 2:
@@ -223,9 +173,10 @@ def family_hf_tensors(cfg, params) -> dict:
                 if f"blk.{il}.attn_q.{kind}" in params:
                     params[f"blk.{il}.attn_qkv.{kind}"] = np.concatenate(
                         [params.pop(f"blk.{il}.attn_{x}.{kind}") for x in "qkv"])
-    top = {g: h for h, g in _TOP[arch].items()}
-    block = {g: h for h, g in _BLOCK[arch].items()}
-    prefix = _LAYERS[arch].replace("\\", "")
+    names = family(arch).hf_tensors
+    top = {g: h for h, g in names.top.items()}
+    block = {g: h for h, g in names.block.items()}
+    prefix = names.layers.replace("\\", "")
     out = {}
     for name, a in params.items():
         if name == "output.weight" and cfg.tie_embeddings:

@@ -122,7 +122,7 @@ def read_adapter(path, cfg, params):
     scale {blk.L.x.weight: alpha / r}, adapter_config dict. ModelFileError names the key or
     the field that does not fit the model."""
     from .safetensors_io import read_tensors, safetensors_index
-    from .hf import gguf_name
+    from .hf_names import gguf_name
     conf = read_adapter_config(path)
     f = os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(f):

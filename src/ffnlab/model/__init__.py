@@ -27,6 +27,10 @@ class Model:
         # were made with the same setting at load (they pick the product kernels)
         self.arith = arith_named(arith)
         self.lora = None              # {"path", "scale", "r", "alpha", "tensors"} once apply_lora ran
+        # what loading it cost, for `ffnlab run`'s perf lines (the loaders set them; 0 for a model made here)
+        self.load_seconds = 0.0       # reading, packing and warming up, end to end
+        self.compile_seconds = 0.0    # of which compiling or loading the quant kernels
+        self.pack_cached = False      # the packed layouts came from the pack cache (formats/pack_cache.py)
 
     @classmethod
     def random(cls, config, seed=0, dtype=np.float32):

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..families import family
 from ..ops.attention import attention_backward
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
@@ -67,15 +68,17 @@ NODE = {"q": "Qcur", "k": "Kcur", "v": "Vcur"}
 _NO_W = np.zeros(0, np.float32)
 
 
-# llama.cpp graphs that multiply q by the attention scale right after RoPE, and the name they give it
-Q_SCALED_NODE = {"gemma2": "Qcur_scaled", "gemma3": "Qcur_scaled", "phi3": "Qcur"}
+def q_scaled_node(cfg):
+    """The name llama.cpp's graph gives q times the attention scale, or '' where the softmax scales."""
+    return family(cfg.arch).graph.q_scaled
 
 
 def scales_q(cfg):
     """llama.cpp's Gemma 2, Gemma 3 and Phi-3 graphs multiply q by the attention scale right after
     RoPE and run the softmax with scale 1, so their kq holds scaled scores. ffnlab does the same for
-    these families, so kq compares node for node; the math is the same either way."""
-    return cfg.arch in Q_SCALED_NODE
+    these families (families/*.py: graph.q_scaled), so kq compares node for node; the math is the
+    same either way."""
+    return bool(q_scaled_node(cfg))
 
 
 def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32,
@@ -95,7 +98,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     blk = f"blk.{il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
-    if cfg.positions == "rope":
+    if cfg.uses_rope(il):                                  # not SmolLM3's NoPE layers
         cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
@@ -133,7 +136,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
             a = hook(name, arith.rope(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
         if which == "q" and scales_q(cfg):
-            a = hook(Q_SCALED_NODE[cfg.arch], a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
+            a = hook(q_scaled_node(cfg), a * np.asarray(cfg.scale, dtype=a.dtype), "SCALE", ("Qcur",))
         t[which] = (pre, ncache, a)
     q, k, v = t["q"][2], t["k"][2], t["v"][2]
     scale = 1.0 if scales_q(cfg) else cfg.scale              # Gemma: q was scaled already
@@ -176,7 +179,7 @@ def _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith):
     B, T, H, hd = q.shape
     Hkv = k_all.shape[2]
     # sources under llama.cpp's names (views of its KV cache and of q); S keys, not padded
-    S, qn = k_all.shape[1], (Q_SCALED_NODE[cfg.arch] if scales_q(cfg) else "Qcur") + f"-{il}"
+    S, qn = k_all.shape[1], (q_scaled_node(cfg) if scales_q(cfg) else "Qcur") + f"-{il}"
     kq = hook("kq", arith.kq(q, k_all), "MUL_MAT",                       # [B, H, T, S] raw q.k
               ((f"cache_k_l{il} (view) (permuted)", (Hkv, S, hd)), (f"{qn} (view) (permuted)", (H, T, hd))))
     capped = None
@@ -269,7 +272,7 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     dq, dk, dv = attention_backward(dout, q, k, v, probs, scale, c.capped)
     if scales_q(cfg):                            # q was pre-scaled (Gemma): chain through it
         dq = dq * cfg.scale
-    if cfg.positions == "rope":
+    if cos is not None:                          # this layer rotated q and k
         dq = rope_backward(dq, cos, sin, cfg.rope_pairing)
         dk = rope_backward(dk, cos, sin, cfg.rope_pairing)
     if cfg.qk_norm_full:                         # OLMoE: the norms saw [B, T, h*hd]

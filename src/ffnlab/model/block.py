@@ -13,6 +13,9 @@ tracer), so adding into it in place would silently corrupt both.
 """
 from typing import NamedTuple
 
+import numpy as np
+
+from ..families import family
 from ..ops.norms import layernorm_backward, rmsnorm_backward
 from .arith import F32
 from .attention import attention_backward_layer, attention_forward_layer
@@ -60,13 +63,6 @@ def norm_backward(dy, p, cfg, wname, cache):
     return dx, {wname + ".weight": dw}
 
 
-# Where llama.cpp's graphs name a node differently by family (names only: the math reads config flags)
-GRAPH_NAMES = {
-    "sa_out": ("gemma2", "gemma3"),              # the first residual sum is sa_out here, ffn_inp elsewhere
-    "bare_ffn_post_norm": ("gemma2", "olmo2"),   # cb(ffn_post_norm, -1): no layer suffix (Gemma 3 has one)
-    "fused_gate_up": ("phi3",),                  # one ffn_up product [.., 2*d_ff] that SWIGLU splits
-}
-
 
 class BlockCache(NamedTuple):
     """What block_backward needs: each sub-layer's cache (None where the config has no such norm)."""
@@ -100,7 +96,8 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     only the last logits are wanted): every position's keys and values still go to the cache,
     the queries, the attention output and the FFN run for the last position alone."""
     blk = f"blk.{il}."
-    res1 = "sa_out" if cfg.arch in GRAPH_NAMES["sa_out"] else "ffn_inp"
+    names = family(cfg.arch).graph                     # where llama.cpp's graph names a node its own way
+    res1 = "sa_out" if names.sa_out else "ffn_inp"
     a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp", arith)
     a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs, arith,
                                             last_only)
@@ -110,32 +107,47 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     if cfg.post_attn_norm:
         a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out",
                                    arith=arith)
+    a_node = "attn_post_norm" if cfg.post_attn_norm else "attn_out"
+    if cfg.residual_multiplier:                                        # Granite: a * r before the residual add
+        a, a_node = hook(names.residual_scaled[0], _times(a, cfg.residual_multiplier), "SCALE", (a_node,)), \
+            names.residual_scaled[0]
     if cfg.parallel_residual:                                          # GPT-NeoX: the FFN reads x, not h
         h, res1 = x, "inp"
     else:
-        h = hook(res1, x + a, "ADD", ("attn_post_norm" if cfg.post_attn_norm else "attn_out", "inp"))   # [B, T, d_model]
+        h = hook(res1, x + a, "ADD", (a_node, "inp"))                  # [B, T, d_model]
     f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1, arith)
     gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
     f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook,
-                               fused_gate_up=cfg.arch in GRAPH_NAMES["fused_gate_up"], arith=arith)
+                               fused_gate_up=names.fused_gate_up, arith=arith)
     cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
     if cfg.parallel_residual:
         f = hook("ffn_out", f + x, "ADD", (ffn_out_node(cfg), "inp"))                       # [B, T, d_model]
         out = hook("l_out", f + a, "ADD", ("ffn_out", "attn_out"))
         return out, BlockCache(*cache, None)
     pf_cache = None
+    f_node = ffn_out_node(cfg)
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
-                                   bare_out=cfg.arch in GRAPH_NAMES["bare_ffn_post_norm"], arith=arith)
-    out = hook("l_out", h + f, "ADD", ("ffn_post_norm" if cfg.post_ffn_norm else ffn_out_node(cfg), res1))   # [B, T, d_model]
+                                   bare_out=names.bare_ffn_post_norm, arith=arith)
+        f_node = "ffn_post_norm"
+    if cfg.residual_multiplier:                                        # Granite: f * r before the residual add
+        f, f_node = hook(names.residual_scaled[1], _times(f, cfg.residual_multiplier), "SCALE", (f_node,)), \
+            names.residual_scaled[1]
+    out = hook("l_out", h + f, "ADD", (f_node, res1))                  # [B, T, d_model]
     return out, BlockCache(*cache, pf_cache)
+
+
+def _times(x, r):
+    """x * r in x's dtype (Granite's residual multiplier)."""
+    return x * np.asarray(r, dtype=x.dtype)
 
 
 def block_backward(dout, p, cfg, il, cache):
     """dout: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
     blk = f"blk.{il}."
     g = {}
-    df = dout
+    r = cfg.residual_multiplier or 1.0                # Granite: both sub-layer outputs were times r
+    df = dout * r if cfg.residual_multiplier else dout
     if cfg.post_ffn_norm:
         df, gi = norm_backward(df, p, cfg, blk + "post_ffw_norm", cache.post_ffn_norm)
         g.update(gi)
@@ -147,6 +159,8 @@ def block_backward(dout, p, cfg, il, cache):
         dx, da = dout + dh_norm, dout
     else:
         dx = da = dout + dh_norm                                       # residual: both paths reach h
+    if cfg.residual_multiplier:
+        da = da * r
     if cfg.post_attn_norm:
         da, gi = norm_backward(da, p, cfg, blk + "post_attention_norm", cache.post_attn_norm)
         g.update(gi)

@@ -98,7 +98,7 @@ def make_plan(p, cfg, packs=None) -> Plan:
             ffn_norm=norm(blk + "ffn_norm"), ffn=ffn_weights(p, il, gate_up, cfg),
             post_ffn_norm=norm(blk + "post_ffw_norm") if cfg.post_ffn_norm else None,
             window=cfg.sliding_window if cfg.is_sliding(il) else 0,
-            rope=cfg.layer_rope(il) if cfg.positions == "rope" else None))
+            rope=cfg.layer_rope(il) if cfg.uses_rope(il) else None))
     return Plan(params_key(p), layers, norm("output_norm"), p[lm_head_name(cfg)])
 
 
@@ -115,6 +115,8 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
     x = p["token_embd.weight"][tok]                                   # [d_model]
     if cfg.embed_scale:
         x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)
+    if cfg.embedding_multiplier:                                      # Granite
+        x = x * np.asarray(cfg.embedding_multiplier, dtype=x.dtype)
     if cfg.positions == "learned":
         x = x + p["position_embd.weight"][n]
     rotations = {}                                                    # (theta, scale) -> this position's rotation
@@ -125,12 +127,16 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
                        arith)
         if L.post_attn_norm:
             a = _norm(a, L.post_attn_norm, cfg, arith)
+        if cfg.residual_multiplier:                                   # Granite
+            a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
         f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith)
         if cfg.parallel_residual:
             f = f + a                                                 # GPT-NeoX: x + attn + ffn
         if L.post_ffn_norm:
             f = _norm(f, L.post_ffn_norm, cfg, arith)
+        if cfg.residual_multiplier:
+            f = f * np.asarray(cfg.residual_multiplier, dtype=f.dtype)
         x = h + f                                                     # [d_model] residual
     kv.n = n + 1
     return lm_head(_norm(x, plan.output_norm, cfg, arith), plan.head, cfg)[0]   # [d_model] -> [vocab]

@@ -30,26 +30,8 @@ from ..ops.fastmath import glu_rows
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
 from .decode_kernels import glu1
+from ..kinds import FFN_KINDS
 from .hooks import identity
-
-
-class FFNKind(NamedTuple):
-    act: str            # the activation, a key of ops/activations.py's ACTIVATIONS
-    gated: bool         # act(gate(x)) * up(x) instead of act(up(x))
-    node: str           # llama.cpp's node name of the activation (dense) or the GLU (gated)
-    op: str             # the ggml op that node prints
-    moe: bool = False   # a mixture of experts of this gated kind (the MoE section below)
-
-
-# The one table of FFN kinds (config.py validates ModelConfig.ffn against it)
-FFN_KINDS = {
-    "gelu": FFNKind("gelu", False, "ffn_gelu", "GELU_ERF"),
-    "gelu_tanh": FFNKind("gelu_tanh", False, "ffn_gelu", "GELU"),
-    "relu": FFNKind("relu", False, "ffn_relu", "RELU"),
-    "swiglu": FFNKind("silu", True, "ffn_swiglu", "SWIGLU"),
-    "geglu": FFNKind("gelu_tanh", True, "ffn_geglu", "GEGLU"),
-    "moe": FFNKind("silu", True, "ffn_moe_swiglu", "SWIGLU", moe=True),
-}
 
 
 @dataclass

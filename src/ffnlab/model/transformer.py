@@ -61,10 +61,14 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     trim_last = last_only and not train and not hooks
     hooks = hooks or Hooks()
     hook = hooks.point(-1, pos)
-    x = hook("embd", p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
+    # llama.cpp's build_inp_embd names its last step embd: the rows, or Granite's multiplier after them
+    rows = "embd_rows" if cfg.embedding_multiplier else "embd"
+    x = hook(rows, p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
     if cfg.embed_scale:
         # Gemma: scale by sqrt(d_model)
         x = hook("inp_scaled", x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype), "SCALE", ("embd",))
+    if cfg.embedding_multiplier:                                               # Granite
+        x = hook("embd", x * np.asarray(cfg.embedding_multiplier, dtype=x.dtype), "SCALE", (rows,))
     if cfg.positions == "learned":
         pe = hook("pos_embd", p["position_embd.weight"][pos][None], "GET_ROWS", ("position_embd.weight", "inp_pos"))
         x = hook("inpL", x + pe, "ADD", ("embd", "pos_embd"))                    # [B, T, d_model]
@@ -77,7 +81,7 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
             m = causal_mask(pos, k_pos, window)                            # [T, S]
             masks[window] = None if m.all() else m                         # None: nothing to mask
         rope = None
-        if cfg.positions == "rope":
+        if cfg.uses_rope(il):                                              # not SmolLM3's NoPE layers
             key = cfg.layer_rope(il)
             if key not in ropes:
                 cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
@@ -94,7 +98,7 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook, arith=arith)
     logits, softcap = lm_head(y, p[lm_head_name(cfg)], cfg)           # [B, T, d_model] -> [B, T, vocab]
     # llama.cpp names the last node result_output: the softcap's SCALE when there is one
-    logits = hook("result_output", logits, "SCALE" if softcap is not None else "MUL_MAT",
+    logits = hook("result_output", logits, "SCALE" if softcap is not None or cfg.logits_scaling else "MUL_MAT",
                   (lm_head_name(cfg), "result_norm"))
     if kv is not None:
         kv.n += T
@@ -110,16 +114,21 @@ def lm_head(y, head, cfg):
     the logits through it. Gemma 2/3 soft-cap them, logits = c * tanh(z / c); the tanh is kept
     for the backward."""
     logits = linear_forward(y, head)                                      # [..., d_model] -> [..., vocab]
-    if not cfg.final_logit_softcap:
-        return logits, None
-    c = cfg.final_logit_softcap
-    softcap = np.tanh(logits / c)
-    return softcap * c, softcap
+    softcap = None
+    if cfg.final_logit_softcap:
+        c = cfg.final_logit_softcap
+        softcap = np.tanh(logits / c)
+        logits = softcap * c
+    if cfg.logits_scaling:                          # Granite: logits / s, as llama.cpp's ggml_scale(1/s)
+        logits = logits * np.asarray(1.0 / cfg.logits_scaling, dtype=logits.dtype)
+    return logits, softcap
 
 
 def backward(dlogits, p, cfg, cache):
     """dlogits: [B, T, vocab] -> {tensor name: gradient}, same keys as p"""
     ids, pos, block_caches, fn_cache, y, softcap = cache                  # a ForwardCache
+    if cfg.logits_scaling:
+        dlogits = dlogits * (1.0 / cfg.logits_scaling)
     if softcap is not None:
         dlogits = dlogits * (1.0 - softcap * softcap)                     # d(c*tanh(z/c))/dz
     head = lm_head_name(cfg)
@@ -134,6 +143,8 @@ def backward(dlogits, p, cfg, cache):
         return g                         # a frozen table (LoRA fine-tuning): no [vocab, d_model] gradient
     if cfg.embed_scale:
         dx = dx * math.sqrt(cfg.d_model)
+    if cfg.embedding_multiplier:
+        dx = dx * cfg.embedding_multiplier
     B, T = ids.shape
     dflat = dx.reshape(B * T, -1)
     learned = cfg.positions == "learned"

@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from . import fastmath
+from . import fastmath, train_kernels
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)   # 0.7978845608...
 GELU_TANH_COEF = 0.044715                   # from Hendrycks & Gimpel; GPT-2, Gemma and ggml use it
@@ -72,6 +72,18 @@ def gelu_tanh_forward(x):
 
 
 def gelu_tanh_backward(dy, x):
+    """dy, x: [...] -> dx = dy * gelu_tanh'(x). float32: one compiled pass (ops/train_kernels.py,
+    held to gelu_tanh_backward_numpy within float32 error analysis)"""
+    if x.dtype == np.float32 and dy.dtype == np.float32 and x.size and dy.shape == x.shape:
+        dy, x = np.ascontiguousarray(dy), np.ascontiguousarray(x)
+        g = np.empty_like(x)
+        train_kernels.gelu_tanh_backward_into(dy.reshape(-1), x.reshape(-1), g.reshape(-1),
+                                              np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
+        return g
+    return gelu_tanh_backward_numpy(dy, x)
+
+
+def gelu_tanh_backward_numpy(dy, x):
     # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) inner',  inner' = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
     x2 = x * x
     t = _gelu_tanh_inner(x, x2)
@@ -122,6 +134,17 @@ def silu_forward(x):
 
 
 def silu_backward(dy, x):
+    """dy, x: [...] -> dx. float32: one compiled pass (ops/train_kernels.py), bit for bit
+    silu_backward_numpy's steps"""
+    if x.dtype == np.float32 and dy.dtype == np.float32 and x.size and dy.shape == x.shape:
+        dy, x = np.ascontiguousarray(dy), np.ascontiguousarray(x)
+        g = np.empty_like(x)
+        train_kernels.silu_backward_into(dy.reshape(-1), x.reshape(-1), g.reshape(-1))
+        return g
+    return silu_backward_numpy(dy, x)
+
+
+def silu_backward_numpy(dy, x):
     # d/dx x s(x) = s (1 + x (1 - s))
     s = sigmoid(x)
     g = np.subtract(1.0, s, dtype=s.dtype)

@@ -10,6 +10,8 @@ Query head h reads KV head h // (H / Hkv), as ggml's broadcasting mul_mat does.
 """
 import numpy as np
 
+from . import train_kernels
+from .matmul import batched_matmul
 from .softmax import softmax_backward, softmax_forward
 
 
@@ -48,7 +50,7 @@ def attention_scores(q, k):
     S, Hkv = k.shape[1], k.shape[2]
     qg = _group(q, Hkv).reshape(B, Hkv, (H // Hkv) * T, hd)   # [B, Hkv, G*T, hd]
     kh = _rows_contiguous(k.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
-    return (qg @ kh.swapaxes(-1, -2)).reshape(B, H, T, S)     # [B, H, T, S]
+    return batched_matmul(qg, kh.swapaxes(-1, -2)).reshape(B, H, T, S)     # [B, H, T, S]
 
 
 def attention_probs(kq, scale, allowed):
@@ -56,7 +58,20 @@ def attention_probs(kq, scale, allowed):
 
     Masked scores are set to -inf, not 0, before the softmax: exp(-inf) = 0 gives a future
     key exactly zero weight, while a 0 score would still give it weight exp(0)/Z.
+    float32: scale, mask and softmax in one compiled pass per row (ops/train_kernels.py), bit for
+    bit attention_probs_numpy's steps.
     """
+    if kq.dtype == np.float32 and kq.size and kq.ndim == 4 and (allowed is None or allowed.shape == kq.shape[-2:]):
+        B, H, T, S = kq.shape
+        probs = np.empty(kq.shape, np.float32)
+        train_kernels.masked_softmax_rows(np.ascontiguousarray(kq).reshape(B * H, T, S), scale, allowed,
+                                          probs.reshape(B * H, T, S))
+        return probs
+    return attention_probs_numpy(kq, scale, allowed)
+
+
+def attention_probs_numpy(kq, scale, allowed):
+    """attention_probs in NumPy's steps: scale, mask, softmax_forward"""
     scores = kq * np.asarray(scale, dtype=kq.dtype)            # scaled copy; kq itself stays raw for tracing
     if allowed is not None:                                    # None: every key visible (one new token, no window)
         # a masked copy (where=): twice as fast as boolean-index assignment scores[:, :, ~allowed]
@@ -69,7 +84,7 @@ def attention_mix(probs, v):
     B, H, T, S = probs.shape
     Hkv, hd = v.shape[2], v.shape[3]
     vt = _rows_contiguous(v.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
-    return (probs.reshape(B, Hkv, (H // Hkv) * T, S) @ vt).reshape(B, H, T, hd)
+    return batched_matmul(probs.reshape(B, Hkv, (H // Hkv) * T, S), vt).reshape(B, H, T, hd)
 
 
 def attention_forward(q, k, v, scale, allowed):
@@ -90,15 +105,15 @@ def attention_backward(dout, q, k, v, probs, scale, capped=None):
     pg = probs.reshape(B, Hkv, G * T, S)
     dg = dout.reshape(B, Hkv, G * T, hd)
     vt = v.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
-    dv = (pg.transpose(0, 1, 3, 2) @ dg).transpose(0, 2, 1, 3)  # [B, Hkv, S, hd] -> [B, S, Hkv, hd]
-    dprobs = dg @ vt.transpose(0, 1, 3, 2)                      # [B, Hkv, G*T, S]
+    dv = batched_matmul(pg.transpose(0, 1, 3, 2), dg).transpose(0, 2, 1, 3)  # [B, Hkv, S, hd] -> [B, S, Hkv, hd]
+    dprobs = batched_matmul(dg, vt.transpose(0, 1, 3, 2))       # [B, Hkv, G*T, S]
     dscores = softmax_backward(dprobs, pg)                      # masked entries have prob 0 -> grad 0
     if capped is not None:
         dscores *= 1.0 - np.square(capped.reshape(dscores.shape))
     dscores *= scale
     qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)
     kk = k.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
-    dqg = dscores @ kk                                          # [B, Hkv, G*T, hd]
-    dk = (dscores.transpose(0, 1, 3, 2) @ qg).transpose(0, 2, 1, 3)   # [B, S, Hkv, hd]
+    dqg = batched_matmul(dscores, kk)                           # [B, Hkv, G*T, hd]
+    dk = batched_matmul(dscores.transpose(0, 1, 3, 2), qg).transpose(0, 2, 1, 3)   # [B, S, Hkv, hd]
     dq = dqg.reshape(B, Hkv, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
     return dq, dk, dv

@@ -6,6 +6,7 @@ weight multiply (`attn_norm-L`, `ffn_norm-L`), and the backward needs it.
 import numpy as np
 
 from .fastmath import rms_norm_rows
+from .train_kernels import norm_backward_rows
 
 _NO_W = np.zeros(0, np.float32)
 
@@ -28,8 +29,31 @@ def layernorm_forward(x, w, b, eps):
     return y, (x_hat, rstd)
 
 
+def _compiled_backward(dy, w, x_hat, rstd):
+    """float32 arrays of one layout: ops/train_kernels.py's norm_backward_rows applies"""
+    return (dy.dtype == np.float32 and x_hat.dtype == np.float32 and rstd.dtype == np.float32 and dy.size
+            and dy.shape == x_hat.shape and rstd.size * dy.shape[-1] == dy.size
+            and (w is None or (w.dtype == np.float32 and w.shape == dy.shape[-1:])))
+
+
+def _rows_backward(dy, w, x_hat, rstd, center):
+    D = dy.shape[-1]
+    dx, dw, db = norm_backward_rows(np.ascontiguousarray(dy).reshape(-1, D), np.ascontiguousarray(x_hat).reshape(-1, D),
+                                    np.ascontiguousarray(rstd).reshape(-1), w, center)
+    return dx.reshape(dy.shape), dw, db
+
+
 def layernorm_backward(dy, w, cache, has_bias=True):
-    """dy: [..., D] -> dx: [..., D], dw: [D], db: [D]"""
+    """dy: [..., D] -> dx: [..., D], dw: [D], db: [D]. float32: one compiled pass per row, its sums in
+    float64 (ops/train_kernels.py, held to layernorm_backward_numpy)"""
+    x_hat, rstd = cache
+    if _compiled_backward(dy, w, x_hat, rstd):
+        dx, dw, db = _rows_backward(dy, w, x_hat, rstd, True)
+        return dx, dw, (db if has_bias else None)
+    return layernorm_backward_numpy(dy, w, cache, has_bias)
+
+
+def layernorm_backward_numpy(dy, w, cache, has_bias=True):
     x_hat, rstd = cache
     D = x_hat.shape[-1]
     lead = tuple(range(dy.ndim - 1))
@@ -66,7 +90,15 @@ def rmsnorm_forward(x, w, eps):
 
 
 def rmsnorm_backward(dy, w, cache):
-    """dy: [..., D] -> dx: [..., D], dw: [D]"""
+    """dy: [..., D] -> dx: [..., D], dw: [D]. float32: one compiled pass per row, as layernorm_backward"""
+    x_hat, rstd = cache
+    if _compiled_backward(dy, w, x_hat, rstd):
+        dx, dw, _ = _rows_backward(dy, w, x_hat, rstd, False)
+        return dx, (dw if w is not None else None)
+    return rmsnorm_backward_numpy(dy, w, cache)
+
+
+def rmsnorm_backward_numpy(dy, w, cache):
     x_hat, rstd = cache
     D = x_hat.shape[-1]
     lead = tuple(range(dy.ndim - 1))

@@ -25,23 +25,6 @@ def rope_angles(pos, head_dim, theta, scale=1.0, freq_factors=()):
     return np.cos(ang), np.sin(ang)
 
 
-def llama3_freq_factors(head_dim, theta, factor, low_freq_factor, high_freq_factor, original_ctx):
-    """Llama 3.1's RoPE scaling as per-frequency divisors -> tuple [head_dim/2].
-
-    Frequencies whose wavelength is shorter than original_ctx/high_freq_factor are kept (divisor 1),
-    those longer than original_ctx/low_freq_factor are divided by `factor`, and those between are
-    interpolated: new = (1 - s) * f / factor + s * f with s = (original_ctx / wavelength - low) / (high - low),
-    i.e. divisor 1 / ((1 - s) / factor + s). transformers' _compute_llama3_parameters computes the
-    new frequencies; llama.cpp's converter stores these divisors as rope_freqs.weight."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)   # [hd/2]
-    wavelen = 2 * np.pi / inv_freq
-    s = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    div = 1.0 / ((1 - s) / factor + s)                                                # the smooth middle band
-    div = np.where(wavelen < original_ctx / high_freq_factor, 1.0, div)               # high frequencies: kept
-    div = np.where(wavelen > original_ctx / low_freq_factor, factor, div)             # low frequencies: / factor
-    return tuple(float(x) for x in div)
-
-
 def _split(x, pairing):
     if pairing == "normal":
         return x[..., 0::2], x[..., 1::2]

@@ -1,7 +1,7 @@
 """Softmax over the last axis, numerically stable."""
 import numpy as np
 
-from . import fastmath
+from . import fastmath, train_kernels
 
 
 def softmax_forward(x):
@@ -21,7 +21,18 @@ def softmax_forward(x):
 
 
 def softmax_backward(dy, y):
-    """dy, y: [..., N] -> dx: [..., N];  dx = y * (dy - sum(dy * y))"""
+    """dy, y: [..., N] -> dx: [..., N];  dx = y * (dy - sum(dy * y)). float32: one compiled pass
+    per row, the sum in float64 (ops/train_kernels.py, held to softmax_backward_numpy)"""
+    if dy.dtype == np.float32 and y.dtype == np.float32 and y.size and dy.shape == y.shape:
+        N = y.shape[-1]
+        dx = np.empty(y.shape, np.float32)
+        train_kernels.softmax_backward_rows(np.ascontiguousarray(dy).reshape(-1, N),
+                                            np.ascontiguousarray(y).reshape(-1, N), dx.reshape(-1, N))
+        return dx
+    return softmax_backward_numpy(dy, y)
+
+
+def softmax_backward_numpy(dy, y):
     dx = dy * y
     s = dx.sum(axis=-1, keepdims=True)            # [..., 1]
     np.subtract(dy, s, out=dx)

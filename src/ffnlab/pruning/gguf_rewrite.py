@@ -81,31 +81,12 @@ def encode(a, qtype):
     return gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), t), t, qtype
 
 
-def _copy_fields(reader, writer, d_ff_key, n_keep):
-    """Every metadata key of the source, in order; feed_forward_length set to n_keep."""
-    from gguf import GGUFValueType as T
-
-    for key, f in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":     # the writer writes these itself
-            continue
-        if key == "general.alignment":
-            writer.add_custom_alignment(int(f.contents()))
-            continue
-        vtype, sub = f.types[0], None
-        if vtype == T.ARRAY:                                           # an empty array lists no item type:
-            sub = f.types[1] if len(f.types) > 1 else T(int(f.parts[3][0]))   # read it from the raw parts
-        value = f.contents()
-        if key == d_ff_key:                                            # one width, or one per layer
-            value = [n_keep] * len(value) if vtype == T.ARRAY else n_keep
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-
-
 def write_pruned_gguf(src, out, keep_idx, qtype=None):
     """-> report dict (types written, conversions, fallbacks, bytes and parameter counts before/after).
     qtype None: each tensor keeps its source type (closest_type())."""
     import gguf
 
-    from ..formats.gguf_write import finish_atomically, writer_class
+    from ..formats.gguf_write import copy_fields, finish_atomically, writer_class
     from ..formats.gguf_meta import get_key, open_gguf
 
     if qtype is not None and qtype not in TYPES:
@@ -122,7 +103,7 @@ def write_pruned_gguf(src, out, keep_idx, qtype=None):
     n_keep = int(keep_idx.shape[1])
     tmp = out + f".tmp-{os.getpid()}"
     w = writer_class()(tmp, arch)
-    _copy_fields(reader, w, f"{arch}.feed_forward_length", n_keep)
+    copy_fields(reader, w, f"{arch}.feed_forward_length", n_keep)
     written, conversions, fallbacks, params_before, params_after = {}, [], [], 0, 0
     for t in reader.tensors:
         params_before += int(t.n_elements)

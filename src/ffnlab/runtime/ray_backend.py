@@ -21,6 +21,7 @@ pointing ffnlab at a shared cluster.
 import contextlib
 import hashlib
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -268,8 +269,14 @@ class RayBackend:
 
 
 def _cause(e):
+    """A Ray error -> the error it carries, in one line: its cause, else the innermost `XError: ...` line of
+    its text (an actor that died in its creation task holds the worker's traceback as text, colours and all)."""
     cause = getattr(e, "cause", None)
-    return one_line(cause) if isinstance(cause, BaseException) else one_line(e).split(" Traceback")[0]
+    if isinstance(cause, BaseException):
+        return one_line(cause)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    errors = [ln.strip() for ln in text.splitlines() if re.match(r"\s*[A-Za-z_.]*(Error|Exception): \S", ln)]
+    return errors[-1] if errors else one_line(e).split(" Traceback")[0]
 
 
 def _version():

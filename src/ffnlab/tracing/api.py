@@ -8,6 +8,10 @@
 """
 from contextlib import contextmanager
 
+import numpy as np
+
+from ..errors import FfnlabError
+from .finite import NonFiniteError
 from .tracer import Tracer
 
 
@@ -32,3 +36,24 @@ def attached(model, consumer):
         yield consumer
     finally:
         model.hooks.detach(consumer)
+
+
+def check_logits(model, logits, ids):
+    """Stop generation at NaN/Inf logits, naming where they started: the sequence so far is run
+    again with the tracer's finite sentinel, which raises NonFiniteError at the first node holding
+    one (as training does when its loss diverges). logits: [vocab]; ids: every token fed so far."""
+    if np.isfinite(logits).all():
+        return
+    n_bad = int((~np.isfinite(logits)).sum())
+    where = f"{model.source}: " if model.source else ""
+    context = f"{where}the logits after token {len(ids)} hold {n_bad} NaN/Inf values; "
+    bad = [n for n, p in model.params.items() if isinstance(p, np.ndarray) and not np.isfinite(p).all()]
+    if bad:
+        context += f"non-finite weights: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
+    try:
+        with np.errstate(all="ignore"), trace(model, filter="^$", keep=False, check_finite=True):
+            model.forward(list(ids))
+    except NonFiniteError as e:
+        raise NonFiniteError(e.node, e.stats, e.inputs, context) from None
+    raise FfnlabError(f"{context}a traced forward of the same tokens is finite at every node "
+                      f"(the one-token path diverged from it)")

@@ -47,26 +47,3 @@ class NonFiniteError(FfnlabError):
         for name, st in self.inputs:
             lines.append(f"  input {name}: {format_stats(st)}")
         return lines
-
-
-def check_logits(model, logits, ids):
-    """Stop generation at NaN/Inf logits, naming where they started: the sequence so far is run
-    again with the tracer's finite sentinel, which raises NonFiniteError at the first node holding
-    one (as training does when its loss diverges). logits: [vocab]; ids: every token fed so far."""
-    if np.isfinite(logits).all():
-        return
-    from .api import trace
-
-    n_bad = int((~np.isfinite(logits)).sum())
-    where = f"{model.source}: " if getattr(model, "source", None) else ""
-    context = f"{where}the logits after token {len(ids)} hold {n_bad} NaN/Inf values; "
-    bad = [n for n, p in model.params.items() if isinstance(p, np.ndarray) and not np.isfinite(p).all()]
-    if bad:
-        context += f"non-finite weights: {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; "
-    try:
-        with np.errstate(all="ignore"), trace(model, filter="^$", keep=False, check_finite=True):
-            model.forward(list(ids))
-    except NonFiniteError as e:
-        raise NonFiniteError(e.node, e.stats, e.inputs, context) from None
-    raise FfnlabError(f"{context}a traced forward of the same tokens is finite at every node "
-                      f"(the one-token path diverged from it)")

@@ -26,6 +26,7 @@ import os
 import numpy as np
 
 from ..errors import UsageError
+from ..families import FAMILIES, family, hf_family
 
 CAPTURE = "ffnlab_capture"          # the name our attention function is registered under
 
@@ -33,7 +34,7 @@ CAPTURE = "ffnlab_capture"          # the name our attention function is registe
 def gguf_to_hf_permuted(gguf_arch, source):
     """True when the file's Q/K rows are in GGUF's permuted order relative to HF's: llama.cpp's
     converter permutes them for its llama architecture, and transformers undoes it on load."""
-    return gguf_arch == "llama" and str(source).endswith(".gguf")
+    return family(gguf_arch).gguf_qk_permuted and str(source).endswith(".gguf")
 
 
 def permute_heads(x):
@@ -104,7 +105,7 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
     qkv_proj (llama.cpp's wqkv and its Q/K/V views) and one gate_up_proj (llama.cpp's ffn_up)."""
     inner = model.model
     olmo2 = model.config.model_type == "olmo2"
-    bare_post_ffn = model.config.model_type in ("gemma2", "olmo2")
+    bare_post_ffn = hf_family(model.config.model_type).graph.bare_ffn_post_norm   # families/<arch>.py
     for il, layer in enumerate(inner.layers):
         sa, mlp = layer.self_attn, layer.mlp
         hd = sa.head_dim
@@ -162,9 +163,13 @@ def _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out):
         on(mlp.down_proj, hook_in(f"{act[0]}-{il}", act[1]))
         on(mlp.down_proj, hook_out(f"ffn_out-{il}", "MUL_MAT"))
         on(layer, hook_out(f"l_out-{il}", "ADD"))
-    on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
+    if getattr(model.config, "embedding_multiplier", None):         # Granite: embd is the scaled rows
+        on(inner.embed_tokens, hook_out("embd_rows", "GET_ROWS"))
+    else:
+        on(inner.embed_tokens, hook_out("inp_scaled" if gemma else "embd", "SCALE" if gemma else "GET_ROWS"))
     on(inner.norm, hook_out("result_norm", "MUL"))
-    if getattr(model.config, "final_logit_softcapping", None):          # Gemma 2: the capped logits, a SCALE
+    if getattr(model.config, "final_logit_softcapping", None) or getattr(model.config, "logits_scaling", None):
+        # Gemma 2's capped logits, Granite's logits / logits_scaling: a SCALE
         on(model, lambda _mod, _inp, output: out.__setitem__(("result_output", "SCALE"),
                                                              output.logits[0].detach().float().numpy()))
     else:
@@ -260,10 +265,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         hf_model = load_hf(path, **({"n_positions": n_ctx} if gguf_arch == "gpt2" and n_ctx else {}))
     model = hf_model
     mtype = model.config.model_type
-    if mtype not in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "gemma3", "gpt2",
-                     "gpt_neox", "olmo2"):
-        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} (supported: gpt2, llama, "
-                         "mistral, qwen2, qwen3, phi3, gemma2, gemma3, gpt_neox, olmo2)")
+    fam = hf_family(mtype)                                   # families/<arch>.py: hf_hooks
+    if fam is None or not fam.hf_hooks:
+        known = [t for f in FAMILIES.values() if f.hf_hooks for t in f.hf_types]
+        raise UsageError(f"verify --against hf: no node map for HF model type {mtype!r} (supported: "
+                         f"{', '.join(known)})")
     gemma = mtype.startswith("gemma")
     if mtype == "gemma2" and str(path).endswith(".gguf"):
         _gemma2_gguf_fields(model, path)
@@ -288,9 +294,9 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
     def on(mod, fn):
         hooks.append(mod.register_forward_hook(fn))
 
-    if mtype == "gpt2":
+    if fam.hf_hooks == "gpt2":
         _gpt2_hooks(model, on, hook_in, hook_out, out)
-    elif mtype == "gpt_neox":
+    elif fam.hf_hooks == "neox":
         _neox_hooks(model, on, hook_in, hook_out, out)
     else:
         _llama_hooks(model, gemma, permuted, on, hook_in, hook_out, out)
@@ -317,11 +323,11 @@ def capture(path, ids, hf_model=None, gguf_arch=None, n_ctx=None, permuted=None)
         if "tanh" in r:                                   # Gemma 2's soft-capped scores
             for node, key in (("kq_scaled_1", "SCALE"), ("kq_tanh", "TANH"), ("kq_scaled_2", "SCALE")):
                 out[(f"{node}-{il}", key)] = arr(r[node.removeprefix("kq_")])
-        if gemma or mtype == "phi3":
+        if fam.graph.q_scaled:
             # llama.cpp's Gemma and Phi-3 graphs scale q after RoPE (ffnlab: Qcur_scaled; Phi-3 names it
             # Qcur again), so their kq is scaled
             out[(f"Qcur-{il}", "ROPE")] = q
-            out[("Qcur_scaled" if gemma else "Qcur") + f"-{il}", "SCALE"] = q * np.float32(r["scaling"])
+            out[f"{fam.graph.q_scaled}-{il}", "SCALE"] = q * np.float32(r["scaling"])
             raw = raw * np.float32(r["scaling"])
         elif mtype != "gpt2":                             # GPT-2 has no RoPE: its Q/K are the views
             out[(f"Qcur-{il}", "ROPE")] = q

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import UsageError
+from ..families import family
 from ..threads import threads
 
 GGML_MAX_DIMS, GGML_MAX_SRC, GGML_MAX_NAME, GGML_MAX_OP_PARAMS = 4, 10, 64, 64
@@ -242,8 +243,11 @@ def f32_copy(src, dst):
 def ffnlab_only(name, arch):
     """Nodes ffnlab names where llama.cpp leaves an unnamed node_N: Gemma 3's q scale after
     RoPE (Qcur_scaled), the attention output projection (attn_out) in every graph but llama's,
-    its product before the output bias (attn_out_w, GPT-2), Phi-3's first residual sum (ffn_inp), and a
-    LoRA adapter's parts (build_lora_mm's mul_mat(a), mul_mat(b), scale: `{node}_lora_a`, `_lora_b`, `_lora_scaled`)."""
+    its product before the output bias (attn_out_w, GPT-2), the table rows before Granite's embedding
+    multiplier (embd_rows: llama.cpp names the product embd), what a family's graph leaves unnamed
+    (families/*.py graph.unnamed: Phi-3's first residual sum, ffn_inp), and a LoRA adapter's parts
+    (build_lora_mm's mul_mat(a), mul_mat(b), scale: `{node}_lora_a`, `_lora_b`, `_lora_scaled`)."""
     base = name.rsplit("-", 1)[0]
-    return base in ("Qcur_scaled", "attn_out_w") or (base == "attn_out" and arch != "llama") \
-        or (base == "ffn_inp" and arch == "phi3") or base.endswith(("_lora_a", "_lora_b", "_lora_scaled"))
+    names = family(arch).graph
+    return base in ("Qcur_scaled", "attn_out_w", "embd_rows") or (base == "attn_out" and not names.attn_out_named) \
+        or base in names.unnamed or base.endswith(("_lora_a", "_lora_b", "_lora_scaled"))

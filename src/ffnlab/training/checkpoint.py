@@ -171,7 +171,7 @@ def read_resume_meta(out) -> dict:
     field(data, "path", str, f"{f}: train.data", None, error=ModelFileError)
     from dataclasses import fields as dc_fields
 
-    from .trainer import TrainSettings
+    from .settings import TrainSettings
     for fl in dc_fields(TrainSettings):                   # each saved setting has its field's type
         field(settings, fl.name, type(fl.default), f"{f}: train.settings", None, error=ModelFileError)
     return meta

@@ -14,40 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DataError, UsageError
-from ..formats.tokenizer import Tokenizer
+from ..formats.tokenizer import Tokenizer, byte_tokenizer
 
 EOT = "<|endoftext|>"
-
-
-def bytes_to_unicode() -> dict:
-    """GPT-2's byte -> printable character table (the ByteLevel alphabet): printable Latin-1
-    bytes map to themselves, the other 68 (controls, space, ...) to U+0100.. in order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-def byte_tokenizer() -> Tokenizer:
-    """Vocab 256: a BPE with the 256 byte characters and no merges, so token id == byte value.
-
-    use_regex=False: no pre-splitting (with no merges it would not change the ids anyway);
-    add_prefix_space=False: the text is encoded exactly as given.
-    """
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models
-    from tokenizers.pre_tokenizers import ByteLevel
-
-    table = bytes_to_unicode()
-    tk = HFTokenizer(models.BPE(vocab={table[b]: b for b in range(256)}, merges=[]))
-    tk.pre_tokenizer = ByteLevel(add_prefix_space=False, use_regex=False)
-    tk.decoder = decoders.ByteLevel()
-    return Tokenizer(tk)
 
 
 def train_bpe_tokenizer(text: str, vocab_size: int) -> Tokenizer:
@@ -86,14 +55,6 @@ def model_tokenizer(path: str) -> Tokenizer:
         raise UsageError(f"--tokenizer {path}: no tokenizer found (expected a .gguf file, an HF directory with "
                          f"tokenizer.json, or an ffnlab checkpoint)")
     return tok
-
-
-def tokenizer_from_json(text: str, meta: dict) -> Tokenizer:
-    """Rebuild a Tokenizer from tokenizer.json text and the facts kept next to it in ffnlab.json."""
-    from tokenizers import Tokenizer as HFTokenizer
-    return Tokenizer(HFTokenizer.from_str(text), bos_id=meta.get("bos_id"), eos_id=meta.get("eos_id"),
-                     add_bos=bool(meta.get("add_bos", False)), chat_template=meta.get("chat_template"),
-                     add_eos=bool(meta.get("add_eos", False)))
 
 
 def tokenizer_meta(tok: Tokenizer, kind: str, source: str = "") -> dict:

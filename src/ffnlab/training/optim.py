@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ..model.params import is_norm_or_bias
+from ..ops.train_kernels import adamw_update
 
 EMBEDDINGS = ("token_embd.weight", "position_embd.weight")
 
@@ -37,29 +38,41 @@ class AdamW:
         self.t = 0                                                    # steps taken
 
     def step(self, params, grads, lr):
+        """float32 tensors: one compiled pass each (ops/train_kernels.py's adamw_update), the very
+        roundings of the NumPy steps below, in their order (tests/unit/test_train_kernels.py)"""
         self.t += 1
         b1, b2 = self.beta1, self.beta2
         bc1 = 1.0 - b1 ** self.t                        # bias corrections: m and v start at 0,
         bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)        # so early averages are too small by these factors
         step_size = lr / bc1
         for name, p in params.items():
-            g = grads[name]
-            if self.decay[name] and self.weight_decay:
-                p *= 1.0 - lr * self.weight_decay                     # decoupled: shrink p, not the gradient
-            m, v = self.m[name], self.v[name]
-            tmp = np.subtract(g, m)                                   # one scratch array per tensor
-            tmp *= 1.0 - b1
-            m += tmp                                                  # m = b1*m + (1-b1)*g  (torch: lerp)
-            np.multiply(g, g, out=tmp)
-            tmp *= 1.0 - b2
-            v *= b2
-            v += tmp                                                  # v = b2*v + (1-b2)*g^2
-            np.sqrt(v, out=tmp)
-            tmp /= bc2_sqrt
-            tmp += self.eps                                           # denom = sqrt(v / bc2) + eps
-            np.divide(m, tmp, out=tmp)
-            tmp *= step_size
-            p -= tmp                                                  # p -= lr/bc1 * m / denom
+            g, m, v = grads[name], self.m[name], self.v[name]
+            decay = self.decay[name] and self.weight_decay
+            if _compiled(p, g, m, v):
+                adamw_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+                             1.0 - lr * self.weight_decay if decay else 1.0, 1.0 - b1, b2, 1.0 - b2, bc2_sqrt,
+                             self.eps, step_size)
+                continue
+            self._step_numpy(p, g, m, v, decay, lr, bc2_sqrt, step_size)
+
+    def _step_numpy(self, p, g, m, v, decay, lr, bc2_sqrt, step_size):
+        """one tensor's update in NumPy steps (any float dtype)"""
+        b1, b2 = self.beta1, self.beta2
+        if decay:
+            p *= 1.0 - lr * self.weight_decay                     # decoupled: shrink p, not the gradient
+        tmp = np.subtract(g, m)                                   # one scratch array per tensor
+        tmp *= 1.0 - b1
+        m += tmp                                                  # m = b1*m + (1-b1)*g  (torch: lerp)
+        np.multiply(g, g, out=tmp)
+        tmp *= 1.0 - b2
+        v *= b2
+        v += tmp                                                  # v = b2*v + (1-b2)*g^2
+        np.sqrt(v, out=tmp)
+        tmp /= bc2_sqrt
+        tmp += self.eps                                           # denom = sqrt(v / bc2) + eps
+        np.divide(m, tmp, out=tmp)
+        tmp *= step_size
+        p -= tmp                                                  # p -= lr/bc1 * m / denom
 
     # --- checkpointing: moments go to safetensors, scalars to JSON --------------------------
     def state_arrays(self) -> dict:
@@ -73,6 +86,11 @@ class AdamW:
             self.m[n] = np.array(arrays[f"adam.m.{n}"], dtype=self.m[n].dtype)
             self.v[n] = np.array(arrays[f"adam.v.{n}"], dtype=self.v[n].dtype)
         self.t = int(scalars["t"])
+
+
+def _compiled(p, g, m, v) -> bool:
+    """float32 C-contiguous arrays of one shape: their flat views are the arrays themselves"""
+    return all(a.dtype == np.float32 and a.flags.c_contiguous and a.shape == p.shape for a in (p, g, m, v))
 
 
 def clip_grad_norm(grads: dict, max_norm: float) -> float:

@@ -11,13 +11,13 @@ The work is a list of steps (warm_up_steps): the products per weight type, one d
 prompt's row kernels. The first load on a machine compiles them all: 63 s of one core for SmolLM2
 on an Intel Xeon with AVX-512, 2 cores (2026-12-01, measured on 33c6ed9's kernels). That load shows one progress line on stderr
 ("compiling kernels for this CPU, once, 5/11, ~25 s left") and splits the steps over worker
-processes, one per core and one more (python -m ffnlab.quant.warmup --worker), which compile them and write
+processes, one per core and one more (python -m ffnlab.runtime.warmup --worker), which compile them and write
 the cache side by side; this process then loads every kernel from the cache. A stamp beside the
 cache (stamp_path) records that this file's steps were compiled for these sources on this CPU,
 so a later load runs the steps in-process only, reading the cache (~0.1 s). Without the stamp, or
 on one core, the steps run in-process, with the same progress line when they take a while.
 
-`python -m ffnlab.quant.warmup [MODEL ...]` compiles the kernels of installed models (default:
+`python -m ffnlab.runtime.warmup [MODEL ...]` (runtime/warmup.py) compiles the kernels of installed models (default:
 smollm2) ahead of the first run: scripts/install.sh does it.
 """
 import dataclasses
@@ -33,9 +33,9 @@ import numpy as np
 
 from ..progress import Progress
 from ..threads import available_cores, busy_cores
-from .packed import R
-from .simd import HAS_AVX512
-from .tensor import QuantTensor
+from ..quant.packed import R
+from ..quant.simd import HAS_AVX512
+from ..quant.tensor import QuantTensor
 
 LABEL = "compiling kernels for this CPU, once"
 KERNEL_FOLDERS = ("quant", "ops", "model")     # where the warm-up's kernels are written
@@ -127,7 +127,7 @@ def compile_decode(model) -> float:
     kind (the same weight types and shapes) and the first 64 rows of the LM head: it loads every
     kernel a step calls while reading ~1/30 of the weights, so nothing of a weight the cache has
     mapped (formats/pack_cache.py) is made resident before release_code() runs. -> seconds taken."""
-    from ..model.decode import decode_step
+    from .decode import decode_step
     t0 = time.perf_counter()
     plan = model.decode_plan()
     kinds = {}
@@ -145,8 +145,8 @@ def _prompt_steps(model) -> list:
     pass of model/attention.py's unhooked path; the cached attention of model/decode_kernels.py),
     on a few values: loaded here, not in the first timed prefill, and before release_code().
     Only in float32 arithmetic on float32 weights (the path those kernels serve)."""
-    from ..model.decode_kernels import attend_rows
-    from ..model.ffn import FFN_KINDS, _glu_halves
+    from .decode_kernels import attend_rows
+    from .ffn import FFN_KINDS, _glu_halves
     from ..ops import fastmath
     from ..ops.activations import ACTIVATIONS
     from ..ops.norms import rmsnorm_forward
@@ -254,7 +254,7 @@ def _compile_in_workers(path, arith, steps, n_workers, bar):
     and compiles whatever is still missing."""
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     shares = _split(steps, n_workers)
-    procs = [subprocess.Popen([sys.executable, "-m", "ffnlab.quant.warmup", "--worker", path, arith,
+    procs = [subprocess.Popen([sys.executable, "-m", "ffnlab.runtime.warmup", "--worker", path, arith,
                                ",".join(map(str, share))], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
              for share in shares]
     live = {p.stdout.fileno(): k for k, p in enumerate(procs)}
@@ -297,45 +297,6 @@ class Pace:
         return self.seconds / self.cost if self.cost else self.guess
 
 
-def _worker(path, arith, indices):
-    """One worker's share: the model's steps at these indices, each reported with its seconds."""
-    from ..formats.gguf import load_gguf            # here: formats/gguf.py imports this module
-    model = load_gguf(path, arith=arith, warm=False)
-    steps = warm_up_steps(model)
-    with np.errstate(all="ignore"):
-        for i in indices:
-            t = time.perf_counter()
-            steps[i].run()
-            print(f"done {i} {time.perf_counter() - t:.3f}", flush=True)
-
-
-def main(argv=None):
-    """Compile the kernels of installed models for this CPU, once (what scripts/install.sh runs).
-
-    python -m ffnlab.quant.warmup [MODEL ...]: load each model (default smollm2), which compiles
-    its kernels with the progress line, or only reads numba's cache when they are there."""
-    import argparse
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--worker"]:
-        _worker(argv[1], argv[2], [int(i) for i in argv[3].split(",") if i])
-        return 0
-    p = argparse.ArgumentParser(prog="python -m ffnlab.quant.warmup", description=main.__doc__.splitlines()[0])
-    p.add_argument("models", nargs="*", default=["smollm2"], help="installed model names or GGUF paths")
-    p.add_argument("--arith", choices=("f32", "ggml"), default="f32", help="the arithmetic to compile for")
-    args = p.parse_args(argv)
-    from ..errors import FfnlabError
-    from ..formats.installed import resolve_model
-    from ..formats.load import load
-    for name in args.models:
-        try:
-            m = load(resolve_model(name), arith=args.arith)
-        except FfnlabError as e:
-            print(f"ffnlab warm-up: error: {e}", file=sys.stderr)
-            return 1
-        print(f"ffnlab warm-up: {name}: kernels ready ({m.compile_seconds:.1f} s)", file=sys.stderr)
-    return 0
-
-
 def _kind(value):
     """What decides the kernels a layer's step calls: the types, dtypes and shapes of its weights"""
     if isinstance(value, (tuple, list)):
@@ -345,6 +306,3 @@ def _kind(value):
     return (type(value).__name__, getattr(value, "shape", None), str(getattr(value, "dtype", "")),
             getattr(value, "qtype", None), getattr(value, "packed", None) is None)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,56 @@
+"""Float products on several threads with one thread pool: the work split into whole BLAS calls,
+each on one thread (ffnlab/threads.py's parallel_for, BLAS limited to one thread inside it).
+
+Why: with two threads, OpenBLAS splits every product over both cores and its threads meet at a
+barrier per call. A training step makes ~40 products per layer, the attention's being small
+([256, 64] x [64, 256] per head): when another process holds a core, each call waits for a
+descheduled sibling, and NumPy's own two-thread step ran 5x slower than its one-thread step
+(2026-12-01, Intel Xeon, load average ~1-3). Here each thread takes the next whole matrix (or
+block of rows) as it finishes one, so a descheduled thread delays only its own item.
+training/trainer.loss_and_grads runs the whole step with BLAS on one thread (threads.blas_single),
+so a product is split here or runs on one thread, and no idle OpenBLAS thread spins beside the
+split ones (a two-thread step at load average ~5: 0.98 s inside, 1.49 s without).
+A head's product is the very BLAS call NumPy's batched matmul makes for it: the same bits. One
+thread (threads() == 1): exactly NumPy's `a @ b`.
+"""
+import numpy as np
+
+from .. import threads as _threads
+
+MIN_WORK = 1 << 20        # multiply-adds from which a product is split (below, a thread hand-off costs more)
+MIN_ROWS = 64             # rows per block of a split 2-D product
+
+
+def batched_matmul(a, b):
+    """a: [..., M, K], b: [..., K, N] with the same leading shape (strided views welcome) -> [..., M, N]"""
+    n = _threads.threads()
+    lead = a.shape[:-2]
+    M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+    count = int(np.prod(lead)) if lead else 1
+    if n <= 1 or count < 2 or b.shape[:-2] != lead or count * M * K * N < MIN_WORK:
+        return a @ b
+    out = np.empty(lead + (M, N), np.result_type(a, b))
+    index = list(np.ndindex(*lead))
+
+    def one(i):
+        j = index[i]
+        np.matmul(a[j], b[j], out=out[j])
+    _threads.parallel_for(one, count)
+    return out
+
+
+def matmul_rows(a, b):
+    """a: [M, K], b: [K, N] (b may be a transposed view) -> a @ b, blocks of a's rows on the threads"""
+    n = _threads.threads()
+    M, K = a.shape
+    N = b.shape[1]
+    blocks = min(2 * n, M // MIN_ROWS)                  # two blocks a thread: a late thread leaves its second
+    if n <= 1 or blocks < 2 or M * K * N < MIN_WORK:
+        return a @ b
+    out = np.empty((M, N), np.result_type(a, b))
+    edges = [M * i // blocks for i in range(blocks + 1)]
+
+    def one(i):
+        np.matmul(a[edges[i]:edges[i + 1]], b, out=out[edges[i]:edges[i + 1]])
+    _threads.parallel_for(one, blocks)
+    return out

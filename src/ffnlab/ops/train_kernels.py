@@ -1,0 +1,305 @@
+"""Compiled kernels of the training step: the fused forms of NumPy ops that PyTorch runs as one C++
+loop each and NumPy as four to eight passes over memory (each a fresh temporary, each a page-fault
+storm on training-size arrays, each single-threaded).
+
+Each kernel sits behind the op it replaces, for float32 C-contiguous arrays; the op's NumPy code
+(its *_numpy twin, beside it) stays the readable definition and runs for every other dtype
+(float64 gradient checks included). tests/unit/test_train_kernels.py holds each kernel to its twin:
+
+  bit for bit (EXACT: no fastmath, every float32 operation in the twin's order, sums as the twin's)
+    attention's scale + causal mask + softmax   ops/attention.attention_probs
+    SiLU backward                               ops/activations.silu_backward
+    the cross-entropy backward                  ops/loss.cross_entropy_backward
+    AdamW's update                              training/optim.AdamW.step
+    the embedding's scatter-add                 ops/embedding.embedding_backward (rows in id order)
+  within a float32 error bound derived in the test (the twin sums in NumPy's pairwise order or calls
+  libm's tanh / exp; here the sums are float64 and the exponentials ops/fastmath.exp32)
+    GELU (tanh form) backward, softmax backward, LayerNorm and RMSNorm backward, cross-entropy forward
+
+Threads: blocks of rows (or of values) are spread over ffnlab/threads.py's threads; every value is
+computed by one thread in a fixed order, and the parameter gradients of the norms sum fixed blocks of 64 rows
+and then the blocks in order, so the bits do not depend on the number of threads.
+"""
+import numpy as np
+from numba import njit
+
+from .. import threads as _threads
+from .fastmath import PARALLEL_MIN, exp32
+
+EXACT = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")       # each operation rounded as NumPy's
+FAST = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")  # FMA where a multiply feeds an add
+SUMS = dict(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"}, error_model="numpy")   # a float64 sum in
+# vector lanes: the one step that may be reassociated (its order is fixed by the compiled code, not by the threads)
+F = np.float32
+ONE, TWO, THREE = F(1.0), F(2.0), F(3.0)
+BLOCK = 64                    # rows per partial sum of a norm's weight gradient
+
+
+def _split(fn, n, size):
+    """fn(lo, hi) over blocks of range(n), on ffnlab/threads.py's threads (parallel_for: each thread
+    takes the next block, two blocks a thread) once the work is ~32k values (size) or more; on this
+    thread otherwise. The kernels are nogil. One pool for the whole step: numba's own parallel
+    regions left its OpenMP threads spinning beside OpenBLAS's, and a two-thread step ran 1.2-1.4x
+    slower with them than with serial kernels (2026-12-01, Intel Xeon, load average ~5)."""
+    k = min(2 * _threads.threads(), n)
+    if k < 2 or size < PARALLEL_MIN:
+        fn(0, n)
+        return
+    edges = [n * i // k for i in range(k + 1)]
+    _threads.parallel_for(lambda i: fn(edges[i], edges[i + 1]), k)
+
+
+# --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
+@njit(**EXACT)
+def _silu_backward_span(dy, x, out):
+    for i in range(x.shape[0]):
+        v = x[i]
+        s = ONE / (exp32(-v) + ONE)                        # ops/fastmath.sigmoid_into's order
+        out[i] = (((ONE - s) * v + ONE) * s) * dy[i]        # s (1 + x (1 - s)) dy, as silu_backward_numpy
+
+
+def silu_backward_into(dy, x, out):
+    """dy, x, out: 1-D float32 -> out = dy * d/dx (x sigmoid(x))"""
+    _split(lambda lo, hi: _silu_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi]), x.shape[0], x.shape[0])
+
+
+@njit(**FAST)
+def _gelu_tanh_backward_span(dy, x, out, c, a):
+    for i in range(x.shape[0]):
+        v = x[i]
+        u = c * v * (ONE + a * v * v)                      # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
+        s = ONE / (exp32(-TWO * u) + ONE)
+        du = c * (ONE + THREE * a * v * v)                  # u'
+        out[i] = (s + v * (s * (ONE - s)) * (TWO * du)) * dy[i]   # sigmoid(2u) + x sigmoid'(2u) 2u'
+
+
+def gelu_tanh_backward_into(dy, x, out, c, a):
+    """dy, x, out: 1-D float32 -> out = dy * gelu_tanh'(x) (c = sqrt(2/pi), a = 0.044715)"""
+    _split(lambda lo, hi: _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a), x.shape[0], x.shape[0])
+
+
+# --- attention: scale, mask and softmax of the scores in one pass ---------------------------
+@njit(**EXACT)
+def _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, r, t):
+    """row t of head r: v = kq * scale, -inf where not allowed; e^(v - max) / sum as ops/softmax.py
+    (the sum in float64 in key order). Keys outside [lo[t], hi[t]) are all masked: they add
+    exactly 0 to the sum, so they are set to 0 and skipped."""
+    row, o = kq[r, t], out[r, t]
+    a, b = lo[t], hi[t]
+    for j in range(a):
+        o[j] = F(0.0)
+    for j in range(b, row.shape[0]):
+        o[j] = F(0.0)
+    x, y = row[a:b], o[a:b]
+    al = allowed[t, a:b]
+    m = F(-np.inf)
+    for j in range(x.shape[0]):
+        v = x[j] * scale
+        v = v if (al[j] or not masked) else F(-np.inf)
+        y[j] = v
+        m = max(m, v)
+    for j in range(x.shape[0]):
+        y[j] = exp32(y[j] - m)                               # a masked key: exp32(-inf) = 0
+    s = 0.0
+    for j in range(x.shape[0]):
+        s += y[j]
+    d = F(s)
+    for j in range(x.shape[0]):
+        y[j] = y[j] / d
+
+
+@njit(**EXACT)
+def _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out, first, last):
+    """rows first..last-1 of the R x T rows"""
+    for rt in range(first, last):
+        _masked_softmax_row(kq, scale, allowed, masked, lo, hi, out, rt // kq.shape[1], rt % kq.shape[1])
+
+
+def masked_softmax_rows(kq, scale, allowed, out):
+    """kq, out: [R, T, S] float32 (R = batch x heads), allowed: [T, S] bool or None ->
+    out = softmax(kq * scale, -inf where not allowed) over S"""
+    R, T, S = kq.shape
+    if allowed is None:
+        allowed = np.ones((T, S), np.bool_)
+        lo, hi = np.zeros(T, np.int64), np.full(T, S, np.int64)
+        masked = False
+    else:
+        allowed = np.ascontiguousarray(allowed, np.bool_)
+        any_ = allowed.any(axis=1)
+        lo = np.where(any_, allowed.argmax(axis=1), 0).astype(np.int64)                  # first allowed key
+        hi = np.where(any_, S - allowed[:, ::-1].argmax(axis=1), S).astype(np.int64)     # past the last
+        masked = True
+    scale = F(scale)
+    _split(lambda a, b: _masked_softmax_serial(kq, scale, allowed, masked, lo, hi, out, a, b), R * T, kq.size)
+
+
+@njit(**SUMS)
+def _dot64(a, b):
+    """sum of a * b in float64 (vector lanes)"""
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += np.float64(a[j]) * np.float64(b[j])
+    return s
+
+
+@njit(**EXACT)
+def _softmax_backward_row(dy, y, dx, i):
+    s = F(_dot64(dy[i], y[i]))
+    a, b, o = dy[i], y[i], dx[i]
+    for j in range(a.shape[0]):
+        o[j] = (a[j] - s) * b[j]
+
+
+@njit(**EXACT)
+def _softmax_backward_serial(dy, y, dx):
+    for i in range(dy.shape[0]):
+        _softmax_backward_row(dy, y, dx, i)
+
+
+def softmax_backward_rows(dy, y, dx):
+    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)), the sum in float64"""
+    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi]), dy.shape[0], dy.size)
+
+
+# --- norms backward -------------------------------------------------------------------------
+@njit(**SUMS)
+def _sum64(a):
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += np.float64(a[j])
+    return s
+
+
+@njit(**EXACT)
+def _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k):
+    """rows k*BLOCK.. of a LayerNorm (center) or RMSNorm backward: dx = rstd (g - [mean g] - x_hat mean(g x_hat)),
+    g = dy w; this block's sums of dy x_hat and dy into dw[k], db[k] (float64)"""
+    N, D = dy.shape
+    g = np.empty(D, np.float32)
+    for i in range(k * BLOCK, min(N, (k + 1) * BLOCK)):
+        a, xh, o = dy[i], x_hat[i], dx[i]
+        for d in range(D):
+            g[d] = a[d] * w[d] if has_w else a[d]
+            dw[k, d] += np.float64(a[d]) * np.float64(xh[d])
+            db[k, d] += np.float64(a[d])
+        c = F(_dot64(g, xh) / D)                            # mean(g x_hat)
+        mg = F(_sum64(g) / D) if center else F(0.0)         # mean(g)
+        r = rstd[i]
+        for d in range(D):
+            o[d] = ((g[d] - mg) - xh[d] * c) * r
+
+
+@njit(**EXACT)
+def _norm_backward_serial(dy, x_hat, rstd, w, has_w, center, dx, dw, db, first, last):
+    for k in range(first, last):
+        _norm_backward_block(dy, x_hat, rstd, w, has_w, center, dx, dw, db, k)
+
+
+def norm_backward_rows(dy, x_hat, rstd, w, center):
+    """dy, x_hat: [N, D] float32, rstd: [N], w: [D] float32 or None, center: LayerNorm (else RMSNorm)
+    -> dx [N, D], dw [D] (sum over rows of dy x_hat), db [D] (sum of dy), float32"""
+    N, D = dy.shape
+    dx = np.empty((N, D), np.float32)
+    blocks = (N + BLOCK - 1) // BLOCK
+    dw = np.zeros((blocks, D))
+    db = np.zeros((blocks, D))
+    w1 = w if w is not None else np.ones(0, np.float32)
+    _split(lambda a, b: _norm_backward_serial(dy, x_hat, rstd, w1, w is not None, center, dx, dw, db, a, b),
+           blocks, dy.size)
+    return dx, _ordered_sum(dw), _ordered_sum(db)
+
+
+@njit(**EXACT)
+def _ordered_sum(parts):
+    """[blocks, D] float64 -> [D] float32, the blocks added in order"""
+    out = np.zeros(parts.shape[1])
+    for k in range(parts.shape[0]):
+        for d in range(parts.shape[1]):
+            out[d] += parts[k, d]
+    return out.astype(np.float32)
+
+
+# --- cross-entropy --------------------------------------------------------------------------
+@njit(**EXACT)
+def _cross_entropy_row(logits, targets, probs, losses, i):
+    row, p = logits[i], probs[i]
+    m = row[0]
+    for j in range(row.shape[0]):
+        m = max(m, row[j])
+    for j in range(row.shape[0]):
+        p[j] = exp32(row[j] - m)
+    s = _sum64(p)
+    d = F(s)
+    for j in range(row.shape[0]):
+        p[j] = p[j] / d
+    losses[i] = np.log(s) + np.float64(m) - np.float64(row[targets[i]])   # logsumexp - logit of the target
+
+
+@njit(**EXACT)
+def _cross_entropy_serial(logits, targets, probs, losses):
+    for i in range(logits.shape[0]):
+        _cross_entropy_row(logits, targets, probs, losses, i)
+
+
+def cross_entropy_rows(logits, targets):
+    """logits: [N, V] float32, targets: [N] int64 -> mean loss (float32), probs [N, V] (float64 sums)"""
+    probs = np.empty(logits.shape, np.float32)
+    losses = np.empty(logits.shape[0])
+    _split(lambda lo, hi: _cross_entropy_serial(logits[lo:hi], targets[lo:hi], probs[lo:hi], losses[lo:hi]),
+           logits.shape[0], logits.size)
+    return np.float32(_mean(losses)), probs
+
+
+@njit(**EXACT)
+def _mean(a):
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i]
+    return s / a.shape[0]
+
+
+@njit(**EXACT)
+def _cross_entropy_backward_rows(probs, targets, scale, out):
+    for i in range(probs.shape[0]):
+        p, o, t = probs[i], out[i], targets[i]
+        for j in range(p.shape[0]):
+            o[j] = (p[j] - ONE if j == t else p[j]) * scale
+
+
+def cross_entropy_backward_rows(probs, targets, scale):
+    """probs: [N, V] float32 -> (probs - onehot(targets)) * scale, as cross_entropy_backward_numpy's steps"""
+    out = np.empty(probs.shape, np.float32)
+    scale = F(scale)
+    _split(lambda lo, hi: _cross_entropy_backward_rows(probs[lo:hi], targets[lo:hi], scale, out[lo:hi]),
+           probs.shape[0], probs.size)
+    return out
+
+
+# --- embedding backward ---------------------------------------------------------------------
+@njit(**EXACT)
+def scatter_add_rows(table, ids, dx):
+    """table[ids[i]] += dx[i] for i in order (np.add.at's order), table [V, D], dx [N, D] float32"""
+    for i in range(ids.shape[0]):
+        r, a = table[ids[i]], dx[i]
+        for d in range(a.shape[0]):
+            r[d] += a[d]
+
+
+# --- AdamW ----------------------------------------------------------------------------------
+@njit(**EXACT)
+def _adamw_span(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
+    """training/optim.AdamW.step's NumPy steps, per value, in their order and float32 roundings"""
+    for i in range(p.shape[0]):
+        gi = g[i]
+        mi = m[i] + (gi - m[i]) * c1                       # m = m + (1 - b1)(g - m)
+        vi = v[i] * b2 + (gi * gi) * c2                     # v = b2 v + (1 - b2) g^2
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] * decay - (mi / (np.sqrt(vi) / bc2_sqrt + eps)) * step_size
+
+
+def adamw_update(p, g, m, v, decay, c1, b2, c2, bc2_sqrt, eps, step_size):
+    """p, g, m, v: 1-D float32 (views of the parameter, its gradient and moments), updated in place;
+    the scalars as training/optim.py rounds them to float32"""
+    args = (F(decay), F(c1), F(b2), F(c2), F(bc2_sqrt), F(eps), F(step_size))
+    _split(lambda lo, hi: _adamw_span(p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], *args), p.shape[0], p.shape[0])

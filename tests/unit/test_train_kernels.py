@@ -1,0 +1,265 @@
+"""ops/train_kernels.py's compiled training kernels against the NumPy twins they replace.
+
+Bit for bit where the kernel does the twin's float32 operations in the twin's order (attention's
+masked softmax, SiLU backward, the cross-entropy backward, AdamW, the embedding's scatter-add).
+Elsewhere the twin sums in NumPy's pairwise float32 order (or calls libm's tanh / exp) and the kernel
+sums in float64 (with ops/fastmath.exp32), so the two differ by at most the twin's own rounding
+error, bounded as in Higham's "Accuracy and Stability of Numerical Algorithms" (ch. 3-4): a float32
+sum of n terms is off by at most n eps sum|terms| (eps = 2^-24, the unit roundoff; pairwise summation
+does better, this bound holds for any order), and each further correctly rounded operation adds eps
+of its result's magnitude. Every bound below is that count, written beside the test.
+"""
+import numpy as np
+import pytest
+
+from ffnlab.ops import train_kernels
+from ffnlab.ops.activations import (GELU_TANH_COEF, SQRT_2_OVER_PI, gelu_tanh_backward, gelu_tanh_backward_numpy,
+                                    silu_backward, silu_backward_numpy)
+from ffnlab.ops.attention import attention_probs, attention_probs_numpy, causal_mask
+from ffnlab.ops.embedding import embedding_backward
+from ffnlab.ops.loss import (cross_entropy_backward, cross_entropy_backward_numpy, cross_entropy_forward,
+                             cross_entropy_forward_numpy)
+from ffnlab.ops.norms import (layernorm_backward, layernorm_backward_numpy, layernorm_forward, rmsnorm_backward,
+                              rmsnorm_backward_numpy, rmsnorm_forward)
+from ffnlab.ops.softmax import softmax_backward, softmax_backward_numpy
+from ffnlab.threads import set_threads, threads
+from ffnlab.training import optim
+from mutants import mutated_module
+from op_checks import check_attention
+
+EPS = 2.0 ** -24                  # float32 unit roundoff
+rng = np.random.default_rng(0)
+
+
+def f32(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def same_bits(got, want):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def within(got, want, bound, what):
+    err = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    worst = float(np.max(err / np.maximum(bound, 1e-300)))
+    assert worst <= 1.0, f"{what}: an error {worst:.2f} times its bound"
+
+
+SHAPES = [(2, 3, 7, 7), (4, 6, 64, 64), (1, 2, 130, 130)]     # serial and parallel kernels, ragged row lengths
+
+
+# --- bit for bit ------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("window", [None, 0, 5])
+def test_attention_probs_bit_for_bit(shape, window):
+    kq = f32(*shape, scale=4.0)
+    kq[..., 0, :] *= 30.0                                   # rows whose exponentials underflow
+    T = shape[-1]
+    allowed = None if window is None else causal_mask(np.arange(T), np.arange(T), window)
+    same_bits(attention_probs(kq, 0.125, allowed), attention_probs_numpy(kq, 0.125, allowed))
+
+
+def test_silu_backward_bit_for_bit():
+    for n in (17, 100_003):
+        x, dy = f32(n, scale=4.0), f32(n)
+        same_bits(silu_backward(dy, x), silu_backward_numpy(dy, x))
+
+
+def test_cross_entropy_backward_bit_for_bit():
+    for N, V in ((5, 11), (512, 256)):
+        probs = rng.dirichlet(np.ones(V), N).astype(np.float32)
+        t = rng.integers(0, V, N)
+        same_bits(cross_entropy_backward(probs, t, 0.7), cross_entropy_backward_numpy(probs, t, 0.7))
+
+
+def test_embedding_backward_bit_for_bit_with_repeated_ids():
+    ids = rng.integers(0, 13, 700)                           # many repeats: the order of the additions shows
+    dx = f32(700, 48)
+    want = np.zeros((13, 48), np.float32)
+    np.add.at(want, ids, dx)
+    got, _ = embedding_backward(dx, ids, 13)
+    same_bits(got, want)
+    with pytest.raises(IndexError):
+        embedding_backward(dx, np.full(700, 13), 13)
+
+
+def adamw_run(monkeypatch, compiled, steps=4):
+    g = np.random.default_rng(1)
+    params = {n: g.standard_normal(s).astype(np.float32) for n, s in
+              (("blk.0.ffn_up.weight", (300, 129)), ("blk.0.attn_norm.weight", (129,)), ("token_embd.weight", (40, 129)))}
+    monkeypatch.setattr(optim, "_compiled", optim._compiled if compiled else (lambda *a: False))
+    opt = optim.AdamW(params, weight_decay=0.1)
+    for s in range(steps):
+        grads = {n: (g.standard_normal(a.shape) * 10.0 ** g.integers(-6, 2)).astype(np.float32)
+                 for n, a in params.items()}
+        opt.step(params, grads, 1e-3 * (s + 1))
+    return params, opt
+
+
+def test_adamw_bit_for_bit(monkeypatch):
+    p1, o1 = adamw_run(monkeypatch, True)
+    p2, o2 = adamw_run(monkeypatch, False)
+    for n in p1:
+        same_bits(p1[n], p2[n])
+        same_bits(o1.m[n], o2.m[n])
+        same_bits(o1.v[n], o2.v[n])
+
+
+def test_a_reordered_adamw_update_is_caught(monkeypatch):
+    """the same algebra in another rounding order: the bit-for-bit test sees it"""
+    bad = mutated_module(train_kernels, ("mi = m[i] + (gi - m[i]) * c1", "mi = m[i] * (ONE - c1) + gi * c1"))
+    monkeypatch.setattr(optim, "adamw_update", bad.adamw_update)
+    p1, _ = adamw_run(monkeypatch, True)
+    monkeypatch.setattr(optim, "adamw_update", train_kernels.adamw_update)
+    p2, _ = adamw_run(monkeypatch, False)
+    assert any(not np.array_equal(p1[n], p2[n]) for n in p1)
+
+
+# --- within float32 error analysis ------------------------------------------------------------
+def test_gelu_tanh_backward_within_its_bound():
+    """Both forms evaluate f'(x) = A + B with |A| <= 1 and |B| <= |x| inner'(x), inner' =
+    sqrt(2/pi)(1 + 3 * 0.044715 x^2); every intermediate (t or sigmoid(2u), 1 - t^2, s(1 - s), the
+    products) is at most M = 1 + |x| inner' in magnitude, and each form takes <= 10 rounded steps
+    (tanh / exp32 included at <= 2 ulps each): each is within 10 eps M |dy| of the exact f', so they
+    are within 20 eps M |dy| of each other."""
+    x = np.concatenate([f32(200_001, scale=3.0), np.linspace(-12, 12, 4001, dtype=np.float32)])
+    dy = f32(x.size)
+    x64 = x.astype(np.float64)
+    inner = SQRT_2_OVER_PI * (1 + 3 * GELU_TANH_COEF * x64 ** 2)
+    bound = 20 * EPS * (1 + np.abs(x64) * inner) * np.abs(dy)
+    t = np.tanh(SQRT_2_OVER_PI * (x64 + GELU_TANH_COEF * x64 ** 3))
+    exact = (0.5 * (1 + t) + 0.5 * x64 * (1 - t * t) * inner) * dy
+    got = gelu_tanh_backward(dy, x)
+    within(got, gelu_tanh_backward_numpy(dy, x), bound, "gelu_tanh backward vs NumPy")
+    within(got, exact, bound / 2, "gelu_tanh backward vs float64")
+
+
+def test_a_wrong_gelu_derivative_is_caught():
+    bad = mutated_module(train_kernels, ("du = c * (ONE + THREE * a * v * v)", "du = c * (ONE + TWO * a * v * v)"))
+    x, dy = f32(1000, scale=2.0), f32(1000)
+    got = np.empty_like(x)
+    bad.gelu_tanh_backward_into(dy, x, got, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
+    with pytest.raises(AssertionError, match="times its bound"):
+        x64 = x.astype(np.float64)
+        bound = 20 * EPS * (1 + np.abs(x64) * SQRT_2_OVER_PI * (1 + 3 * GELU_TANH_COEF * x64 ** 2)) * np.abs(dy)
+        within(got, gelu_tanh_backward_numpy(dy, x), bound, "mutated gelu_tanh backward")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_softmax_backward_within_its_bound(shape):
+    """dx_j = y_j (dy_j - s), s = sum_k dy_k y_k: NumPy's float32 s is within (N + 1) eps S1 of the
+    exact (S1 = sum |dy_k y_k|, the products rounded too), the float64 one within eps |s|; the
+    subtraction and the product add 2 eps (|dy_j| + |s|) |y_j|: |diff_j| <= |y_j| (N + 4) eps (S1 + |dy_j|)"""
+    y = np.exp(f32(*shape, scale=3.0))
+    y /= y.sum(-1, keepdims=True)
+    dy = f32(*shape, scale=2.0)
+    N = shape[-1]
+    s1 = np.sum(np.abs(dy.astype(np.float64) * y), -1, keepdims=True)
+    bound = np.abs(y) * (N + 4) * EPS * (s1 + np.abs(dy))
+    within(softmax_backward(dy, y), softmax_backward_numpy(dy, y), bound, "softmax backward")
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("shape", [(3, 5, 16), (4, 256, 384), (130, 65)])
+def test_norm_backward_within_its_bound(kind, shape):
+    """dx = rstd (g - [mean g] - x_hat mean(g x_hat)), g = dy w. NumPy's means of D terms are within
+    (D + 1) eps of mean|g| and mean|g x_hat|; three more roundings of at most that size each:
+    |diff| <= 2 rstd (D + 4) eps (|g| + mean|g| + |x_hat| mean|g x_hat|). The weight gradients are
+    sums over the N rows: |diff| <= 2 (N + 2) eps sum|dy x_hat| (and sum|dy| for the bias)."""
+    D = shape[-1]
+    x = f32(*shape, scale=2.0) + 0.5
+    w, b = f32(D) + 1.0, f32(D)
+    dy = f32(*shape)
+    if kind == "layernorm":
+        _, cache = layernorm_forward(x, w, b, 1e-5)
+        got, want = layernorm_backward(dy, w, cache), layernorm_backward_numpy(dy, w, cache)
+    else:
+        _, cache = rmsnorm_forward(x, w, 1e-6)
+        got, want = rmsnorm_backward(dy, w, cache), rmsnorm_backward_numpy(dy, w, cache)
+    x_hat, rstd = (c.astype(np.float64) for c in cache)
+    x_hat, rstd = x_hat.reshape(shape), rstd.reshape(*shape[:-1], 1)
+    g = np.abs(dy * w.astype(np.float64))
+    bound = 2 * rstd * (D + 4) * EPS * (g + g.mean(-1, keepdims=True)
+                                        + np.abs(x_hat) * (g * np.abs(x_hat)).mean(-1, keepdims=True))
+    within(got[0], want[0], bound, f"{kind} dx")
+    lead = tuple(range(len(shape) - 1))
+    N = int(np.prod(shape[:-1]))
+    within(got[1], want[1], 2 * (N + 2) * EPS * np.sum(np.abs(dy * x_hat), lead), f"{kind} dw")
+    if kind == "layernorm":
+        within(got[2], want[2], 2 * (N + 2) * EPS * np.sum(np.abs(dy.astype(np.float64)), lead), "layernorm db")
+
+
+def test_cross_entropy_forward_within_its_bound():
+    """loss = mean_i (logsumexp_i - x_i,t). NumPy: shifted = x - m (1 rounding), libm exp (1 ulp),
+    a sum of V terms ((V + 1) eps of it), the log, logp = shifted - lse, a mean of N terms: each
+    row's logp_t is within (V + 6) eps (|shifted_t| + lse + 1) and the mean adds (N + 1) eps of
+    mean|logp_t|. The probabilities exp(logp) are within that row error (relative), plus 4 ulps for
+    exp32's 2 and the division."""
+    N, V = 700, 256
+    logits = f32(N, V, scale=3.0)
+    t = rng.integers(0, V, N)
+    loss, probs = cross_entropy_forward(logits, t)
+    want_loss, want_probs = cross_entropy_forward_numpy(logits, t)
+    x = logits.astype(np.float64)
+    shifted = x - x.max(-1, keepdims=True)
+    lse = np.log(np.exp(shifted).sum(-1, keepdims=True))
+    row = (V + 6) * EPS * (np.abs(shifted) + lse + 1)
+    logp_t = np.abs(shifted[np.arange(N), t] - lse[:, 0])
+    within(np.array(loss), np.array(want_loss), np.mean(row[np.arange(N), t]) + (N + 1) * EPS * logp_t.mean(), "loss")
+    within(probs, want_probs, probs * (row + 8 * EPS), "probs")
+    with pytest.raises(IndexError):
+        cross_entropy_forward(logits, np.full(N, V))
+
+
+# --- threads ----------------------------------------------------------------------------------
+def test_kernels_give_the_same_bits_on_one_and_two_threads():
+    x = f32(4, 256, 384)
+    w = f32(384) + 1.0
+    _, cache = layernorm_forward(x, w, None, 1e-5)
+    kq = f32(2, 6, 128, 128)
+    allowed = causal_mask(np.arange(128), np.arange(128))
+    dy = f32(4, 256, 384)
+    n0 = threads()
+    out = []
+    try:
+        for n in (1, 2):
+            set_threads(n)
+            out.append([*layernorm_backward(dy, w, cache)[:2], attention_probs(kq, 0.1, allowed),
+                        gelu_tanh_backward(dy, x), softmax_backward(kq, kq)])
+    finally:
+        set_threads(n0)
+    for a, b in zip(*out):
+        same_bits(a, b)
+
+
+@pytest.mark.parametrize("edits", [[("v = x[j] * scale", "v = x[j]")],                  # no 1/sqrt(head_dim)
+                                   [("hi = np.where(any_, S - allowed[:, ::-1].argmax(axis=1), S)", "hi = np.full(T, S)"),
+                                    ("        masked = True", "        masked = False")]])   # the mask ignored
+def test_a_wrong_fused_softmax_is_caught(monkeypatch, edits):
+    """op_checks.check_attention (against torch) sees a kernel that drops the scale or the mask"""
+    import ffnlab.ops.attention as ops_attention
+    check_attention()
+    monkeypatch.setattr(ops_attention, "train_kernels",
+                        mutated_module(train_kernels, *edits))
+    with pytest.raises(AssertionError, match="relative error"):
+        check_attention()
+
+
+# --- products split over the threads (ops/matmul.py) -----------------------------------------
+def test_split_products_give_numpys_bits():
+    """each head's product (and each block of rows) is one single-threaded BLAS call: the bits of
+    NumPy's own product on one thread"""
+    from ffnlab.ops.matmul import batched_matmul, matmul_rows
+    a, b = f32(2, 3, 256, 64), f32(2, 3, 256, 64).swapaxes(-1, -2)      # q and a transposed k, as attention_scores
+    x, w, dy = f32(1024, 96), f32(384, 96), f32(1024, 384)                # a linear's input, weight, dy
+    n0 = threads()
+    try:
+        set_threads(1)
+        want = [a @ b, x @ w.T, dy.T @ x]
+        set_threads(2)
+        got = [batched_matmul(a, b), matmul_rows(x, w.T), matmul_rows(dy.T, x)]
+    finally:
+        set_threads(n0)
+    for g, w_ in zip(got, want):
+        same_bits(g, w_)
