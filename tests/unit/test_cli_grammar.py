@@ -157,7 +157,7 @@ def test_a_value_equal_to_the_default_still_counts_as_given(capsys):
 
 
 def test_every_command_that_reads_a_model_takes_m():
-    no_model = {"ablate", "models", "train"}                 # they make or list models; train --tokenizer MODEL
+    no_model = {"ablate", "experiment", "models", "train"}   # they make or list models; train --tokenizer MODEL
     for cmd, p in commands().items():
         flags = {s for a in p._actions for s in a.option_strings}
         assert cmd in no_model or {"-m", "--model"} <= flags, f"ffnlab {cmd} has no -m"

@@ -36,6 +36,17 @@ def add_arguments(p):
     p.add_argument("--no-train-eval", dest="eval_train", action="store_false", default=None,
                    help="evaluate on the held-out windows only (half the evaluation cost)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    # a grid of fine-tunes (runtime/finetune_grid.py): targets x ranks x seeds, one work unit each
+    p.add_argument("--grid-targets", default=None, metavar="T1;T2",
+                   help="run a grid: ';'-separated target sets, e.g. 'q,v;up,down' (--out is then the grid's folder: "
+                        "one result per run, resumable; a table of every run is printed)")
+    p.add_argument("--grid-ranks", default=None, metavar="R1,R2", help="grid ranks, e.g. 2,8 (default: --lora-r)")
+    p.add_argument("--grid-train-tokens", default=None, metavar="N1,N2",
+                   help="grid training-data sizes (--train-tokens values, 0 = all; default: --train-tokens)")
+    p.add_argument("--seeds", type=_flag_type("--seeds", "positive"), default=None,
+                   help="grid: seeds 0..N-1 per configuration (default 1)")
+    from .scaleout import add_ray_arguments
+    add_ray_arguments(p)
 
 
 def _flag_type(flag, typ):
@@ -52,6 +63,8 @@ def run(args):
     from ..training.data import TokenData, data_info, read_text
     from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune
 
+    if args.grid_targets is not None or args.grid_ranks or args.grid_train_tokens or args.seeds or args.ray is not None:
+        return run_grid(args)
     given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
     given["eval_train"] = args.eval_train
     given = {k: v for k, v in given.items() if v is not None}
@@ -96,3 +109,52 @@ def run(args):
               f"{rec.get('tokens_per_s', 0):.0f} tok/s; adapter in {args.out} "
               f"(try: ffnlab run -m {args.model or 'smollm2'} --lora {args.out} -p \"...\")")
     return 0
+
+
+def _ints(text, flag):
+    from ..errors import UsageError
+    try:
+        v = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        v = []
+    if not v or min(v) < 0:
+        raise UsageError(f"{flag}: expected comma-separated integers >= 0, got {text!r}")
+    return v
+
+
+def run_grid(args):
+    """--grid-targets / --grid-ranks / --seeds: the grid as work units into --out (OUT/job.json, OUT/units/)."""
+    from dataclasses import asdict
+
+    from ..errors import UsageError
+    from ..formats.installed import resolve_model
+    from ..runtime.executor import ModelSpec, OutputDir
+    from ..runtime.finetune_grid import grid_units, run_grid as grid, table
+    from ..training.finetune import FinetuneSettings
+    from .scaleout import backend, file_digest
+
+    if args.resume:
+        raise UsageError("--resume: a grid resumes by itself (rerun the same command with the same --out)")
+    given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
+    given["eval_train"] = args.eval_train
+    settings = FinetuneSettings.from_dict({k: v for k, v in given.items() if v is not None})
+    targets = [t.strip() for t in (args.grid_targets or settings.targets).split(";") if t.strip()]
+    ranks = _ints(args.grid_ranks, "--grid-ranks") if args.grid_ranks else [settings.r]
+    if 0 in ranks:
+        raise UsageError("--grid-ranks: a rank must be positive")
+    tokens = _ints(args.grid_train_tokens, "--grid-train-tokens") if args.grid_train_tokens else [settings.train_tokens]
+    for t in targets:                                  # every configuration is checked before any runs
+        FinetuneSettings.from_dict({**asdict(settings), "targets": t}).validate()
+    units = grid_units(targets, ranks, args.seeds or 1, tokens)
+    path = resolve_model(args.model)
+    key = {"model": path, "data_sha256": file_digest(args.data), "settings": asdict(settings)}
+    out = OutputDir(args.out, "finetune-grid", key, [u.id for u in units])
+    rows, outcome = grid(ModelSpec(path), args.data, asdict(settings), units, out=out, backend=backend(args))
+    from .scaleout import finish
+    code, _ = finish(outcome, len(units))
+    if rows is not None:
+        print(table(rows))
+    if not args.quiet:
+        print(f"{len(units)} runs, {outcome.resumed} found in {args.out}, {len(units) - outcome.resumed - len(outcome.failures)} "
+              f"fine-tuned in {outcome.seconds:.0f} s")
+    return code

@@ -28,6 +28,7 @@ class TrainSettings:
     ckpt_every: int = 100       # commit a checkpoint every N steps (and at the end); 0: only at the end
     val_frac: float = 0.1       # held-out tail of the data
     aux_loss: float = 0.01      # mixture of experts: weight of the load-balancing loss (Switch: 0.01)
+    mlp_dropout: float = 0.0    # Dropout(p) on the MLP's hidden activation in training steps (mlp_dropout.py)
     schedule_steps: int = 0     # the steps warmup + cosine span; 0: steps. A run extended with
                                 # --resume --steps M keeps its first schedule, so the added steps
                                 # run at its final rate, min_lr_frac * lr (no jump back up)
@@ -42,6 +43,8 @@ class TrainSettings:
             raise UsageError("--warmup and --ckpt-every must be >= 0")
         if not (self.aux_loss >= 0 and math.isfinite(self.aux_loss)):
             raise UsageError(f"--aux-loss must be a number >= 0, got {self.aux_loss}")
+        if not 0.0 <= self.mlp_dropout < 1.0:
+            raise UsageError(f"mlp_dropout must be in [0, 1), got {self.mlp_dropout}")
 
     def lr_at(self, s) -> float:
         """The learning rate of 0-based step s: warmup + cosine over the schedule's steps, then

@@ -28,6 +28,7 @@ from ..model import Model
 from ..progress import Progress as Bar
 from ..threads import blas_single
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
+from . import mlp_dropout
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
 from .data import TokenData, eval_batches, sample_batch
@@ -157,7 +158,10 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
     params = init_params(cfg, seed=settings.seed)
     if init_hook is not None:
         init_hook(params)
-    model = Model(cfg, params)                                         # the optimizer updates params in place
+    # the optimizer updates params in place; with MLP dropout the model sees the same arrays
+    # through mlp_dropout.DroppedInput weights
+    view = mlp_dropout.attach(params, cfg, settings.mlp_dropout, settings.seed) if settings.mlp_dropout else params
+    model = Model(cfg, view)
     opt = AdamW(params, settings.weight_decay, (settings.beta1, settings.beta2), decay_embeddings=settings.decay_embeddings)
     rng = np.random.default_rng([settings.seed, 1])                    # batch order (init used seed alone)
     history = {"train": [], "grad_norm": [], "eval": []}                # train[i]: loss of step i+1
@@ -208,7 +212,9 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
             t0 = time.perf_counter()
             lr = settings.lr_at(s)
             x, y = sample_batch(data.train, settings.batch, settings.seq_len, rng)
+            mlp_dropout.set_step(view, step)
             loss, grads = loss_and_grads(model, x, y, settings.aux_loss)
+            mlp_dropout.set_step(view, step, training=False)
             if grads is None:
                 raise diverged(step, f"the loss ({float(loss)})", model, x)
             norm = clip_grad_norm(grads, settings.grad_clip)

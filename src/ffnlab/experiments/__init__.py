@@ -1,0 +1,1 @@
+"""Experiments: one TOML file per claim about the MLP (experiments/), run as grids of work units."""
