@@ -244,6 +244,7 @@ def evaluate(args):
     model, p, dcfg, d, in_node, out_node = _load_for(args)
     cw, _ = _windows(args, model, text)
     m = evaluate_dictionary(model, p, dcfg, cw, in_node, out_node, args.tokens or 20_000, args.windows, args.ablation)
+    m.pop("density")
     m.update({"dir": args.dir, "model": model.source, "arith": args.arith, "site_in": in_node, "site_out": out_node,
               "same_model_file": args.same_model_file})
     if args.json:
@@ -283,14 +284,13 @@ def show(args):
     if args.json:
         print(json.dumps({"dir": args.dir, "model": model.source, **pages}, ensure_ascii=False))
     else:
-        from ..evaluation.neurons import window_text  # noqa: F401 (the same window rendering as neurons)
         print(f"{args.dir}: {dcfg.d_sae} latents, {pages['tokens']} tokens of {args.data}")
         for f in pages["features"]:
             print(f"\nlatent {f['latent']}  density {f['density']:.4g}  max {f['max']:.4g}")
             print("  logits +: " + " ".join(repr(t["token"]) for t in f["logits_pos"][:8]))
             print("  logits -: " + " ".join(repr(t["token"]) for t in f["logits_neg"][:8]))
             for w in f["windows"]:
-                print(f"  {w['value']:+9.4g}  {w['text']}")
+                print(f"  {w['value']:+9.4g}  {w['text']!r}")
     sys.stdout.flush()
     if args.html:
         with written(args.html, "--html"):

@@ -156,3 +156,32 @@ class Harvest:
         self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
         self.pending = (np.array(arrays["pending.x"]), np.array(arrays["pending.y"]))
         self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
+
+
+class ArrayHarvest:
+    """Rows already in memory (x [R, d_in], y [R, d_out]) as a Harvest: the same buffer, draws and state, for
+    training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
+
+    def __init__(self, x, y, buffer):
+        self.x, self.y, self.buffer = x, y, buffer
+        self.cursor, self.epoch = 0, 0
+
+    def fill(self):
+        while self.buffer.room() > 0:
+            if self.cursor >= len(self.x):
+                self.cursor, self.epoch = 0, self.epoch + 1
+            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
+            self.cursor += r
+
+    def next_batch(self, B):
+        self.fill()
+        return self.buffer.draw(B)
+
+    def state(self):
+        arrays, scalars = self.buffer.state()
+        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
+                                                                    "epoch": self.epoch}
+
+    def load(self, arrays, scalars):
+        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
