@@ -112,9 +112,6 @@ def load(dirpath):
     k = _field(d, "k", int, cpath) if act == "topk" else int(ours.get("k", 0) or 0)
     if act == "topk" and not 0 < k <= d_sae:
         raise ModelFileError(f"{cpath}: field 'k' = {k} should be in 1..d_sae = {d_sae}")
-    if act == "topk" and d.get("rescale_acts_by_decoder_norm"):
-        raise ModelFileError(f"{cpath}: rescale_acts_by_decoder_norm is true; ffnlab reads TopK dictionaries whose "
-                             f"norms are folded (SAELens's save_inference_model folds them)")
     if d.get("normalize_activations", "none") != "none":
         raise ModelFileError(f"{cpath}: normalize_activations {d['normalize_activations']!r} is not read by ffnlab "
                              f"(only 'none')")
@@ -139,6 +136,13 @@ def load(dirpath):
         if not np.isfinite(a).all():
             raise ModelFileError(f"{wpath}: tensor {n!r} holds non-finite values")
         p[n] = a
+    if act == "topk" and d.get("rescale_acts_by_decoder_norm"):
+        # SAELens's TopK with pre * ||W_dec_i|| and a / ||W_dec_i||: the same map with the norms folded
+        # into the encoder (its own _fold_norm_topk); already unit rows (save_inference_model's) stay as they are
+        n = np.linalg.norm(p["W_dec"].astype(np.float64), axis=1)
+        p["W_enc"] = (p["W_enc"] * n[None, :]).astype(np.float32)
+        p["b_enc"] = (p["b_enc"] * n).astype(np.float32)
+        p["W_dec"] = (p["W_dec"] / n[:, None]).astype(np.float32)
     if act == "batchtopk" and not math.isfinite(float(p["threshold"][0])):
         raise ModelFileError(f"{wpath}: batchtopk threshold is not finite")
     return p, cfg, d
