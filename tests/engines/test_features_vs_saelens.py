@@ -1,6 +1,7 @@
 """ffnlab's dictionaries against SAELens (tests/reference/features_saelens.py, run by an interpreter where
-sae_lens imports: this one, or the venv scripts/install.sh --test makes at $FFNLAB_SAELENS_PYTHON's default
-/work/venvs/saelens/bin/python; SAELens pins transformer-lens < 4, so it lives in its own venv).
+sae_lens imports: this one, $FFNLAB_SAELENS_PYTHON, or the venv scripts/install.sh --test makes at
+$FFNLAB_SAELENS_VENV (default ~/.cache/ffnlab/venv-saelens); SAELens pins transformer-lens < 4, so it lives in
+its own venv).
 
 Bounds: a reconstruction is a sum of ~d_in + k float32 products, so the two libraries' orders of summation
 differ by at most (d_in + k) * eps32 relative to the output's scale (64 * 1.2e-7 here, taken as 1e-5 with room).
@@ -28,7 +29,8 @@ def saelens_python():
     import importlib.util
     if importlib.util.find_spec("sae_lens") is not None:
         return sys.executable
-    py = os.environ.get("FFNLAB_SAELENS_PYTHON", "/work/venvs/saelens/bin/python")
+    venv = os.environ.get("FFNLAB_SAELENS_VENV", os.path.expanduser("~/.cache/ffnlab/venv-saelens"))
+    py = os.environ.get("FFNLAB_SAELENS_PYTHON", os.path.join(venv, "bin", "python"))
     if shutil.which(py) is None and not os.path.exists(py):
         pytest.skip(f"sae_lens is not importable here and {py} does not exist (scripts/install.sh --test makes it)")
     ok = subprocess.run([py, "-c", "import sae_lens"], capture_output=True)
