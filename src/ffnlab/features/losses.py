@@ -32,6 +32,17 @@ def auxk_latents(pre, dead, k_aux) -> Sparse:
     return from_mask(pre, topk_mask(masked, k_aux) & dead[None, :], pre)
 
 
+def merged(a: Sparse, b: Sparse) -> Sparse:
+    """the entries of a, then b's, as one Sparse (rows no longer sorted within a row: by_latent's stable sort keeps
+    a fixed order, which is all the sums need to be reproducible)"""
+    rows = np.concatenate([a.rows, b.rows])
+    order = np.argsort(rows, kind="stable")
+    ptr = np.zeros(a.shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=a.shape[0]), out=ptr[1:])
+    cat = (lambda u, v: np.concatenate([u, v])[order])
+    return Sparse(ptr, cat(a.idx, b.idx), cat(a.val, b.val), cat(a.pre, b.pre), a.shape), order
+
+
 def loss_and_grads(p, cfg, x, y, dead=None, coef=0.0, aux_coef=1.0):
     """x [B, d_in], y [B, d_out] (= x for an SAE), dead [d_sae] bool (latents that have not fired lately),
     coef: the L1 (relu) or L0 (jumprelu) coefficient; aux_coef: AuxK's alpha
@@ -75,13 +86,11 @@ def loss_and_grads(p, cfg, x, y, dead=None, coef=0.0, aux_coef=1.0):
         dz, dW_aux = D.decoder_backward(p, cfg, z, drec)
         grads["W_dec"] += dW_aux
         extra.append((z, dz))
-    dW_enc, db_enc, db_dec_in = D.encoder_backward(p, cfg, acts, sae_in, dpre)
-    for s, d in extra:
-        dW_e, db_e, db_d = D.encoder_backward(p, cfg, s, sae_in, d)
-        dW_enc += dW_e
-        db_enc += db_e
-        if db_d is not None:
-            db_dec_in += db_d
+    support = acts
+    for z, dz in extra:                                                       # one encoder backward for all terms
+        support, order = merged(support, z)
+        dpre = np.concatenate([dpre, dz])[order]
+    dW_enc, db_enc, db_dec_in = D.encoder_backward(p, cfg, support, sae_in, dpre)
     grads["W_enc"], grads["b_enc"] = dW_enc, db_enc
     if db_dec_in is not None:
         grads["b_dec"] = grads["b_dec"] + db_dec_in
