@@ -143,7 +143,8 @@ class Trainer:
         self.step, self.history = int(record["step"]), list(record["history"])
 
     def run(self, out, on_step=None):
-        """Trains to settings.steps from wherever self.step is, checkpointing into out."""
+        """Trains to settings.steps from wherever self.step is, checkpointing into out (created)."""
+        os.makedirs(out, exist_ok=True)
         if self.step == 0:
             self.init_b_dec()
         while self.step < self.s.steps:
