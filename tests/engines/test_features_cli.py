@@ -173,3 +173,32 @@ def test_bad_dictionary_directory_is_one_line(smollm2, data, tmp_path, capsys, s
                                    "--ctx", "48", "--min-context", "8"])
     assert words in err
     assert contents(d) == before
+
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} not installed (apt-get install chromium): "
+                    "the HTML page is not rendered")
+def test_html_feature_pages_render_in_headless_chromium(smollm2, data, reference, tmp_path, capsys):
+    import re
+    import shutil
+    import tempfile
+    page = tmp_path / "f.html"
+    assert main(["features", "show", reference, "-m", smollm2, "--data", data, "--tokens", "300", "--ctx", "48",
+                 "--min-context", "8", "--features", "0,1,2,3", "--html", str(page), "--json", "-t", "1"]) == 0
+    pages = json.loads(capsys.readouterr().out)
+    profile = tempfile.mkdtemp()
+    try:
+        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                              f"--user-data-dir={profile}", "--dump-dom", f"file://{page}"],
+                             capture_output=True, text=True, timeout=120).stdout
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    for f in pages["features"]:
+        block = re.search(rf"<div class=\"f\" id=\"latent-{f['latent']}\">(.*?)</div>\s*(?=<div class=\"f\"|</body>)",
+                          dom, re.S)
+        assert block, f"latent {f['latent']} is on the page"
+        body = block.group(1)
+        assert body.count('<b class="tok">') == len(f["windows"])             # one marked token per window
+        assert body.count("<rect") == sum(1 for c in f["hist"]["counts"] if c)  # a bar per non-empty bin
