@@ -41,8 +41,9 @@ def add_arguments(p):
     p.add_argument("--seed", type=nonneg("--seed"), default=0, help="train: seed of the init and the batches (default 0)")
     p.add_argument("--buffer-mb", type=positive_float("--buffer-mb"), default=64.0,
                    help="train: memory of the shuffled activation buffer in MiB (default 64)")
-    p.add_argument("--dead-window", type=positive("--dead-window"), default=100_000,
-                   help="train: a latent is dead after this many tokens without firing (default 100000)")
+    p.add_argument("--dead-window", type=positive("--dead-window"), default=None,
+                   help="train: a latent is dead after this many tokens without firing (default: a tenth of --tokens, "
+                        "at least one batch and at most 100000, so that AuxK can act within a short run)")
     p.add_argument("--ckpt-every", type=nonneg("--ckpt-every"), default=50,
                    help="train: steps between checkpoints, 0 = only at the end (default 50)")
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
@@ -99,8 +100,10 @@ def _settings_and_cfg(args, model):
     if args.ctx > cfg.n_ctx:
         raise UsageError(f"--ctx {args.ctx} is longer than the model's context length {cfg.n_ctx} ({model.source})")
     dcfg = DictConfig(args.kind, args.act, d_in, width, d_out, k=args.k)
-    s = FeatureSettings(tokens=args.tokens or 200_000, batch=args.batch, lr=args.lr,
-                        warmup=-1 if args.warmup is None else args.warmup, coef=coef, dead_window=args.dead_window,
+    tokens = args.tokens or 200_000
+    dead_window = args.dead_window or max(args.batch, min(100_000, tokens // 10))
+    s = FeatureSettings(tokens=tokens, batch=args.batch, lr=args.lr,
+                        warmup=-1 if args.warmup is None else args.warmup, coef=coef, dead_window=dead_window,
                         seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every)
     return dcfg, s, in_node, out_node
 
