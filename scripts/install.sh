@@ -39,5 +39,18 @@ if [ "${1:-}" = "--test" ] && ! python3 -c "import llama_cpp" 2>/dev/null; then
   CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
     CMAKE_BUILD_PARALLEL_LEVEL=2 $PIP --no-cache-dir llama-cpp-python
 fi
+# SAELens (tests/engines/test_features_vs_saelens.py) pins transformer-lens < 4, so it lives in a venv of its own
+# that sees the system packages (torch, transformers, numpy stay the system's) and gets only its own pure-Python
+# packages with --no-deps: nothing in the main environment changes
+SAELENS_VENV="${FFNLAB_SAELENS_VENV:-$HOME/.cache/ffnlab/venv-saelens}"
+if [ "${1:-}" = "--test" ] && ! "$SAELENS_VENV/bin/python" -c "import sae_lens" 2>/dev/null; then
+  { python3 -m venv --system-site-packages "$SAELENS_VENV" \
+    && "$SAELENS_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps sae-lens==6.54.12 \
+      transformer-lens==3.9.0 babe==0.0.8 nltk==3.10.4 plotly==7.1.0 plotly-express==0.4.1 simple-parsing==0.1.9 \
+      tenacity==9.2.1 better-abc==0.0.3 docstring-parser==0.18.0 narwhals==2.29.0 joblib==1.6.0 \
+      statsmodels==0.15.0 patsy==1.0.3 py2store==0.1.24 \
+    && "$SAELENS_VENV/bin/python" -c "import sae_lens"; } \
+    || echo "SAELens could not be set up in $SAELENS_VENV: the SAELens comparison will skip" >&2
+fi
 # pyenv: make the new `ffnlab` console script visible on PATH (a no-op elsewhere)
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi

@@ -1,0 +1,302 @@
+"""`ffnlab features train|eval|show`: sparse dictionaries (transcoders, SAEs) on a model's MLP, in SAELens's format."""
+import json
+import os
+import sys
+
+COMMAND = "features"
+HELP = "MLP features: train a transcoder or SAE on a layer, evaluate it spliced into the forward, show its features"
+
+
+def add_arguments(p):
+    from .common import add_model_argument, nonneg, positive, positive_float
+    from .neurons import add_min_context_argument
+    p.add_argument("action", choices=("train", "eval", "show"),
+                   help="train: fit a dictionary into --out; eval DIR: its metrics spliced into the model; "
+                        "show DIR: its feature pages")
+    p.add_argument("dir", nargs="?", default=None, metavar="DIR", help="eval/show: the dictionary directory "
+                                                                         "(cfg.json + sae_weights.safetensors)")
+    add_model_argument(p)
+    p.add_argument("--data", help="UTF-8 text file: the training corpus (train) or held-out text (eval, show)")
+    p.add_argument("--layer", type=int, help="train: block index L")
+    p.add_argument("--kind", choices=("transcoder", "skip-transcoder", "sae"), default="transcoder",
+                   help="transcoder: ffn_norm-L -> ffn_out-L (default); skip-transcoder: with a linear skip; "
+                        "sae: reconstructs --site")
+    p.add_argument("--site", default=None, metavar="NODE", help="--kind sae: the node to reconstruct (default l_out-L)")
+    p.add_argument("--width", type=positive("--width"), default=None, help="latents (default: --expansion x d_model)")
+    p.add_argument("--expansion", type=positive("--expansion"), default=8, help="latents per model dimension (default 8)")
+    p.add_argument("--act", choices=("topk", "batchtopk", "jumprelu", "relu"), default="topk",
+                   help="latent activation (default topk)")
+    p.add_argument("--k", type=positive("--k"), default=32, help="topk/batchtopk: latents per token (default 32)")
+    p.add_argument("--l1", type=nonneg("--l1", float), default=None,
+                   help="relu: the decoder-norm-weighted L1 coefficient (default 5); jumprelu: the L0 coefficient "
+                        "(default 0.01)")
+    p.add_argument("--tokens", type=positive("--tokens"), default=None,
+                   help="train: tokens to train on (default 200000; the corpus repeats if shorter); eval/show: "
+                        "tokens to read at most (default 20000)")
+    p.add_argument("--out", default=None, metavar="DIR", help="train: the directory to write (created)")
+    p.add_argument("--resume", action="store_true", help="train: continue the run in --out from its last checkpoint")
+    p.add_argument("--batch", type=positive("--batch"), default=1024, help="train: tokens per step (default 1024)")
+    p.add_argument("--lr", type=positive_float("--lr"), default=3e-4, help="train: peak learning rate (default 3e-4)")
+    p.add_argument("--warmup", type=nonneg("--warmup"), default=None, help="train: warm-up steps (default 5%% of them)")
+    p.add_argument("--seed", type=nonneg("--seed"), default=0, help="train: seed of the init and the batches (default 0)")
+    p.add_argument("--buffer-mb", type=positive_float("--buffer-mb"), default=64.0,
+                   help="train: memory of the shuffled activation buffer in MiB (default 64)")
+    p.add_argument("--dead-window", type=positive("--dead-window"), default=None,
+                   help="train: a latent is dead after this many tokens without firing (default: a tenth of --tokens, "
+                        "at least one batch and at most 100000, so that AuxK can act within a short run)")
+    p.add_argument("--ckpt-every", type=nonneg("--ckpt-every"), default=50,
+                   help="train: steps between checkpoints, 0 = only at the end (default 50)")
+    p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
+    add_min_context_argument(p)
+    p.add_argument("--windows", type=positive("--windows"), default=4, help="windows per forward (default 4)")
+    p.add_argument("--ablation", choices=("zero", "mean"), default="zero",
+                   help="eval: what replaces the site for CE_ablated (default zero, as SAELens's run_evals)")
+    p.add_argument("--features", default=None, metavar="I,J,...", help="show: these latents (default: the --top-n densest)")
+    p.add_argument("--top-n", type=positive("--top-n"), default=10, help="show: how many latents without --features")
+    p.add_argument("--top", type=positive("--top"), default=5, help="show: text windows per latent (default 5)")
+    p.add_argument("--html", metavar="OUT.html", help="show: write one self-contained page of every shown latent")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+
+
+def run(args):
+    from ..errors import UsageError
+    if args.action == "train":
+        if args.dir is not None:
+            raise UsageError(f"features train writes --out DIR; the positional {args.dir!r} is for eval and show")
+        return train(args)
+    if args.dir is None:
+        raise UsageError(f"features {args.action} needs the dictionary directory: ffnlab features {args.action} DIR")
+    return evaluate(args) if args.action == "eval" else show(args)
+
+
+# --- train ---------------------------------------------------------------------------------------
+def _settings_and_cfg(args, model):
+    from ..errors import UsageError
+    from ..features.dictionary import DictConfig
+    from ..features.harvest import check_sites, sites
+    from ..features.trainer import FeatureSettings
+    from .common import refuse_moe
+    cfg = model.config
+    if args.layer is None:
+        raise UsageError("features train needs --layer L")
+    if not 0 <= args.layer < cfg.n_layer:
+        raise UsageError(f"--layer {args.layer} is out of range: {model.source} has {cfg.n_layer} layers "
+                         f"(0..{cfg.n_layer - 1})")
+    if args.kind != "sae":
+        refuse_moe(cfg, model.source, "features train --kind " + args.kind)
+    in_node, out_node = sites(args.kind, args.layer, args.site)
+    check_sites(model, [in_node, out_node])
+    from ..interventions.api import node_shapes
+    shapes = node_shapes(model)
+    d_in, d_out = shapes[in_node][-1], shapes[out_node][-1]
+    width = args.width or args.expansion * d_in
+    if args.act in ("topk", "batchtopk") and args.k > width:
+        raise UsageError(f"--k {args.k} is larger than the dictionary's width {width}")
+    if args.l1 is not None and args.act not in ("relu", "jumprelu"):
+        raise UsageError(f"--l1 is the sparsity coefficient of relu and jumprelu; --act {args.act} is sparse by --k")
+    coef = args.l1 if args.l1 is not None else {"relu": 5.0, "jumprelu": 0.01}.get(args.act, 0.0)
+    if args.min_context >= args.ctx - 1:
+        raise UsageError(f"--min-context {args.min_context} leaves nothing to score in a window of --ctx {args.ctx}")
+    if args.ctx > cfg.n_ctx:
+        raise UsageError(f"--ctx {args.ctx} is longer than the model's context length {cfg.n_ctx} ({model.source})")
+    dcfg = DictConfig(args.kind, args.act, d_in, width, d_out, k=args.k)
+    tokens = args.tokens or 200_000
+    dead_window = args.dead_window or max(args.batch, min(100_000, tokens // 10))
+    s = FeatureSettings(tokens=tokens, batch=args.batch, lr=args.lr,
+                        warmup=-1 if args.warmup is None else args.warmup, coef=coef, dead_window=dead_window,
+                        seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every)
+    return dcfg, s, in_node, out_node
+
+
+def _windows(args, model, text):
+    import numpy as np
+    from ..errors import DataError
+    from ..evaluation.activations import context_windows
+    if model.tokenizer is None:
+        raise DataError(f"{model.source}: the model has no tokenizer, so it cannot read {args.data}")
+    tok = model.tokenizer
+    ids = np.array(tok.encode(text, add_bos=False), dtype=np.int64)
+    bos = tok.bos_id if tok.add_bos and tok.bos_id is not None else None
+    cw = context_windows(ids, args.ctx, args.min_context, bos)
+    if cw.n_scored == 0:
+        raise DataError(f"{args.data}: {len(ids)} tokens, none with --min-context {args.min_context} tokens before it")
+    return cw, ids
+
+
+def train(args):
+    import dataclasses
+
+    from ..errors import UsageError
+    from ..features.harvest import ActivationBuffer, Harvest
+    from ..features.trainer import TRAINER_FILE, Trainer
+    from ..formats.installed import resolve_model
+    from ..progress import Progress
+    from ..training.data import read_text
+    from .common import load_model
+    from .scaleout import file_digest
+    if not args.out:
+        raise UsageError("features train needs --out DIR")
+    record_path = os.path.join(args.out, TRAINER_FILE)
+    record = None
+    if os.path.isfile(record_path):
+        if not args.resume:
+            raise UsageError(f"--out {args.out} already holds a features run; add --resume to continue it or choose "
+                             f"another --out")
+        from ..formats.jsonfile import read_json_object
+        record = read_json_object(record_path)
+    elif os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        raise UsageError(f"--out {args.out} exists and is not an empty directory")
+    if not args.data:
+        raise UsageError("features train needs --data TEXT")
+    text = read_text(args.data)
+    model_path = resolve_model(args.model)
+    model = load_model(args)
+    dcfg, s, in_node, out_node = _settings_and_cfg(args, model)
+    digest = file_digest(model_path) if os.path.isfile(model_path) else None
+    if record is not None:
+        saved = record.get("settings", {})
+        if saved != dataclasses.asdict(s) or record.get("config") != dataclasses.asdict(dcfg):
+            raise UsageError(f"--resume: the flags differ from the run in {args.out} (settings {saved}); give the "
+                             f"same flags as the first command")
+    cw, ids = _windows(args, model, text)
+    rows = ActivationBuffer.rows_for(s.buffer_mb, dcfg.d_in, dcfg.d_out)
+    if rows < 2 * s.batch:
+        raise UsageError(f"--buffer-mb {s.buffer_mb} holds {rows} rows, fewer than two batches of --batch {s.batch}")
+    meta = {"model_name": os.path.basename(str(model_path)), "hook_name": in_node, "hook_name_out": out_node,
+            "ffnlab": {"model_sha256": digest, "model_arith": args.arith, "site_in": in_node, "site_out": out_node,
+                       "layer": args.layer, "n_vocab": model.config.vocab_size, "data_sha256": file_digest(args.data),
+                       "ctx": args.ctx, "min_context": args.min_context, "b_dec_init": "mean"}}
+    if record is not None and record.get("model_sha256", digest) != digest:
+        raise UsageError(f"--resume: {args.out} was trained on another model file")
+    harvest = Harvest(model, cw, in_node, out_node, ActivationBuffer(rows, dcfg.d_in, dcfg.d_out, s.seed + 1),
+                      args.windows)
+    trainer = Trainer(dcfg, s, harvest, meta)
+    os.makedirs(args.out, exist_ok=True)
+    if record is not None:
+        trainer.load(args.out, record)
+    bar = Progress(s.steps, f"features train {in_node} -> {out_node}" if in_node != out_node else
+                   f"features train {in_node}", unit="step")
+    bar.update(trainer.step)
+    import time
+    t0, n0 = time.perf_counter(), trainer.step
+
+    def on_step(rec):
+        dt = time.perf_counter() - t0
+        bar.update(1, f"{(trainer.step - n0) * s.batch / max(dt, 1e-9):.0f} tok/s, mse {rec['mse']:.4g}, "
+                      f"L0 {rec['l0']:.1f}, FVU {rec['fvu']:.3f}, dead {100 * rec['dead']:.1f}%")
+    trainer.run(args.out, on_step)
+    seconds = bar.close()
+    last = trainer.history[-1] if trainer.history else {}
+    summary = {"out": args.out, "model": model.source, "arith": args.arith, "kind": dcfg.kind, "act": dcfg.act,
+               "site_in": in_node, "site_out": out_node, "d_in": dcfg.d_in, "d_sae": dcfg.d_sae, "k": dcfg.k,
+               "steps": trainer.step, "tokens": trainer.step * s.batch, "last": last,
+               "tokens_per_s": round((trainer.step - n0) * s.batch / max(seconds, 1e-9), 1),
+               "corpus_tokens": int(len(ids)), "epochs_started": harvest.epoch + 1, "buffer_rows": rows}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"{dcfg.kind} {in_node} -> {out_node}: {dcfg.d_sae} latents ({dcfg.act}), {trainer.step} steps of "
+              f"{s.batch} tokens; last step mse {last.get('mse', float('nan')):.4g}, L0 {last.get('l0', 0):.1f}, "
+              f"FVU {last.get('fvu') or float('nan'):.3f}, dead {100 * last.get('dead', 0):.1f}%; "
+              f"{summary['tokens_per_s']:.0f} tok/s; wrote {args.out} (try: ffnlab features eval {args.out} "
+              f"--data HELDOUT)")
+    return 0
+
+
+# --- eval and show -------------------------------------------------------------------------------
+def _load_for(args):
+    """DIR + -m -> (model, params, cfg, cfg dict, in node, out node), the dictionary checked against the model"""
+    from ..errors import UsageError
+    from ..features import saelens_io
+    from ..features.harvest import check_sites
+    from ..formats.installed import resolve_model
+    from .common import load_model
+    from .scaleout import file_digest
+    p, dcfg, d = saelens_io.load(args.dir)
+    model_path = resolve_model(args.model)
+    ours = d.get("ffnlab") or {}
+    meta = d.get("metadata") or {}
+    in_node = ours.get("site_in") or meta.get("hook_name")
+    out_node = ours.get("site_out") or meta.get("hook_name_out") or in_node
+    if not isinstance(in_node, str) or not isinstance(out_node, str):
+        raise UsageError(f"{args.dir}/cfg.json names no site (ffnlab.site_in or metadata.hook_name with ffnlab's node "
+                         f"names, e.g. ffn_norm-5)")
+    model = load_model(args)
+    if ours.get("n_vocab") is not None and ours["n_vocab"] != model.config.vocab_size:
+        raise UsageError(f"{args.dir} was trained on another model (vocabulary {ours['n_vocab']}, {model.source} has "
+                         f"{model.config.vocab_size})")
+    check_sites(model, [in_node, out_node])
+    from ..interventions.api import node_shapes
+    shapes = node_shapes(model)
+    if shapes[in_node][-1] != dcfg.d_in or shapes[out_node][-1] != dcfg.d_out:
+        raise UsageError(f"{args.dir}: d_in {dcfg.d_in} / d_out {dcfg.d_out} do not fit {model.source}'s {in_node} "
+                         f"({shapes[in_node][-1]}) / {out_node} ({shapes[out_node][-1]})")
+    # another file of the same model (another quantization: the quantization gap) is allowed; it is reported
+    want = ours.get("model_sha256")
+    args.same_model_file = (file_digest(model_path) == want) if want and os.path.isfile(model_path) else None
+    return model, p, dcfg, d, in_node, out_node
+
+
+def evaluate(args):
+    from ..features.evaluate import evaluate_dictionary
+    from ..training.data import read_text
+    from ..errors import UsageError
+    if not args.data:
+        raise UsageError("features eval needs --data HELDOUT")
+    text = read_text(args.data)
+    model, p, dcfg, d, in_node, out_node = _load_for(args)
+    cw, _ = _windows(args, model, text)
+    m = evaluate_dictionary(model, p, dcfg, cw, in_node, out_node, args.tokens or 20_000, args.windows, args.ablation)
+    m.pop("density")
+    m.update({"dir": args.dir, "model": model.source, "arith": args.arith, "site_in": in_node, "site_out": out_node,
+              "same_model_file": args.same_model_file})
+    if args.json:
+        print(json.dumps(m))
+    else:
+        print(f"{args.dir} on {model.source} ({args.arith}), {in_node} -> {out_node}, {m['tokens']} tokens:")
+        print(f"  L0 {m['l0']:.2f}  FVU {m['fvu']:.4f}  explained variance {m['explained_variance']:.4f}  "
+              f"MSE {m['mse']:.4g}  dead {100 * m['dead_fraction']:.1f}%  dense {100 * m['dense_fraction']:.1f}%")
+        print(f"  CE clean {m['ce_clean']:.4f}  spliced {m['ce_spliced']:.4f}  {args.ablation}-ablated "
+              f"{m['ce_ablated']:.4f}  CE loss score {m['ce_loss_score']:.4f}  KL spliced {m['kl_spliced']:.4f}  "
+              f"KL score {m['kl_score']:.4f}")
+    return 0
+
+
+def show(args):
+    from ..errors import UsageError
+    from ..features.pages import feature_pages, write_html
+    from ..pictures import check_page, written
+    from ..training.data import read_text
+    if not args.data:
+        raise UsageError("features show needs --data TEXT (the windows its features are shown on)")
+    check_page(args.html, "--html")
+    text = read_text(args.data)
+    model, p, dcfg, d, in_node, out_node = _load_for(args)
+    latents = None
+    if args.features:
+        try:
+            latents = [int(v) for v in args.features.split(",")]
+        except ValueError:
+            raise UsageError(f"--features must be latent numbers separated by commas, got {args.features!r}") from None
+        bad = [j for j in latents if not 0 <= j < dcfg.d_sae]
+        if bad:
+            raise UsageError(f"--features {bad[0]} is out of range: {args.dir} has {dcfg.d_sae} latents")
+    cw, ids = _windows(args, model, text)
+    pages = feature_pages(model, p, dcfg, cw, ids, in_node, out_node, latents, args.top_n, args.top,
+                          args.tokens or 20_000, args.windows)
+    if args.json:
+        print(json.dumps({"dir": args.dir, "model": model.source, **pages}, ensure_ascii=False))
+    else:
+        print(f"{args.dir}: {dcfg.d_sae} latents, {pages['tokens']} tokens of {args.data}")
+        for f in pages["features"]:
+            print(f"\nlatent {f['latent']}  density {f['density']:.4g}  max {f['max']:.4g}")
+            print("  logits +: " + " ".join(repr(t["token"]) for t in f["logits_pos"][:8]))
+            print("  logits -: " + " ".join(repr(t["token"]) for t in f["logits_neg"][:8]))
+            for w in f["windows"]:
+                print(f"  {w['value']:+9.4g}  {w['text']!r}")
+    sys.stdout.flush()
+    if args.html:
+        with written(args.html, "--html"):
+            write_html(args.html, pages, args.dir, model.source)
+        print(f"wrote {args.html} ({len(pages['features'])} latents)", file=sys.stderr)
+    return 0

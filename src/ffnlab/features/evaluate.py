@@ -1,0 +1,141 @@
+"""A dictionary's quality on held-out text: on the activations, and spliced into the model's forward.
+
+On the scored rows (harvest.py's windows), with y the target node and y_hat the dictionary's output:
+    L0                  latents firing per token (inference activations: topk; a threshold for jumprelu/batchtopk)
+    MSE                 E ||y - y_hat||^2                              (sum over the width, mean over tokens)
+    explained variance  1 - MSE / (E ||y||^2 - ||E y||^2)              (SAELens's ExplainedVarianceCalculator)
+    FVU                 1 - explained variance
+    dead / dense        latents firing on no token / on more than 10% of the tokens
+
+Spliced (an Editor on the target node replaces its value with y_hat, computed from the input node's value
+in the same forward; at every position but each window's first, BOS or the attention sink that no
+dictionary is trained on), the next-token loss at the scored positions, as SAELens's run_evals:
+    CE loss score  (CE_ablated - CE_spliced) / (CE_ablated - CE_clean)
+    KL score       (KL_ablated - KL_spliced) / KL_ablated,   KL(clean || new) per position, averaged
+ablated: the target node zeroed (SAELens's zero ablation; the default) or set to the mean of the target over
+the first batch's scored rows (mean ablation).
+"""
+import re
+
+import numpy as np
+
+from ..model.hooks import Editor
+from ..tracing import Tracer
+from . import dictionary as D
+
+
+def reconstruct(p, cfg, x):
+    """x [R, d_in] -> (y_hat [R, d_out] float32, Sparse activations)"""
+    acts, _, _ = D.encode(p, cfg, np.ascontiguousarray(x, np.float32), train=False)
+    return D.decode(p, cfg, acts, x), acts
+
+
+def splice(p, cfg, in_node, out_node, error=False, skip_first=True, record=None):
+    """An Editor that replaces out_node by the dictionary's output on in_node's value of the same forward.
+    error: add the error term back, y_hat + (y - y_hat), summed in float64 so it gives y exactly (a float32
+    difference of two float32 values is exact in float64, and so is adding it back), which makes the splice
+    with its error term the clean forward bit for bit. record: a list that receives (x, y, y_hat) per call."""
+    seen = {}
+
+    def take_input(value, name, positions):
+        seen["x"] = value
+        return None
+
+    def replace(value, name, positions):
+        x = seen.pop("x", value) if in_node != out_node else value
+        lead, d_in = x.shape[:-1], x.shape[-1]
+        y_hat, _ = reconstruct(p, cfg, x.reshape(-1, d_in))
+        y_hat = y_hat.reshape(*lead, -1)
+        if record is not None:
+            record.append((x, value, y_hat))
+        if error:
+            y_hat = (y_hat.astype(np.float64) + (value.astype(np.float64) - y_hat.astype(np.float64))).astype(value.dtype)
+        if skip_first and positions[0] == 0:
+            y_hat[..., 0, :] = value[..., 0, :]
+        return np.ascontiguousarray(y_hat, dtype=value.dtype)
+
+    fns = {re.escape(out_node): replace}
+    if in_node != out_node:
+        fns = {re.escape(in_node): take_input, **fns}
+    return Editor(fns)
+
+
+def ablate(out_node, mean=None, skip_first=True):
+    def fn(value, name, positions):
+        r = np.zeros_like(value) if mean is None else np.broadcast_to(mean.astype(value.dtype), value.shape).copy()
+        if skip_first and positions[0] == 0:
+            r[..., 0, :] = value[..., 0, :]
+        return r
+    return Editor({re.escape(out_node): fn})
+
+
+def log_softmax(z):
+    z = z.astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def next_token_terms(logits, ids, pred_mask, clean_logp=None):
+    """logits [B, T, V], ids [B, T], pred_mask [B, T] (positions whose next token is scored) ->
+    (CE per position [n], KL(clean || this) per position [n] or None, log-probs at the positions)"""
+    lp = log_softmax(logits[:, :-1][pred_mask[:, :-1]])                       # [n, V]
+    target = ids[:, 1:][pred_mask[:, :-1]]                                      # [n]
+    ce = -lp[np.arange(len(target)), target]
+    kl = None if clean_logp is None else (np.exp(clean_logp) * (clean_logp - lp)).sum(-1)
+    return ce, kl, lp
+
+
+def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, batch, ablation="zero"):
+    from ..evaluation.activations import batches
+    pattern = re.compile("^(" + "|".join(re.escape(n) for n in {in_node, out_node}) + ")$")
+    sums = {"sq_res": 0.0, "sq_norm": 0.0, "l0": 0.0}
+    sum_y = None
+    fires = np.zeros(cfg.d_sae, np.int64)
+    ce = {"clean": [], "spliced": [], "ablated": []}
+    kl = {"spliced": [], "ablated": []}
+    n_rows, mean = 0, None
+    for first, ids in batches(windows.windows, batch):
+        if n_rows >= max_tokens:
+            break
+        B, T = ids.shape
+        got = {}
+
+        def take(n, B=B, T=T):
+            got[n.name] = n.array.reshape(B, T, -1).copy()
+            n.array = None
+        clean = model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take))
+        _, scored = windows.positions(first, B, T)                               # [B, T]
+        x, y = got[in_node][scored], got[out_node][scored]                       # [R, d]
+        y_hat, acts = reconstruct(p, cfg, x)
+        res = (y.astype(np.float64) - y_hat) ** 2
+        sums["sq_res"] += float(res.sum())
+        sums["sq_norm"] += float((y.astype(np.float64) ** 2).sum())
+        sum_y = y.astype(np.float64).sum(0) + (0 if sum_y is None else sum_y)
+        sums["l0"] += float(acts.l0().sum())
+        fires += np.bincount(acts.idx[acts.val > 0], minlength=cfg.d_sae)
+        n_rows += len(y)
+        if ablation == "mean" and mean is None:
+            mean = y.astype(np.float64).mean(0)
+        pred = scored.copy()
+        pred[:, -1] = False                                                       # the last position has no next token
+        c_clean, _, clean_lp = next_token_terms(clean, ids, pred)
+        spliced = model.forward(ids, hooks=splice(p, cfg, in_node, out_node))
+        c_spl, k_spl, _ = next_token_terms(spliced, ids, pred, clean_lp)
+        ablated = model.forward(ids, hooks=ablate(out_node, mean if ablation == "mean" else None))
+        c_abl, k_abl, _ = next_token_terms(ablated, ids, pred, clean_lp)
+        ce["clean"].append(c_clean), ce["spliced"].append(c_spl), ce["ablated"].append(c_abl)
+        kl["spliced"].append(k_spl), kl["ablated"].append(k_abl)
+    N = max(n_rows, 1)
+    mse = sums["sq_res"] / N
+    total_var = sums["sq_norm"] / N - float(((sum_y / N) ** 2).sum())
+    ev = 1.0 - mse / total_var if total_var > 1e-10 else float(mse < 1e-10)
+    m = {k: float(np.concatenate(v).mean()) for k, v in ce.items()}
+    k = {n: float(np.concatenate(v).mean()) for n, v in kl.items()}
+    density = fires / N
+    return {"tokens": n_rows, "l0": sums["l0"] / N, "mse": mse, "explained_variance": ev, "fvu": 1.0 - ev,
+            "dead_fraction": float((fires == 0).mean()), "dense_fraction": float((density > 0.1).mean()),
+            "ce_clean": m["clean"], "ce_spliced": m["spliced"], "ce_ablated": m["ablated"],
+            "ce_loss_score": (m["ablated"] - m["spliced"]) / (m["ablated"] - m["clean"]),
+            "kl_spliced": k["spliced"], "kl_ablated": k["ablated"],
+            "kl_score": (k["ablated"] - k["spliced"]) / k["ablated"], "ablation": ablation,
+            "density": density}

@@ -1,0 +1,187 @@
+"""The model's activations at a dictionary's sites, through the public hooks, into a bounded shuffled buffer.
+
+    transcoder, skip-transcoder   input ffn_norm-L (what the MLP reads), target ffn_out-L (what it adds)
+    sae                           input = target = any node, default l_out-L (the residual after block L)
+
+The corpus streams as overlapping context windows (evaluation/activations.py context_windows): each text
+token is taken once, with at least min_context tokens of its own window before it, so the first positions
+of a window (BOS, SmolLM2's attention sink with its outlier activations) never enter the training data.
+Only the first L + 1 blocks run. A Tracer with an on_node callback hands each site's array over and drops
+it, so nothing else of the forward is kept.
+
+ActivationBuffer (SAELens's mixing buffer, in the spirit): rows go in as the model makes them and come out as
+batches drawn at random from everything held; its capacity in rows follows from a memory flag, never from
+the corpus length. Its state (rows held, the cursor into the corpus, the draw's RNG) goes into a checkpoint,
+so a resumed run draws the very batches an uninterrupted one would.
+"""
+import re
+
+import numpy as np
+
+from ..errors import UsageError
+
+
+def sites(kind, layer, site=None):
+    """-> (input node, target node) of a dictionary of this kind at this layer"""
+    if kind == "sae":
+        s = site or f"l_out-{layer}"
+        return s, s
+    if site is not None:
+        raise UsageError(f"--site names an SAE's node; a {kind} reads ffn_norm-{layer} and predicts ffn_out-{layer}")
+    return f"ffn_norm-{layer}", f"ffn_out-{layer}"
+
+
+def check_sites(model, nodes):
+    """Each node must be one the model's forward names (interventions.node_names) -> its layer (-1 outside blocks)"""
+    from ..interventions import node_names
+    names = node_names(model)
+    for n in nodes:
+        if n not in names:
+            near = sorted({re.sub(r"-\d+$", "-L", m) for m in names})
+            raise UsageError(f"--site {n} is not a node of {model.source} (node names: {', '.join(near)}; "
+                             f"L is the layer 0..{model.config.n_layer - 1})")
+    m = re.search(r"-(\d+)$", nodes[-1])
+    return int(m.group(1)) if m else model.config.n_layer - 1
+
+
+def stream_rows(model, windows, in_node, out_node, batch, first=0):
+    """Runs windows[first:] through the model `batch` windows at a time ->
+    yields (next window index, x [R, d_in] float32, y [R, d_out] float32): the scored positions' rows."""
+    from ..evaluation.activations import batches
+    from ..tracing import Tracer
+    wanted = {in_node, out_node}
+    pattern = re.compile("^(" + "|".join(re.escape(n) for n in wanted) + ")$")
+    m = re.search(r"-(\d+)$", out_node)
+    n_layer = int(m.group(1)) + 1 if m else None
+    ws = windows.windows[first:]
+    for i, ids in batches(ws, batch):
+        B, T = ids.shape
+        got = {}
+
+        def take(n, B=B, T=T):
+            got[n.name] = n.array.reshape(B, T, -1)
+            n.array = None
+
+        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True, n_layer=n_layer)
+        _, scored = windows.positions(first + i, B, T)                         # [B, T] bool
+        x = np.ascontiguousarray(got[in_node][scored], dtype=np.float32)
+        y = np.ascontiguousarray(got[out_node][scored], dtype=np.float32)
+        yield first + i + B, x, y
+
+
+class ActivationBuffer:
+    """Up to `capacity` rows of (x, y); batches are drawn uniformly without replacement from what it holds."""
+
+    def __init__(self, capacity, d_in, d_out, seed):
+        self.x = np.empty((capacity, d_in), np.float32)
+        self.y = np.empty((capacity, d_out), np.float32)
+        self.n = 0
+        self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def rows_for(cls, mb, d_in, d_out):
+        """capacity in rows of a buffer of `mb` MiB"""
+        return int(mb * 2 ** 20) // (4 * (d_in + d_out))
+
+    @property
+    def capacity(self):
+        return self.x.shape[0]
+
+    def room(self):
+        return self.capacity - self.n
+
+    def add(self, x, y):
+        r = min(len(x), self.room())
+        self.x[self.n:self.n + r], self.y[self.n:self.n + r] = x[:r], y[:r]
+        self.n += r
+        return r
+
+    def draw(self, B):
+        """B rows at random, removed (the last rows move into their places) -> (x [B, d_in], y [B, d_out])"""
+        pick = np.sort(self.rng.choice(self.n, B, replace=False))
+        x, y = self.x[pick], self.y[pick]                                  # fancy indexing: copies
+        tail = np.arange(self.n - B, self.n)
+        holes = pick[pick < self.n - B]                                    # picked rows below the tail
+        movers = tail[~np.isin(tail, pick)]                                # unpicked rows of the tail
+        self.x[holes], self.y[holes] = self.x[movers], self.y[movers]
+        self.n -= B
+        return x, y
+
+    def state(self):
+        return {"x": self.x[:self.n].copy(), "y": self.y[:self.n].copy()}, {"rng": self.rng.bit_generator.state}
+
+    def load(self, arrays, scalars):
+        n = len(arrays["x"])
+        self.x[:n], self.y[:n] = arrays["x"], arrays["y"]
+        self.n = n
+        self.rng.bit_generator.state = scalars["rng"]
+
+
+class Harvest:
+    """The corpus as an endless, resumable source of shuffled batches: window cursor + epoch + buffer.
+    Rows that did not fit in the buffer wait in `pending` (part of the state, bounded by one forward's rows)."""
+
+    def __init__(self, model, windows, in_node, out_node, buffer, batch_windows):
+        self.model, self.windows, self.in_node, self.out_node = model, windows, in_node, out_node
+        self.buffer, self.batch_windows = buffer, batch_windows
+        self.cursor, self.epoch = 0, 0
+        self.pending = (np.empty((0, buffer.x.shape[1]), np.float32), np.empty((0, buffer.y.shape[1]), np.float32))
+
+    def fill(self):
+        """until the buffer is full: pending rows first, then more windows (wrapping to a new epoch)"""
+        while self.buffer.room() > 0:
+            if len(self.pending[0]):
+                r = self.buffer.add(*self.pending)
+                self.pending = (self.pending[0][r:], self.pending[1][r:])
+                continue
+            if self.cursor >= len(self.windows.windows):
+                self.cursor, self.epoch = 0, self.epoch + 1
+            nxt, x, y = next(stream_rows(self.model, self.windows, self.in_node, self.out_node,
+                                         self.batch_windows, self.cursor))
+            self.cursor = nxt
+            self.pending = (x, y)
+
+    def next_batch(self, B):
+        """-> (x [B, d_in], y [B, d_out]), refilling first, so each draw sees a full buffer"""
+        self.fill()
+        return self.buffer.draw(B)
+
+    def state(self):
+        arrays, scalars = self.buffer.state()
+        arrays = {"buffer.x": arrays["x"], "buffer.y": arrays["y"],
+                  "pending.x": self.pending[0], "pending.y": self.pending[1]}
+        return arrays, {**scalars, "cursor": self.cursor, "epoch": self.epoch}
+
+    def load(self, arrays, scalars):
+        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        self.pending = (np.array(arrays["pending.x"]), np.array(arrays["pending.y"]))
+        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
+
+
+class ArrayHarvest:
+    """Rows already in memory (x [R, d_in], y [R, d_out]) as a Harvest: the same buffer, draws and state, for
+    training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
+
+    def __init__(self, x, y, buffer):
+        self.x, self.y, self.buffer = x, y, buffer
+        self.cursor, self.epoch = 0, 0
+
+    def fill(self):
+        while self.buffer.room() > 0:
+            if self.cursor >= len(self.x):
+                self.cursor, self.epoch = 0, self.epoch + 1
+            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
+            self.cursor += r
+
+    def next_batch(self, B):
+        self.fill()
+        return self.buffer.draw(B)
+
+    def state(self):
+        arrays, scalars = self.buffer.state()
+        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
+                                                                    "epoch": self.epoch}
+
+    def load(self, arrays, scalars):
+        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])

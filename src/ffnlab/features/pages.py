@@ -1,0 +1,134 @@
+"""Feature pages, as Neuronpedia shows a latent: how often it fires, its activation histogram, the text windows
+where it fires hardest (and windows from lower quantiles of its activations), and the logit effect of its
+decoder row: W_dec[j] scaled by the final norm's weight and read through the unembedding (the norm's
+1/rms taken as a constant: the direct effect on the logits, up to one positive factor), top +/- tokens.
+
+The activations of up to max_tokens scored tokens are kept as (token, latent, value) entries: at most
+max_tokens * L0 of them, bounded by the flag, not by the corpus.
+"""
+import html
+import json
+import re
+
+import numpy as np
+
+from ..tracing import Tracer
+from .evaluate import reconstruct
+
+BINS = 24
+
+
+def collect(model, p, cfg, windows, in_node, max_tokens, batch):
+    """-> (token index in the text [E], latent [E], value [E], tokens read)"""
+    from ..evaluation.activations import batches
+    pattern = re.compile("^" + re.escape(in_node) + "$")
+    m = re.search(r"-(\d+)$", in_node)
+    n_layer = int(m.group(1)) + 1 if m else None
+    tok_i, lat, val, n = [], [], [], 0
+    for first, ids in batches(windows.windows, batch):
+        if n >= max_tokens:
+            break
+        B, T = ids.shape
+        got = {}
+
+        def take(node, B=B, T=T):
+            got["x"] = node.array.reshape(B, T, -1)
+            node.array = None
+        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True, n_layer=n_layer)
+        pos, scored = windows.positions(first, B, T)
+        _, acts = reconstruct(p, cfg, got["x"][scored])
+        on = acts.val > 0
+        tok_i.append(pos[scored][acts.rows[on]]), lat.append(acts.idx[on]), val.append(acts.val[on])
+        n += int(scored.sum())
+    cat = (lambda a: np.concatenate(a) if a else np.zeros(0))
+    return cat(tok_i).astype(np.int64), cat(lat).astype(np.int64), cat(val).astype(np.float32), n
+
+
+def window(tok, ids, t, before=12, after=4):
+    a, b = max(0, t - before), min(len(ids), t + after + 1)
+    dec = (lambda s: tok.decode([int(i) for i in s]))
+    return dec(ids[a:t]) + "[[" + dec(ids[t:t + 1]) + "]]" + dec(ids[t + 1:b])
+
+
+def logit_effect(model, w_dec_row, n=10):
+    """-> (top n (token, logit) by the largest, the n most negative)"""
+    w = model.params.get("output_norm.weight")
+    v = w_dec_row * (np.asarray(w, np.float32) if w is not None else 1.0)
+    z = np.asarray(model.head_logits(v[None].astype(np.float32)))[0].astype(np.float64)
+    z -= z.mean()
+    order = np.argsort(-z, kind="stable")
+    tok = model.tokenizer
+    as_list = (lambda idx: [{"token": tok.decode([int(i)]), "id": int(i), "logit": round(float(z[i]), 4)} for i in idx])
+    return as_list(order[:n]), as_list(order[::-1][:n])
+
+
+def feature_pages(model, p, cfg, windows, ids, in_node, out_node, latents, top_n, top, max_tokens, batch):
+    tok_i, lat, val, n = collect(model, p, cfg, windows, in_node, max_tokens, batch)
+    counts = np.bincount(lat, minlength=cfg.d_sae)
+    if latents is None:
+        latents = [int(j) for j in np.argsort(-counts, kind="stable")[:top_n]]
+    with_logits = cfg.d_out == model.config.d_model
+    pages = []
+    for j in latents:
+        sel = lat == j
+        v, t = val[sel], tok_i[sel]
+        order = np.argsort(-v, kind="stable")
+        page = {"latent": int(j), "density": float(counts[j]) / max(n, 1), "count": int(counts[j]),
+                "max": float(v.max()) if v.size else 0.0, "mean": float(v.mean()) if v.size else 0.0}
+        if v.size:
+            edges = np.linspace(0, float(v.max()), BINS + 1)
+            page["hist"] = {"edges": [round(float(e), 5) for e in edges],
+                            "counts": np.histogram(v, edges)[0].tolist()}
+        else:
+            page["hist"] = {"edges": [], "counts": []}
+        page["windows"] = [{"value": round(float(v[i]), 4), "token": int(t[i]), "text": window(model.tokenizer, ids, int(t[i]))}
+                           for i in order[:top]]
+        qs = []
+        for lo, hi in ((0.5, 0.75), (0.25, 0.5), (0.0, 0.25)):                   # lower quantile bins of its values
+            a, b = int(lo * len(order)), int(hi * len(order))
+            pick = order[len(order) - b:len(order) - a][:2] if b > a else []
+            qs.append({"quantile": [lo, hi], "windows": [{"value": round(float(v[i]), 4),
+                                                          "text": window(model.tokenizer, ids, int(t[i]))} for i in pick]})
+        page["quantiles"] = qs
+        if with_logits:
+            page["logits_pos"], page["logits_neg"] = logit_effect(model, p["W_dec"][j])
+        else:
+            page["logits_pos"] = page["logits_neg"] = []
+        pages.append(page)
+    return {"tokens": n, "d_sae": cfg.d_sae, "site_in": in_node, "site_out": out_node,
+            "dead_fraction": float((counts == 0).mean()), "features": pages}
+
+
+def svg_hist(h):
+    if not h["counts"]:
+        return "<p>never fired</p>"
+    c = np.array(h["counts"], float)
+    w, ht = 240, 60
+    bw = w / len(c)
+    bars = "".join(f'<rect x="{i * bw:.1f}" y="{ht - ht * x / c.max():.1f}" width="{bw - 1:.1f}" '
+                   f'height="{ht * x / c.max():.1f}" fill="#c0392b"/>' for i, x in enumerate(c) if x)
+    return f'<svg width="{w}" height="{ht}" class="hist">{bars}</svg><div class="axis">0 .. {h["edges"][-1]:.3g}</div>'
+
+
+def mark(text):
+    """escape, then show the [[token]] highlighted"""
+    e = html.escape(text)
+    return re.sub(r"\[\[(.*?)\]\]", r'<b class="tok">\1</b>', e, flags=re.S)
+
+
+def write_html(path, pages, dirpath, source):
+    parts = [f"<!doctype html><meta charset='utf-8'><title>features: {html.escape(dirpath)}</title>",
+             "<style>body{font:14px sans-serif;margin:20px} .f{border:1px solid #ccc;margin:10px 0;padding:8px}"
+             " .tok{background:#f5b7b1} pre{white-space:pre-wrap;margin:2px 0} .axis{font-size:11px;color:#555}</style>",
+             f"<h1>{html.escape(dirpath)}</h1><p>{html.escape(str(source))}: {pages['site_in']} &rarr; {pages['site_out']}, "
+             f"{pages['d_sae']} latents, {pages['tokens']} tokens</p>",
+             f"<script type='application/json' id='data'>{html.escape(json.dumps(pages, ensure_ascii=False), quote=False)}</script>"]
+    for f in pages["features"]:
+        pos = " ".join(html.escape(repr(t["token"])) for t in f["logits_pos"][:8])
+        neg = " ".join(html.escape(repr(t["token"])) for t in f["logits_neg"][:8])
+        wins = "".join(f"<pre>{w['value']:+.4g}  {mark(w['text'])}</pre>" for w in f["windows"])
+        parts.append(f"<div class='f' id='latent-{f['latent']}'><h2>latent {f['latent']}</h2>"
+                     f"<p>density {f['density']:.4g} ({f['count']} tokens), max {f['max']:.4g}</p>{svg_hist(f['hist'])}"
+                     f"<p>logits +: {pos}<br>logits &minus;: {neg}</p>{wins}</div>")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(parts))

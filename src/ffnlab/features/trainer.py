@@ -1,0 +1,156 @@
+"""Training a dictionary on a model's activations, crash-safe and deterministic.
+
+One step (the recipe of SAELens's SAETrainer and the TopK/JumpReLU papers):
+    x, y = buffer.next_batch(B)                      shuffled rows of the sites (harvest.py)
+    terms, grads = loss_and_grads(...)               MSE + L1 | L0 | AuxK (losses.py)
+    clip the global gradient norm to 1               (SAELens clips at 1.0)
+    AdamW(lr_t) on every trainable parameter         training/optim.py: torch.optim.AdamW's arithmetic;
+                                                     lr_t: linear warm-up, then cosine decay to a fraction
+    topk/batchtopk/jumprelu: W_dec rows to unit norm (relu keeps them free: the L1 carries their norm)
+    batchtopk: threshold <- (1 - 0.01) threshold + 0.01 * (smallest kept activation)   (SAELens's update)
+    tokens since each latent last fired += B; 0 where it fired; dead = that count >= dead_window
+
+b_dec starts at the mean of the targets in the first full buffer (the MSE-optimal constant; SAELens's
+"mean" init, not its geometric median, which minimises the L2 distance rather than its square).
+
+DIR holds cfg.json + sae_weights.safetensors (SAELens's format, saelens_io.py), rewritten at each
+checkpoint, and the resume state: state-NNNNNN.safetensors (parameters, AdamW moments, the latents'
+counters, the buffer) committed by trainer.json (training/checkpoint.py's write order). Nothing in DIR
+depends on the clock or the thread count: a fixed seed gives the same DIR bit for bit, and a run resumed
+from any commit writes what the uninterrupted run writes.
+"""
+import dataclasses
+import os
+
+import numpy as np
+
+from ..training.checkpoint import atomic_write, atomic_write_json, remove_old_states, safetensors_bytes
+from ..training.optim import AdamW, clip_grad_norm, lr_at
+from . import saelens_io
+from .dictionary import DictConfig, init_params, trainable
+from .losses import loss_and_grads
+
+TRAINER_FILE = "trainer.json"
+
+
+@dataclasses.dataclass
+class FeatureSettings:
+    tokens: int = 200_000            # training rows (tokens) in all
+    batch: int = 1024                # rows per step
+    lr: float = 3e-4                 # peak learning rate (SAELens's default)
+    warmup: int = -1                 # warm-up steps; -1: 5% of the steps
+    min_lr_frac: float = 0.1         # the cosine decay ends at this fraction of lr
+    coef: float = 0.0                # relu: the L1 coefficient; jumprelu: the L0 coefficient
+    aux_coef: float = 1 / 32         # AuxK's alpha (Gao et al. 2024)
+    dead_window: int = 100_000       # a latent is dead after this many tokens without firing
+    grad_clip: float = 1.0
+    seed: int = 0
+    buffer_mb: float = 64.0          # the activation buffer's memory
+    ckpt_every: int = 50             # steps between checkpoints (0: only at the end)
+    decoder_init_norm: float = -1.0  # -1: 1 (unit rows) for topk/batchtopk/jumprelu, 0.1 for relu (Anthropic)
+    threshold_init: float = 0.001    # jumprelu's initial threshold
+
+    @property
+    def steps(self):
+        return max(1, self.tokens // self.batch)
+
+    def warmup_steps(self):
+        return self.steps // 20 if self.warmup < 0 else self.warmup
+
+
+def unit_norm_rows(cfg):
+    return cfg.act != "relu"
+
+
+def renorm_decoder(p):
+    p["W_dec"] /= np.linalg.norm(p["W_dec"], axis=1, keepdims=True)
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, settings: FeatureSettings, harvest, meta):
+        self.cfg, self.s, self.harvest, self.meta = cfg, settings, harvest, meta
+        rng = np.random.default_rng(settings.seed)
+        norm = settings.decoder_init_norm if settings.decoder_init_norm > 0 else (0.1 if cfg.act == "relu" else 1.0)
+        self.p = init_params(cfg, rng, norm, 0.0 if cfg.act == "batchtopk" else settings.threshold_init)
+        self.opt = AdamW({n: self.p[n] for n in trainable(cfg)}, weight_decay=0.0, betas=(0.9, 0.999))
+        self.since_fired = np.zeros(cfg.d_sae, np.int64)
+        self.fired_ever = np.zeros(cfg.d_sae, np.int64)    # tokens each latent fired on (density)
+        self.step = 0
+        self.history = []
+
+    def init_b_dec(self):
+        self.harvest.fill()
+        b = self.harvest.buffer
+        self.p["b_dec"][:] = b.y[:b.n].astype(np.float64).mean(0)
+
+    def dead(self):
+        return self.since_fired >= self.s.dead_window
+
+    def train_step(self):
+        cfg, s = self.cfg, self.s
+        x, y = self.harvest.next_batch(s.batch)
+        terms, grads, out, acts = loss_and_grads(self.p, cfg, x, y, self.dead(), s.coef, s.aux_coef)
+        grads = {n: grads[n] for n in trainable(cfg)}
+        clip_grad_norm(grads, s.grad_clip)
+        self.opt.step({n: self.p[n] for n in trainable(cfg)}, grads,
+                      lr_at(self.step, s.lr, s.steps, s.warmup_steps(), s.min_lr_frac))
+        if unit_norm_rows(cfg):
+            renorm_decoder(self.p)
+        fires = np.bincount(acts.idx[acts.val > 0], minlength=cfg.d_sae)
+        if cfg.act == "batchtopk" and (acts.val > 0).any():
+            th = self.p["threshold"]
+            th[:] = np.float32(0.99) * th + np.float32(0.01) * acts.val[acts.val > 0].min()
+        self.since_fired += len(x)
+        self.since_fired[fires > 0] = 0
+        self.fired_ever += fires
+        self.step += 1
+        var = float(((y - y.mean(0)) ** 2).sum()) / len(y)
+        rec = {"step": self.step, **{k: round(v, 6) for k, v in terms.items()},
+               "l0": round(float(acts.l0().mean()), 3), "fvu": round(terms["mse"] / var, 6) if var > 0 else None,
+               "dead": round(float(self.dead().mean()), 6)}
+        self.history.append(rec)
+        return rec
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def save(self, out):
+        arrays, scalars = self.harvest.state()
+        state = {**{f"param.{n}": a for n, a in self.p.items()}, **self.opt.state_arrays(),
+                 "since_fired": self.since_fired, "fired_ever": self.fired_ever, **arrays}
+        name = f"state-{self.step:06d}.safetensors"
+        atomic_write(os.path.join(out, name), safetensors_bytes(state))
+        saelens_io.save(out, self.p, self.cfg, self.meta_now())
+        atomic_write_json(os.path.join(out, TRAINER_FILE),
+                          {"step": self.step, "state_file": name, "optimizer": self.opt.state_scalars(),
+                           "harvest": scalars, "settings": dataclasses.asdict(self.s), "config": dataclasses.asdict(self.cfg),
+                           "history": self.history})
+        remove_old_states(out, name)
+
+    def meta_now(self):
+        m = dict(self.meta)
+        tokens = self.step * self.s.batch
+        m["ffnlab"] = {**m["ffnlab"], "steps": self.step, "tokens": tokens,
+                       "dead_fraction": float(self.dead().mean())}
+        return saelens_io.cfg_dict(self.cfg, m["hook_name"], m["hook_name_out"], m["model_name"], m["ffnlab"])
+
+    def load(self, out, record):
+        from safetensors.numpy import load_file
+        st = load_file(os.path.join(out, record["state_file"]))
+        for n in self.p:
+            self.p[n][...] = st[f"param.{n}"]
+        self.opt.load_state({k: v for k, v in st.items() if k.startswith("adam.")}, record["optimizer"])
+        self.since_fired[:], self.fired_ever[:] = st["since_fired"], st["fired_ever"]
+        self.harvest.load(st, record["harvest"])
+        self.step, self.history = int(record["step"]), list(record["history"])
+
+    def run(self, out, on_step=None):
+        """Trains to settings.steps from wherever self.step is, checkpointing into out (created)."""
+        os.makedirs(out, exist_ok=True)
+        if self.step == 0:
+            self.init_b_dec()
+        while self.step < self.s.steps:
+            rec = self.train_step()
+            if on_step is not None:
+                on_step(rec)
+            if self.s.ckpt_every and self.step % self.s.ckpt_every == 0 and self.step < self.s.steps:
+                self.save(out)
+        self.save(out)
