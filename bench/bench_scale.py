@@ -42,7 +42,7 @@ def run_corpus_jobs(model, spec, ids, backend_for, ctx, batch):
     from ffnlab.evaluation import DEFAULT_MIN_CONTEXT
     from ffnlab.evaluation.activations import context_windows
     from ffnlab.evaluation.perplexity import RunningNLL, make_chunks
-    from ffnlab.runtime.corpus import (NeuronAccumulator, neuron_merge, neuron_shard, neuron_units, perplexity_merge,
+    from ffnlab.evaluation.shards import (NeuronAccumulator, neuron_merge, neuron_shard, neuron_units, perplexity_merge,
                                        perplexity_shard, perplexity_units)
     from ffnlab.runtime.executor import Task, execute
 
@@ -95,7 +95,7 @@ def noop(_model, _params, payload):
 
 def merge_cost(d_ff=1536, k=5, bins=64, n_batch=4, repeats=20):
     """Seconds to merge one neuron shard ([d_ff] sums, top-k, histogram) into the accumulator."""
-    from ffnlab.runtime.corpus import NeuronAccumulator, neuron_merge
+    from ffnlab.evaluation.shards import NeuronAccumulator, neuron_merge
     r = np.random.default_rng(0)
     shard = {"top_score": r.random((d_ff, k)), "top_value": r.random((d_ff, k)).astype(np.float32),
              "top_pos": r.integers(0, 10 ** 6, (d_ff, k)), "top_ctx": r.random((d_ff, k, 17)).astype(np.float32),

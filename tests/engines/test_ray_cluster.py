@@ -150,7 +150,7 @@ def test_killed_node_units_finish_elsewhere_with_the_same_figure(cluster, corpus
 
 
 def test_a_raising_unit_is_reported_alone_and_the_rest_complete(cluster):
-    from ffnlab.runtime.corpus import perplexity_merge, perplexity_shard, perplexity_units
+    from ffnlab.evaluation.shards import perplexity_merge, perplexity_shard, perplexity_units
     from ffnlab.runtime.executor import ModelSpec, Task, execute, report_failures
     from ffnlab.runtime.ray_backend import RayBackend
     from ffnlab.evaluation.perplexity import RunningNLL

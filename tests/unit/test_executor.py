@@ -1,4 +1,4 @@
-"""The execution layer without Ray (runtime/executor.py, runtime/corpus.py): units merged in unit
+"""The execution layer without Ray (runtime/executor.py, evaluation/shards.py): units merged in unit
 order, atomic results in --out, resume, one-line failures, and corpus shards that merge to the
 single pass of evaluation/perplexity.py and evaluation/neurons.py -- bit for bit for the sums.
 Nothing here imports Ray; test_in_process_run_imports_no_ray holds the CLI to that."""
@@ -239,7 +239,7 @@ def test_each_prompt_of_a_dataset_gets_its_single_prompt_trace(tmp_path, capsys)
 
 
 def test_average_indirect_effect_averages_rome_position_groups():
-    from ffnlab.runtime.prompts import average_indirect_effect
+    from ffnlab.interventions.datasets import average_indirect_effect
     # one layer; prompt A: 5 tokens, subject 1..3; prompt B: 3 tokens, subject 0..0 (first = last: "last")
     a = {"corrupt_p": 0.1, "subject": [1, 3], "hidden": [[0.2, 0.3, 0.5, 0.7, 0.9]]}
     b = {"corrupt_p": 0.2, "subject": [0, 0], "hidden": [[0.6, 0.4, 0.3]]}
@@ -279,12 +279,12 @@ def test_each_pair_of_a_dataset_gets_its_single_pair_patching(tmp_path, capsys):
                {k: want[k] for k in ("effect", "clean", "corrupt", "tokens", "target")}
     # byte tokens: "Citizen" -> "Soldier" differ at positions 6..12; "speak" -> "shout" at 13..16
     assert [g["subject"] for g in got["prompts"]] == [[6, 12], [13, 16]]
-    from ffnlab.runtime.prompts import average_patch_effect
+    from ffnlab.interventions.datasets import average_patch_effect
     assert got["average_effect"] == json.loads(json.dumps(average_patch_effect(got["prompts"])))
 
 
 def test_average_patch_effect_groups_positions_by_the_corrupted_span():
-    from ffnlab.runtime.prompts import average_patch_effect
+    from ffnlab.interventions.datasets import average_patch_effect
     # one layer; pair A: 4 tokens, corrupted 1..2; pair B: 3 tokens, corrupted 0..0
     a = {"subject": [1, 2], "effect": [[0.1, 0.2, 0.4, 0.8]]}
     b = {"subject": [0, 0], "effect": [[0.5, 0.25, 0.125]]}

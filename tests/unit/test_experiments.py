@@ -235,7 +235,7 @@ def test_the_finetune_grid_table_equals_each_finetune_run_alone(tmp_path):
     from ffnlab.formats.load import load
     from ffnlab.model.params import init_params
     from ffnlab.runtime.executor import ModelSpec, OutputDir
-    from ffnlab.runtime.finetune_grid import grid_units, run_grid, table
+    from ffnlab.training.finetune_grid import grid_units, run_grid, table
     from ffnlab.training.checkpoint import save_model
     from ffnlab.training.data import TokenData, data_info, make_tokenizer, read_text
     from ffnlab.training.finetune import FinetuneSettings, finetune

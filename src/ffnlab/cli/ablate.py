@@ -87,7 +87,7 @@ def run(args):
         moe = (args.experts, args.top_k, args.moe_match)
     train_runs = None
     if args.ray is not None:                                          # each run a unit on the cluster
-        from ..runtime.grid import train_runs_on
+        from ..training.grid import train_runs_on
         from .scaleout import backend
         train_runs = train_runs_on(backend(args), args.data)
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,

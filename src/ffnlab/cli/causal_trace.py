@@ -33,11 +33,12 @@ def add_arguments(p):
 
 
 def run_dataset(args):
-    """--prompts: one unit per line (runtime/prompts.py) -> per-prompt traces and their average indirect effect."""
+    """--prompts: one unit per line (interventions/datasets.py) -> per-prompt traces and their average indirect effect."""
     from ..runtime.executor import ModelSpec, Task, execute
-    from ..runtime.prompts import average_indirect_effect, causal_trace_unit, prompt_units, read_prompt_lines
+    from ..interventions.datasets import average_indirect_effect, causal_trace_unit, prompt_units, read_prompt_lines
     from .common import load_model
-    from .scaleout import backend, file_digest, finish
+    from ..runtime.executor import file_digest
+    from .scaleout import backend, finish
 
     if not args.json:
         from ..pictures import check_png

@@ -108,14 +108,15 @@ def refuse_dense_before_loading(model_arg):
 
 
 def route_units(args, model, text):
-    """The routing scan as units of --shard windows (runtime/corpus.py) -> ([LayerRouting] or None, Outcome,
+    """The routing scan as units of --shard windows (evaluation/shards.py) -> ([LayerRouting] or None, Outcome,
     units): the counts add exactly and the entropy sums batch by batch, as evaluation/experts.py scan_routing."""
     import numpy as np
     from ..evaluation.activations import context_windows
     from ..evaluation.experts import LayerRouting
-    from ..runtime.corpus import check_shard, experts_merge, experts_shard, window_units
+    from ..evaluation.shards import check_shard, experts_merge, experts_shard, window_units
     from ..runtime.executor import ModelSpec, Task, execute
-    from .scaleout import backend, file_digest, output_dir
+    from ..runtime.executor import file_digest
+    from .scaleout import backend, output_dir
 
     shard = args.shard or 16 * args.batch
     check_shard(shard, args.batch)

@@ -133,7 +133,7 @@ def train(args):
     from ..progress import Progress
     from ..training.data import read_text
     from .common import load_model
-    from .scaleout import file_digest
+    from ..runtime.executor import file_digest
     if not args.out:
         raise UsageError("features train needs --out DIR")
     record_path = os.path.join(args.out, TRAINER_FILE)
@@ -211,7 +211,7 @@ def _load_for(args):
     from ..features.harvest import check_sites
     from ..formats.installed import resolve_model
     from .common import load_model
-    from .scaleout import file_digest
+    from ..runtime.executor import file_digest
     p, dcfg, d = saelens_io.load(args.dir)
     model_path = resolve_model(args.model)
     ours = d.get("ffnlab") or {}

@@ -36,7 +36,7 @@ def add_arguments(p):
     p.add_argument("--no-train-eval", dest="eval_train", action="store_false", default=None,
                    help="evaluate on the held-out windows only (half the evaluation cost)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    # a grid of fine-tunes (runtime/finetune_grid.py): targets x ranks x seeds, one work unit each
+    # a grid of fine-tunes (training/finetune_grid.py): targets x ranks x seeds, one work unit each
     p.add_argument("--grid-targets", default=None, metavar="T1;T2",
                    help="run a grid: ';'-separated target sets, e.g. 'q,v;up,down' (--out is then the grid's folder: "
                         "one result per run, resumable; a table of every run is printed)")
@@ -129,9 +129,10 @@ def run_grid(args):
     from ..errors import UsageError
     from ..formats.installed import resolve_model
     from ..runtime.executor import ModelSpec, OutputDir
-    from ..runtime.finetune_grid import grid_units, run_grid as grid, table
+    from ..training.finetune_grid import grid_units, run_grid as grid, table
     from ..training.finetune import FinetuneSettings
-    from .scaleout import backend, file_digest
+    from ..runtime.executor import file_digest
+    from .scaleout import backend
 
     if args.resume:
         raise UsageError("--resume: a grid resumes by itself (rerun the same command with the same --out)")

@@ -99,17 +99,20 @@ def _parse(p, argv):
 
 
 def _probe(p, argv):
-    """argv parsed with every default suppressed and nothing required -> (the dests it sets, the
-    arguments p does not know). Only what was typed lands in the namespace: check_grammar tells
-    `--units 10` typed from --units left at its default 10."""
-    saved = [(a, a.default, a.required) for a in p._actions]
+    """argv parsed with every default suppressed, nothing required and no positional's choices
+    checked -> (the dests it sets, the arguments p does not know). Only what was typed lands in the
+    namespace: check_grammar tells `--units 10` typed from --units left at its default 10. (A
+    positional's choices wait for the real parse, so that `features --zzzz 3` names --zzzz.)"""
+    saved = [(a, a.default, a.required, a.choices) for a in p._actions]
     try:
-        for a, _, _ in saved:
+        for a, _, _, _ in saved:
             a.default, a.required = argparse.SUPPRESS, False
+            if not a.option_strings:
+                a.choices = None
         named, extras = p.parse_known_intermixed_args(argv)
     finally:
-        for a, default, required in saved:
-            a.default, a.required = default, required
+        for a, default, required, choices in saved:
+            a.default, a.required, a.choices = default, required, choices
     return set(vars(named)), extras
 
 

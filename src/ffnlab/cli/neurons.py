@@ -92,14 +92,15 @@ def write_histograms(path, reports, node, title=""):
 
 
 def scan_units(args, model, text):
-    """The layer's scan as units of --shard windows (runtime/corpus.py) -> (NeuronScan or None, Outcome, units):
+    """The layer's scan as units of --shard windows (evaluation/shards.py) -> (NeuronScan or None, Outcome, units):
     the merged scan is the single pass's (evaluation/neurons.py scan_layer) -- the same sums, the same top-k."""
     import numpy as np
     from ..evaluation.activations import activation_node, context_windows
     from ..evaluation.neurons import NeuronScan
-    from ..runtime.corpus import NeuronAccumulator, check_shard, neuron_merge, neuron_shard, neuron_units
+    from ..evaluation.shards import NeuronAccumulator, check_shard, neuron_merge, neuron_shard, neuron_units
     from ..runtime.executor import ModelSpec, Task, execute
-    from .scaleout import backend, file_digest, output_dir
+    from ..runtime.executor import file_digest
+    from .scaleout import backend, output_dir
 
     shard = args.shard or 16 * args.batch
     check_shard(shard, args.batch)

@@ -35,11 +35,12 @@ def add_arguments(p):
 
 
 def run_dataset(args):
-    """--prompts: one unit per line (runtime/prompts.py) -> per-pair results and their average per position group."""
+    """--prompts: one unit per line (interventions/datasets.py) -> per-pair results and their average per position group."""
     from ..runtime.executor import ModelSpec, OutputDir, Task, execute
-    from ..runtime.prompts import average_patch_effect, patch_unit, prompt_units, read_prompt_lines
+    from ..interventions.datasets import average_patch_effect, patch_unit, prompt_units, read_prompt_lines
     from .common import load_model
-    from .scaleout import backend, file_digest, finish
+    from ..runtime.executor import file_digest
+    from .scaleout import backend, finish
 
     path = args.out or f"patch-{args.node}.png"
     if not args.json:

@@ -53,12 +53,13 @@ def progress_callback(n_chunk, label="perplexity", stream=None):
 
 def run(args):
     from ..evaluation.perplexity import PerplexityResult, RunningNLL, text_chunks
-    from ..runtime.corpus import check_shard, perplexity_merge, perplexity_shard, perplexity_units
+    from ..evaluation.shards import check_shard, perplexity_merge, perplexity_shard, perplexity_units
     from ..runtime.executor import ModelSpec, Task, execute
     from ..threads import threads
     from ..training.data import read_text
     from .common import load_model
-    from .scaleout import backend, file_digest, finish, output_dir
+    from ..runtime.executor import file_digest
+    from .scaleout import backend, finish, output_dir
 
     text = read_text(args.data)
     shard = args.shard or args.batch

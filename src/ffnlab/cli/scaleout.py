@@ -8,7 +8,6 @@
     --shard N         items (chunks, windows) per unit
 Nothing here imports Ray: runtime/ray_backend.py does, when --ray is given.
 """
-import hashlib
 import json
 import sys
 
@@ -34,15 +33,6 @@ def add_ray_arguments(p):
     p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
                    help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
     needs(p, "--workers", "--ray", "the in-process default is one worker")
-
-
-def file_digest(path):
-    """sha256 of a file: a job's identity includes its data, not only the data's name."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def backend(args, model=None):

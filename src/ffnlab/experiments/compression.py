@@ -128,7 +128,7 @@ def smollm2_unit(_model, params, c):
 def run_compression(exp, out, backend, log=print):
     from ..training.data import read_text
     from .analysis import compute as train_compute
-    from .runner import run_training
+    from .runs import run_training
     base_results, _ = run_training(exp, out, backend, log)
     sha = data_digest(exp.data)
     params = {"text": read_text(exp.data), "data": exp.data}

@@ -2,7 +2,7 @@
 
     base     the base variant's seed-0 run (runs.py; shared with the other claims), written as an
              ffnlab checkpoint OUT/base/ (byte tokenizer)
-    grid     runtime/finetune_grid.py: targets x ranks x training-data sizes x seeds, each a LoRA
+    grid     training/finetune_grid.py: targets x ranks x training-data sizes x seeds, each a LoRA
              fine-tune on another text (lora.data) than the base was trained on
     learned  held-out loss on that text's tail after the fine-tune minus before (the base's), by
              seed; and MLP targets minus attention targets at the same rank and data, by seed
@@ -11,7 +11,7 @@ import math
 import os
 
 from ..runtime.executor import ModelSpec, OutputDir
-from ..runtime.finetune_grid import grid_units, run_grid
+from ..training.finetune_grid import grid_units, run_grid
 from . import stats
 from .runs import data_digest, digest, weights_of
 
@@ -29,7 +29,7 @@ def write_base(exp, result, folder):
 
 def run_lora(exp, out, backend, log=print):
     from .analysis import compute as train_compute
-    from .runner import run_training
+    from .runs import run_training
     lo = exp.lora
     base_variant = exp.variant(lo["base"])
     results, _ = run_training(exp, out, backend, log, variants=[base_variant])

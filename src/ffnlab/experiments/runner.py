@@ -7,7 +7,7 @@
 Kinds: train (a grid of variants x seeds: runs.py, analysis.py), compression (a base variant's
 runs cut to narrower MLPs, with and without a recovery fine-tune, and SmolLM2 pruned:
 compression.py) and lora (a base variant's run fine-tuned with LoRA over targets x ranks x
-seeds x data sizes: runtime/finetune_grid.py, lora.py). Every stage is a list of work units of
+seeds x data sizes: training/finetune_grid.py, lora.py). Every stage is a list of work units of
 runtime/executor.py, so `--ray ADDRESS` runs the same grid on a cluster.
 """
 import json
@@ -17,24 +17,9 @@ import subprocess
 import time
 from dataclasses import asdict
 
-from ..training.data import read_text
 from . import analysis
 from .config import ROOT
-from .runs import data_digest, digest, run_key, run_units, shared_dir, train_unit, train_units
-
-
-def job_key(exp, sha, stage, specs):
-    return {"experiment": exp.name, "stage": stage, "quick": exp.quick, "data_sha256": sha, "specs": digest(specs)}
-
-
-def run_training(exp, out, backend, log=print, variants=None):
-    """Every (variant, seed) of exp (or of `variants`) trained -> {unit id: result}, outcome."""
-    sha = data_digest(exp.data)
-    units = train_units(exp, sha, variants)
-    params = {"text": read_text(exp.data), "data": exp.data}
-    return run_units(job_key(exp, sha, "train", [u.payload for u in units]), units, train_unit, params,
-                     os.path.join(out, "train"), backend, key_of=lambda u: run_key(u.payload), shared=shared_dir(out),
-                     label=f"{exp.name} train", log=log)
+from .runs import data_digest, run_training
 
 
 def run(exp, out, backend, log=print) -> dict:

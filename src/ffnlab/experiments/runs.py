@@ -22,6 +22,7 @@ from dataclasses import asdict
 import numpy as np
 
 from ..runtime.executor import OutputDir, Task, Unit, execute, read_result
+from ..training.data import read_text
 
 SHARED = "shared"
 
@@ -31,7 +32,7 @@ def digest(obj) -> str:
 
 
 def data_digest(path) -> str:
-    from ..cli.scaleout import file_digest
+    from ..runtime.executor import file_digest
     return file_digest(path)
 
 
@@ -166,3 +167,17 @@ def run_units(job, units, fn, params, out, backend, key_of, shared, label="", lo
 
 def read_unit(out, unit_id):
     return read_result(os.path.join(out, "units"), unit_id)
+
+
+def job_key(exp, sha, stage, specs):
+    return {"experiment": exp.name, "stage": stage, "quick": exp.quick, "data_sha256": sha, "specs": digest(specs)}
+
+
+def run_training(exp, out, backend, log=print, variants=None):
+    """Every (variant, seed) of exp (or of `variants`) trained -> {unit id: result}, outcome."""
+    sha = data_digest(exp.data)
+    units = train_units(exp, sha, variants)
+    params = {"text": read_text(exp.data), "data": exp.data}
+    return run_units(job_key(exp, sha, "train", [u.payload for u in units]), units, train_unit, params,
+                     os.path.join(out, "train"), backend, key_of=lambda u: run_key(u.payload), shared=shared_dir(out),
+                     label=f"{exp.name} train", log=log)

@@ -19,6 +19,7 @@ Backends: InProcess (the default: the model loaded once, units one after another
 and runtime/ray_backend.py's RayBackend (`--ray ADDRESS`). Results on disk are JSON and .npy read
 with allow_pickle=False: nothing is unpickled from a file.
 """
+import hashlib
 import json
 import os
 import shutil
@@ -301,3 +302,12 @@ def report_failures(outcome, total, stream=None):
 def shard_ranges(n, size):
     """[0, n) -> [(start, stop)] of `size` items each (the last may be shorter)."""
     return [(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def file_digest(path):
+    """sha256 of a file: a job's identity includes its data, not only the data's name."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -122,7 +122,7 @@ def run_state(out, spec) -> str:
 # --- one run (in its own process) -------------------------------------------------------------
 def run_one(spec_path, text_path=None):
     """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure.
-    text_path: a copy of spec["data"] to read instead (a Ray worker's, runtime/grid.py)."""
+    text_path: a copy of spec["data"] to read instead (a Ray worker's, training/grid.py)."""
     from .data import TokenData, data_info, encode, make_tokenizer, read_text
     from .trainer import DivergedError, train
 
@@ -161,7 +161,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
                  moe=None, train_runs=None) -> list[dict]:
     """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows.
     train_runs(out, todo, log) -> [failed run names]: trains the unfinished runs elsewhere
-    (runtime/grid.py: on a Ray cluster) instead of in local processes."""
+    (training/grid.py: on a Ray cluster) instead of in local processes."""
     runs = plan(base, ffns, mults, seeds, match_params, moe)         # bad --ffn / --mult fail before any write
     if not os.path.isfile(data):
         raise UsageError(f"--data {data}: no such file")

@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-from .executor import Task, Unit, execute
+from ..runtime.executor import Task, Unit, execute
 
 
 def run_id(spec):
@@ -21,7 +21,7 @@ def run_id(spec):
 
 def train_run(_model, params, spec):
     """On a worker: one run, trained from scratch in a temporary folder -> {dir, files, file<i>: bytes}."""
-    from ..training.ablate import run_one
+    from .ablate import run_one
     with tempfile.TemporaryDirectory(prefix="ffnlab-run-") as tmp:
         data = os.path.join(tmp, "data.txt")
         with open(data, "w", encoding="utf-8") as f:
@@ -54,7 +54,7 @@ def write_run(out, result):
 
 def train_runs_on(backend, data):
     """-> train_runs(out, todo, log) for training/ablate.py run_ablation: the runs as units on `backend`."""
-    from ..training.data import read_text
+    from .data import read_text
 
     def train_runs(out, todo, log):
         units = sorted((Unit(f"run-{run_id(s)}", s) for s in todo), key=lambda u: u.id)

@@ -13,7 +13,7 @@ settings run alone, bit for bit (tests/unit/test_experiments.py).
 import os
 import tempfile
 
-from .executor import Task, Unit, execute
+from ..runtime.executor import Task, Unit, execute
 
 
 def target_slug(targets):
@@ -37,8 +37,8 @@ _IDS = {}
 
 def finetune_unit(model, params, p):
     """On a worker: one LoRA fine-tune of the loaded model -> its record (no adapter files)."""
-    from ..training.data import TokenData, data_info
-    from ..training.finetune import FinetuneSettings, finetune
+    from .data import TokenData, data_info
+    from .finetune import FinetuneSettings, finetune
 
     settings = {**params["settings"], "targets": p["targets"], "r": p["r"], "seed": p["seed"],
                 "train_tokens": p["train_tokens"]}
@@ -61,8 +61,8 @@ def finetune_unit(model, params, p):
 def run_grid(model_spec, data, settings, units, out=None, backend=None, alpha_per_r=None, label="finetune grid",
              on_unit=None):
     """-> (rows in unit order, Outcome). settings: FinetuneSettings fields shared by every unit."""
-    from ..cli.scaleout import file_digest
-    from ..training.data import read_text
+    from ..runtime.executor import file_digest
+    from .data import read_text
     params = {"text": read_text(data), "data": os.path.abspath(data), "data_sha256": file_digest(data),
               "settings": settings, "alpha_per_r": alpha_per_r, "base_model": model_spec.path}
     outcome = execute(Task(model_spec, finetune_unit, params), units, lambda acc, r: acc + [r], [], out=out,

@@ -16,7 +16,7 @@ import json
 import numpy as np
 
 from ..errors import DataError
-from .executor import Unit
+from ..runtime.executor import Unit
 
 GROUPS = ["first subject token", "middle subject tokens", "last subject token", "first subsequent token",
           "further tokens", "last token"]
@@ -75,8 +75,8 @@ def differing_span(clean, corrupt):
 
 def patch_unit(model, params, payload):
     """One line -> its patching result, as `ffnlab patch --json` prints it, with the corrupted span."""
-    from ..interventions.common import one_token, prompt_ids, token_strings
-    from ..interventions.patching import patch
+    from .common import one_token, prompt_ids, token_strings
+    from .patching import patch
     where = f"{params['path']} line {payload['line']}"
     clean_text, corrupt_text, target_text, foil_text = parse_patch_line(params["path"], payload["line"],
                                                                         payload["text"])
@@ -96,8 +96,8 @@ def patch_unit(model, params, payload):
 
 def causal_trace_unit(model, params, payload):
     """One prompt line -> its causal trace, as `ffnlab causal-trace --json` prints it."""
-    from ..interventions.causal_trace import causal_trace, subject_range
-    from ..interventions.common import one_token, prompt_ids, token_strings
+    from .causal_trace import causal_trace, subject_range
+    from .common import one_token, prompt_ids, token_strings
     where = f"{params['path']} line {payload['line']}"
     prompt, subject, target = parse_line(params["path"], payload["line"], payload["text"])
     try:

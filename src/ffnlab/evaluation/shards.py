@@ -15,7 +15,7 @@ experts: a shard is a run of windows; its result is each layer's routing counts 
 import numpy as np
 
 from ..errors import UsageError
-from .executor import Unit, shard_ranges
+from ..runtime.executor import Unit, shard_ranges
 
 
 def check_shard(shard, batch):
@@ -35,7 +35,7 @@ def perplexity_units(chunks, shard):
 
 def perplexity_shard(model, params, chunks):
     """chunks: [n, n_ctx] -> {counts, sums, sum2: [n_batch]}: each batch's RunningNLL."""
-    from ..evaluation.perplexity import RunningNLL, chunk_nll
+    from .perplexity import RunningNLL, chunk_nll
     batch = params["batch"]
     counts, sums, sum2 = [], [], []
     for i in range(0, len(chunks), batch):
@@ -71,7 +71,7 @@ def context_units(cw, shard):
 
 
 def _windows(payload):
-    from ..evaluation.activations import ContextWindows
+    from .activations import ContextWindows
     return ContextWindows(payload["windows"], payload["starts"], payload["scored_from"], payload["lead"])
 
 
@@ -80,8 +80,8 @@ neuron_units = context_units
 
 def neuron_shard(model, params, payload):
     """One shard's windows -> the layer's TopK / per-batch UnitStats sums / histogram, as arrays."""
-    from ..evaluation.activations import stream_activations
-    from ..evaluation.neurons import TopK, UnitStats, StreamingHistogram
+    from .activations import stream_activations
+    from .neurons import TopK, UnitStats, StreamingHistogram
 
     layer, d_ff = params["layer"], model.config.d_ff
     cw = _windows(payload)
@@ -114,7 +114,7 @@ class NeuronAccumulator:
     """The single pass's TopK, UnitStats and StreamingHistogram, filled shard by shard."""
 
     def __init__(self, d_ff, k, bins):
-        from ..evaluation.neurons import TopK, UnitStats, StreamingHistogram
+        from .neurons import TopK, UnitStats, StreamingHistogram
         self.top, self.stats, self.hist = TopK(d_ff, k), UnitStats(d_ff), StreamingHistogram(d_ff, bins)
         self.n_windows = 0
 
@@ -163,8 +163,8 @@ window_units = context_units
 
 def experts_shard(model, params, payload):
     """One shard's windows -> per layer: routing counts (integers) and each batch's entropy sum."""
-    from ..evaluation.experts import LayerRouting, route_batch
-    from ..evaluation.activations import batches
+    from .experts import LayerRouting, route_batch
+    from .activations import batches
 
     cfg, cw = model.config, _windows(payload)
     layers = [LayerRouting(cfg.n_expert, cfg.n_expert_used, cfg.vocab_size) for _ in range(cfg.n_layer)]
