@@ -1,22 +1,36 @@
 """arith="ggml" against arith="f32" on the same quantized model: prompt processing and decoding.
 
-  python3 bench/bench_ggml.py [-m smollm2] [--prompt-tokens 64] [--decode 16] [--repeats 3]
+  python3 bench/bench_ggml.py [-m smollm2] [-t 1] [--prompt-tokens 64] [--decode 16] [--repeats 3]
 
 For each arithmetic, the same model file (weights in their GGUF blocks both times):
   prompt   forward() over a prompt of --prompt-tokens ids (one batch, logits for every position)
   decode   --decode tokens, one forward_last() each against the KV cache (f16 in ggml mode)
 Times are process CPU time per run (time.process_time: other jobs on a shared machine slow them
 less than wall-clock time); the median over --repeats is reported, with the ratio ggml / f32
-measured in this same process, the two arithmetics taking turns in each repeat. Threads:
-NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS = 1, so the figures are per core. The CPU model is printed with the load average.
+measured in this same process, the two arithmetics taking turns in each repeat. Threads: -t
+(NUMBA_NUM_THREADS / OPENBLAS_NUM_THREADS, set before numba loads; default 1, the figures per
+core; with more, CPU time is summed over the threads). The CPU model is printed with the load average.
 """
 import argparse
 import os
 import statistics
+import sys
 import time
 
+
+def _threads(argv):
+    """-t N / --threads N from the command line, read before numba is imported (it fixes its pool then)"""
+    for i, a in enumerate(argv):
+        if a in ("-t", "--threads") and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+THREADS = _threads(sys.argv[1:])
 for var in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
-    os.environ[var] = "1"
+    os.environ[var] = THREADS
 
 import numpy as np  # noqa: E402
 
@@ -61,6 +75,7 @@ def measure(models, ids, n_decode, repeats):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default="smollm2")
+    ap.add_argument("-t", "--threads", type=int, default=1, help="numba and BLAS threads (default 1)")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
@@ -70,7 +85,7 @@ def main():
     models = {arith: load(path, arith=arith, progress=False) for arith in ("f32", "ggml")}
     ids = rng.integers(100, models["f32"].config.vocab_size - 100, args.prompt_tokens).tolist()
     results = measure(models, ids, args.decode, args.repeats)
-    print(f"{os.path.basename(path)} on {cpu_model()}, 1 thread, median CPU time of {args.repeats}; "
+    print(f"{os.path.basename(path)} on {cpu_model()}, {args.threads} thread(s), median CPU time of {args.repeats}; "
           f"load average {os.getloadavg()[0]:.1f}; ggml mode on llama.cpp's {ggml_path.PATH} path\n")
     print("| arith | prompt (%d tokens) s | prompt tok/s | decode ms/token | decode tok/s |" % args.prompt_tokens)
     print("|---|---|---|---|---|")

@@ -179,7 +179,11 @@ def silu(x):
     """x / (1 + v_expf(-x)), float32 (ggml_v_silu; SwiGLU multiplies it by up afterwards)"""
     x = np.ascontiguousarray(x, np.float32)
     y = np.empty_like(x)
-    _silu_rows(x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1]), ggml_path.LANES[ggml_path.PATH])
+    rows, n, lanes = x.reshape(-1, x.shape[-1]), x.shape[-1], ggml_path.LANES[ggml_path.PATH]
+    if rows.shape[0] == 1:              # a decode step: no parallel region (its start costs more than one row)
+        _silu_row(rows[0], y.reshape(-1), lanes, np.empty(3 * n, np.int32))
+    else:
+        _silu_rows(rows, y.reshape(-1, n), lanes)
     return y
 
 
@@ -296,22 +300,36 @@ def soft_max(kq, scale, allowed):
     return y
 
 
+@njit(**JIT)
+def _sum_squares_row(x):
+    """the float32 squares of x [n] added one by one in float64, as
+    ggml_compute_forward_rms_norm_f32's `sum += (ggml_float)(x[i00] * x[i00])` (no SIMD there)"""
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += np.float64(x[i] * x[i])
+    return s
+
+
 @njit(parallel=True, **JIT)
 def _sum_squares(x, out):
-    """out[r] = the float32 squares of x[r] added one by one in float64, as
-    ggml_compute_forward_rms_norm_f32's `sum += (ggml_float)(x[i00] * x[i00])` (no SIMD there)"""
+    """out[r] = _sum_squares_row(x[r])"""
     for r in prange(x.shape[0]):
-        s = 0.0
-        for i in range(x.shape[1]):
-            s += np.float64(x[r, i] * x[r, i])
-        out[r] = s
+        out[r] = _sum_squares_row(x[r])
+
+
+@njit(**JIT)
+def _sum_squares_serial(x, out):
+    """_sum_squares without a parallel region (one row: a decode step)"""
+    for r in range(x.shape[0]):
+        out[r] = _sum_squares_row(x[r])
 
 
 def rms_norm(x, w, eps):
     """x: [..., D], w: [D] or None -> y, cache (x_hat, scale) as ops/norms.py's rmsnorm_forward"""
     x = np.ascontiguousarray(x, np.float32)
     total = np.empty(x.shape[:-1] + (1,), np.float64)
-    _sum_squares(x.reshape(-1, x.shape[-1]), total.reshape(-1))
+    rows = x.reshape(-1, x.shape[-1])
+    (_sum_squares_serial if rows.shape[0] == 1 else _sum_squares)(rows, total.reshape(-1))
     mean = (total / x.shape[-1]).astype(np.float32)                 # (float)(sum / n)
     scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
     x_hat = x * scale

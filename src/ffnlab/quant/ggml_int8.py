@@ -1,6 +1,6 @@
 """ggml's 32-weight block products with ggml's own instructions: byte multiplies into exact int32
-lane sums (vpmaddubsw, vpmaddwd; one vpdpbusd on a CPU with AVX-512 VNNI: quant/simd.py), over a
-layout made once at load.
+lane sums (vpdpbusd on a CPU with AVX-512 VNNI, else vpmaddubsw and vpmaddwd: quant/ggml_simd.py),
+over a layout made once at load.
 
 ggml's AVX2 vec_dot for Q4_0 / Q4_1 / Q5_0 / Q8_0 (ggml-cpu/arch/x86/quants.c) takes one row's
 32-weight block and the activation's Q8_0 / Q8_1 block as 32 bytes each, multiplies them byte by
@@ -8,33 +8,36 @@ byte into 8 int32 lanes of 4 products (lane l: weights 4l..4l+3; for nibble type
 are weights 0-15, lanes 0-3, the high nibbles weights 16-31, lanes 4-7), converts the lanes to
 float and adds them with acc_l = fma(d_w d_x, lane_l, acc_l); hsum_float_8 ends the row.
 
-Here the same integers are formed 8 rows at a time instead of 8 lanes of one row: for each 8-row
-chunk, block and lane j, the 8 rows' 4 codes of lane j lie side by side (32 bytes), so one load,
-one vpmaddubsw against the lane's 4 activation codes broadcast (vpbroadcastd) and one vpmaddwd
-give lane j of 8 rows, exact. The float steps are ggml's, per row: the same FMA into the same
-lane accumulator in the same block order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ the Q8_1
-sum of m_w s_x). So the bits are ggml's, and quant/ggml_packed.py's float kernels' (the fallback
-on a CPU without AVX2; tests/unit/test_ggml_packed.py holds both to quant/ggml_kernels.gemm).
+Here the same integers are formed CHUNK rows at a time instead of 8 lanes of one row (CHUNK =
+ggml_simd.ROWS: 16 in a 512-bit register, 8 in a 256-bit one): for each chunk, block and lane j,
+the chunk's 4 codes of lane j lie side by side (4 CHUNK bytes), so one load and one vpdpbusd
+against the lane's 4 activation codes broadcast (vpbroadcastd) give lane j of CHUNK rows, exact.
+The float steps are ggml's, per row: the same FMA into the same lane accumulator in the same
+block order, then ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) (+ the Q8_1 sum of m_w s_x); a register
+of CHUNK rows does each row's step in its own lane, so CHUNK changes no bit. So the bits are
+ggml's, and quant/ggml_packed.py's float kernels' (the fallback on a CPU without AVX2;
+tests/unit/test_ggml_packed.py holds both to quant/ggml_kernels.gemm).
 
-Layout (LanePacked), G groups of R = 64 rows, 8 chunks of 8 rows each, nb = n/32 blocks:
-  "nib" (Q4_0, Q4_1): qs [G, 8, nb, 4, 8, 4] uint8: [.., j, r, i] = byte 4j+i of row r's block as
-        in the file (low nibble weight 4j+i, lane j; high nibble weight 16+4j+i, lane 4+j)
-  "i8"  (Q8_0, Q5_0): qs [G, 8, nb, 8, 8, 4] int8: weight 4j+i (Q5_0: its 5-bit value - 16)
-  d, m  [G, 8, nb, 8] float32: the blocks' halves (m: Q4_1 only)
+Layout (LanePacked), G groups of R = 64 rows, C = R / CHUNK chunks of CHUNK rows, nb = n/32 blocks:
+  "nib" (Q4_0, Q4_1): qs [G, C, nb, 4, CHUNK, 4] uint8: [.., j, r, i] = byte 4j+i of row r's
+        block as in the file (low nibble weight 4j+i, lane j; high nibble weight 16+4j+i, lane 4+j)
+  "i8"  (Q8_0, Q5_0): qs [G, C, nb, 8, CHUNK, 4] int8: weight 4j+i (Q5_0: its 5-bit value - 16)
+  d, m  [G, C, nb, CHUNK] float32: the blocks' halves (m: Q4_1 only)
 Q4_0's (q - 8) x is summed as q x - 8 (sum of the lane's 4 x): the same integer, and q stays
-unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: |w| x sign(x, w), as ggml.
+unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: ggml_simd.dot_s8_biased forms w x.
 """
 import numpy as np
 from numba import njit, prange
 
 from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, half_float
+from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
+                        splat4, splat_f, store_v, to_f, zeros_v)
 from .packed import R
-from .simd import (add, broadcast4, broadcast_f, fma, high_nibbles, lanes_s8, lanes_u8, load_f,
-                   load_i, low_nibbles, mul, store_f, sub_i32, to_float, zeros_f)
 
 GG = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: every float step is written out as ggml's
 EXACT = dict(cache=True, nogil=True, fastmath=False)
-CHUNK = 8                                # rows per vector: 8 int32 / float32 lanes of 256 bits
+CHUNK = ROWS                             # rows per vector: 16 int32 / float32 lanes of 512 bits, or 8 of 256
+LANE = 4 * CHUNK                         # bytes of one lane's 4 codes for CHUNK rows
 TYPES = {Q4_0: ("nib", 8), Q4_1: ("nib", 0), Q5_0: ("i8", 0), Q8_0: ("i8", 0)}   # kind, zero
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
@@ -83,7 +86,7 @@ def empty(qtype, rows, n) -> LanePacked:
 
 
 def _zero_rows_past(group, keep):
-    """group: one 64-row group, qs [8, nb, L, 8, 4] or d / m [8, nb, 8]: rows keep..63 set to 0"""
+    """group: one 64-row group, qs [C, nb, L, CHUNK, 4] or d / m [C, nb, CHUNK]: rows keep..63 set to 0"""
     c, r = divmod(keep, CHUNK)
     group[c + 1:] = 0
     group[(c, Ellipsis, slice(r, None)) + ((slice(None),) if group.ndim == 5 else ())] = 0
@@ -174,87 +177,98 @@ def _dequant_t(qs, d, m, zero, g0, g1, out):
 
 @njit(**GG)
 def _zeros8():
-    return zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f(), zeros_f()
+    return zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v()
 
 
 @njit(**GG)
 def _hsum8(a):
-    """hsum_float_8 of 8 rows at once: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
-    return add(add(add(a[0], a[4]), add(a[2], a[6])), add(add(a[1], a[5]), add(a[3], a[7])))
+    """hsum_float_8 of CHUNK rows at once: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
+    return add_v(add_v(add_v(a[0], a[4]), add_v(a[2], a[6])), add_v(add_v(a[1], a[5]), add_v(a[3], a[7])))
 
 
 @njit(**GG)
 def _fma8(dd, lanes, a):
-    """ggml's lane FMA for 8 rows: a_l = fma(d_w d_x, float(lane_l), a_l)"""
-    return (fma(dd, to_float(lanes[0]), a[0]), fma(dd, to_float(lanes[1]), a[1]), fma(dd, to_float(lanes[2]), a[2]),
-            fma(dd, to_float(lanes[3]), a[3]), fma(dd, to_float(lanes[4]), a[4]), fma(dd, to_float(lanes[5]), a[5]),
-            fma(dd, to_float(lanes[6]), a[6]), fma(dd, to_float(lanes[7]), a[7]))
+    """ggml's lane FMA for CHUNK rows: a_l = fma(d_w d_x, float(lane_l), a_l)"""
+    return (fma_v(dd, to_f(lanes[0]), a[0]), fma_v(dd, to_f(lanes[1]), a[1]), fma_v(dd, to_f(lanes[2]), a[2]),
+            fma_v(dd, to_f(lanes[3]), a[3]), fma_v(dd, to_f(lanes[4]), a[4]), fma_v(dd, to_f(lanes[5]), a[5]),
+            fma_v(dd, to_f(lanes[6]), a[6]), fma_v(dd, to_f(lanes[7]), a[7]))
 
 
 @njit(**GG)
 def _nib_lanes(qs, o, xq, xo):
-    """a "nib" block of 8 rows (qs.flat[o : o + 128]) x codes xq[xo : xo + 32] -> the 8 lanes'
-    int32 sums of 8 rows: lane j from byte group j's low nibbles, lane 4 + j from its high ones"""
-    w0, w1, w2, w3 = load_i(qs, o), load_i(qs, o + 32), load_i(qs, o + 64), load_i(qs, o + 96)
-    return (lanes_u8(low_nibbles(w0), broadcast4(xq, xo)), lanes_u8(low_nibbles(w1), broadcast4(xq, xo + 4)),
-            lanes_u8(low_nibbles(w2), broadcast4(xq, xo + 8)), lanes_u8(low_nibbles(w3), broadcast4(xq, xo + 12)),
-            lanes_u8(high_nibbles(w0), broadcast4(xq, xo + 16)), lanes_u8(high_nibbles(w1), broadcast4(xq, xo + 20)),
-            lanes_u8(high_nibbles(w2), broadcast4(xq, xo + 24)), lanes_u8(high_nibbles(w3), broadcast4(xq, xo + 28)))
+    """a "nib" block of CHUNK rows (qs.flat[o : o + 16 CHUNK]) x codes xq[xo : xo + 32] -> the 8
+    lanes' int32 sums of CHUNK rows: lane j from byte group j's low nibbles, lane 4 + j from its
+    high ones"""
+    w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
+    return (dot_u8(low4(w0), splat4(xq, xo)), dot_u8(low4(w1), splat4(xq, xo + 4)),
+            dot_u8(low4(w2), splat4(xq, xo + 8)), dot_u8(low4(w3), splat4(xq, xo + 12)),
+            dot_u8(high4(w0), splat4(xq, xo + 16)), dot_u8(high4(w1), splat4(xq, xo + 20)),
+            dot_u8(high4(w2), splat4(xq, xo + 24)), dot_u8(high4(w3), splat4(xq, xo + 28)))
 
 
 @njit(**GG)
 def _q4_1_chunk(qs, d, m, chunk, xq, dx, sx, y, yo):
-    """8 rows (chunk: g * 8 + c) of a Q4_1 matrix x one token: xq [n] int8 codes, dx, sx [nb]
-    (Q8_1's d and s) -> y.flat[yo : yo + 8] = hsum_float_8(acc) + sum m_w s_x"""
+    """CHUNK rows (chunk: g * R / CHUNK + c) of a Q4_1 matrix x one token: xq [n] int8 codes, dx,
+    sx [nb] (Q8_1's d and s) -> y.flat[yo : yo + CHUNK] = hsum_float_8(acc) + sum m_w s_x"""
     nb = d.shape[2]
-    qo, do = chunk * nb * 128, chunk * nb * CHUNK
-    acc, summs = _zeros8(), zeros_f()
+    qo, do = chunk * nb * 4 * LANE, chunk * nb * CHUNK
+    acc, summs = _zeros8(), zeros_v()
     for b in range(nb):
-        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))       # d_w d_x: two halves, exact
-        summs = fma(load_f(m, do + b * CHUNK), broadcast_f(sx[b]), summs)   # an exact product: fused or not
-        acc = _fma8(dd, _nib_lanes(qs, qo + b * 128, xq, b * 32), acc)
-    store_f(y, yo, add(_hsum8(acc), summs))
+        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))         # d_w d_x: two halves, exact
+        summs = fma_v(load_v(m, do + b * CHUNK), splat_f(sx[b]), summs)   # an exact product: fused or not
+        acc = _fma8(dd, _nib_lanes(qs, qo + b * 4 * LANE, xq, b * 32), acc)
+    store_v(y, yo, add_v(_hsum8(acc), summs))
 
 
 @njit(**GG)
 def _q4_0_chunk(qs, d, chunk, xq, dx, zx, y, yo):
-    """8 rows of a Q4_0 matrix x one token; zx [n/4] int32: 8 x each lane's sum of codes, since
-    sum (q - 8) x = sum q x - 8 sum x (the same integer; q stays unsigned for vpmaddubsw)"""
+    """CHUNK rows of a Q4_0 matrix x one token; zx [n/4] int32: -8 x each lane's sum of codes,
+    since sum (q - 8) x = sum q x - 8 sum x (the same integer; q stays unsigned for vpmaddubsw)"""
     nb = d.shape[2]
-    qo, do = chunk * nb * 128, chunk * nb * CHUNK
+    qo, do = chunk * nb * 4 * LANE, chunk * nb * CHUNK
     acc = _zeros8()
     for b in range(nb):
-        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))
-        q, z = _nib_lanes(qs, qo + b * 128, xq, b * 32), b * 8
-        lanes = (sub_i32(q[0], broadcast4(zx, z)), sub_i32(q[1], broadcast4(zx, z + 1)),
-                 sub_i32(q[2], broadcast4(zx, z + 2)), sub_i32(q[3], broadcast4(zx, z + 3)),
-                 sub_i32(q[4], broadcast4(zx, z + 4)), sub_i32(q[5], broadcast4(zx, z + 5)),
-                 sub_i32(q[6], broadcast4(zx, z + 6)), sub_i32(q[7], broadcast4(zx, z + 7)))
+        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
+        o, xo, z = qo + b * 4 * LANE, b * 32, b * 8
+        w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
+        lanes = (dot_u8_from(splat4(zx, z), low4(w0), splat4(xq, xo)),
+                 dot_u8_from(splat4(zx, z + 1), low4(w1), splat4(xq, xo + 4)),
+                 dot_u8_from(splat4(zx, z + 2), low4(w2), splat4(xq, xo + 8)),
+                 dot_u8_from(splat4(zx, z + 3), low4(w3), splat4(xq, xo + 12)),
+                 dot_u8_from(splat4(zx, z + 4), high4(w0), splat4(xq, xo + 16)),
+                 dot_u8_from(splat4(zx, z + 5), high4(w1), splat4(xq, xo + 20)),
+                 dot_u8_from(splat4(zx, z + 6), high4(w2), splat4(xq, xo + 24)),
+                 dot_u8_from(splat4(zx, z + 7), high4(w3), splat4(xq, xo + 28)))
         acc = _fma8(dd, lanes, acc)
-    store_f(y, yo, _hsum8(acc))
+    store_v(y, yo, _hsum8(acc))
 
 
 @njit(**GG)
-def _i8_chunk(qs, d, chunk, xq, dx, y, yo):
-    """8 rows of an "i8" matrix (Q8_0, Q5_0) x one token -> y.flat[yo : yo + 8]"""
+def _i8_chunk(qs, d, chunk, xq, dx, cx, y, yo):
+    """CHUNK rows of an "i8" matrix (Q8_0, Q5_0) x one token -> y.flat[yo : yo + CHUNK]; cx [n/4]
+    int32: -128 x each lane's sum of codes (for dot_s8_biased)"""
     nb = d.shape[2]
-    qo, do = chunk * nb * 256, chunk * nb * CHUNK
+    qo, do = chunk * nb * 8 * LANE, chunk * nb * CHUNK
     acc = _zeros8()
     for b in range(nb):
-        dd = mul(load_f(d, do + b * CHUNK), broadcast_f(dx[b]))
-        o, xo = qo + b * 256, b * 32
-        lanes = (lanes_s8(load_i(qs, o), broadcast4(xq, xo)), lanes_s8(load_i(qs, o + 32), broadcast4(xq, xo + 4)),
-                 lanes_s8(load_i(qs, o + 64), broadcast4(xq, xo + 8)), lanes_s8(load_i(qs, o + 96), broadcast4(xq, xo + 12)),
-                 lanes_s8(load_i(qs, o + 128), broadcast4(xq, xo + 16)), lanes_s8(load_i(qs, o + 160), broadcast4(xq, xo + 20)),
-                 lanes_s8(load_i(qs, o + 192), broadcast4(xq, xo + 24)), lanes_s8(load_i(qs, o + 224), broadcast4(xq, xo + 28)))
+        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
+        o, xo, c = qo + b * 8 * LANE, b * 32, b * 8
+        lanes = (dot_s8_biased(splat4(cx, c), load_b(qs, o), splat4(xq, xo)),
+                 dot_s8_biased(splat4(cx, c + 1), load_b(qs, o + LANE), splat4(xq, xo + 4)),
+                 dot_s8_biased(splat4(cx, c + 2), load_b(qs, o + 2 * LANE), splat4(xq, xo + 8)),
+                 dot_s8_biased(splat4(cx, c + 3), load_b(qs, o + 3 * LANE), splat4(xq, xo + 12)),
+                 dot_s8_biased(splat4(cx, c + 4), load_b(qs, o + 4 * LANE), splat4(xq, xo + 16)),
+                 dot_s8_biased(splat4(cx, c + 5), load_b(qs, o + 5 * LANE), splat4(xq, xo + 20)),
+                 dot_s8_biased(splat4(cx, c + 6), load_b(qs, o + 6 * LANE), splat4(xq, xo + 24)),
+                 dot_s8_biased(splat4(cx, c + 7), load_b(qs, o + 7 * LANE), splat4(xq, xo + 28)))
         acc = _fma8(dd, lanes, acc)
-    store_f(y, yo, _hsum8(acc))
+    store_v(y, yo, _hsum8(acc))
 
 
 @njit(parallel=True, **GG)
 def gemm_nib(qs, d, m, xq, dx, sx, zx, y):
-    """"nib" matrix x N tokens: xq [N, n] int8, dx, sx [N, n/32]; Q4_0: zx [N, n/4] int32 (8 x the
-    lanes' code sums), m empty; Q4_1: m, zx [N, 0] -> y [N, G*R]. A chunk's codes (nb * 128
+    """"nib" matrix x N tokens: xq [N, n] int8, dx, sx [N, n/32]; Q4_0: zx [N, n/4] int32 (-8 x the
+    lanes' code sums), m empty; Q4_1: m, zx [N, 0] -> y [N, G*R]. A chunk's codes (nb * 16 CHUNK
     bytes) stay in L1 while every token passes."""
     chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
     for chunk in prange(chunks):
@@ -266,12 +280,13 @@ def gemm_nib(qs, d, m, xq, dx, sx, zx, y):
 
 
 @njit(parallel=True, **GG)
-def gemm_i8(qs, d, xq, dx, y):
-    """"i8" matrix x N tokens: xq [N, n] int8, dx [N, n/32] -> y [N, G*R]"""
+def gemm_i8(qs, d, xq, dx, cx, y):
+    """"i8" matrix x N tokens: xq [N, n] int8, dx [N, n/32], cx [N, n/4] (-128 x the lanes' code
+    sums) -> y [N, G*R]"""
     chunks, N = qs.shape[0] * (R // CHUNK), xq.shape[0]
     for chunk in prange(chunks):
         for t in range(N):
-            _i8_chunk(qs, d, chunk, xq[t], dx[t], y, t * y.shape[1] + chunk * CHUNK)
+            _i8_chunk(qs, d, chunk, xq[t], dx[t], cx[t], y, t * y.shape[1] + chunk * CHUNK)
 
 
 def product(P, a):
@@ -280,10 +295,10 @@ def product(P, a):
     y = np.empty((N, P.qs.shape[0] * R), np.float32)
     if P.kind == "nib":
         if P.zero:                                                      # [N, n/4]: each lane's sum of codes
-            zx = P.zero * a.qs.reshape(N, -1, 4).sum(axis=2, dtype=np.int32)
+            zx = np.int32(-P.zero) * a.qs.reshape(N, -1, 4).sum(axis=2, dtype=np.int32)
         else:
             zx = np.zeros((N, 0), np.int32)
         gemm_nib(P.qs, P.d, P.m, a.qs, a.d, a.e, zx, y)
     else:
-        gemm_i8(P.qs, P.d, a.qs, a.d, y)
+        gemm_i8(P.qs, P.d, a.qs, a.d, np.int32(-128) * a.qs.reshape(N, -1, 4).sum(axis=2, dtype=np.int32), y)
     return y

@@ -86,34 +86,46 @@ def _block_amax(x, out):
         ob[b] = m
 
 
+@njit(**JIT)
+def _q8_0_row(x, qs, d):
+    """one row x [n] float32 -> qs [n] int8, d [n/32] float32 (the f16 block scales)"""
+    nb = x.shape[0] // 32
+    am, db = np.empty(nb, np.float32), np.empty(nb, np.float32)
+    _block_amax(x, am)
+    for b in range(nb):
+        amax = am[b]
+        db[b] = amax / F32_127
+        _q8_block(x, b * 32, 32, qs, F32_127 / amax if amax != 0 else np.float32(0.0))
+    f16_round_array(db, d)
+
+
 @njit(parallel=True, **JIT)
 def quantize_q8_0(x, qs, d):
     """x: [N, n] float32 -> qs: [N, n] int8, d: [N, n/32] float32 (the f16 block scales)"""
-    nb = x.shape[1] // 32
     for t in prange(x.shape[0]):
-        am, db = np.empty(nb, np.float32), np.empty(nb, np.float32)
-        _block_amax(x[t], am)
-        for b in range(nb):
-            amax = am[b]
-            db[b] = amax / F32_127
-            _q8_block(x[t], b * 32, 32, qs[t], F32_127 / amax if amax != 0 else np.float32(0.0))
-        f16_round_array(db, d[t])
+        _q8_0_row(x[t], qs[t], d[t])
+
+
+@njit(**JIT)
+def _q8_1_row(x, qs, d, s):
+    """one row x [n] float32 -> qs [n] int8, d, s [n/32] float32 (f16 d and f16 d * sum q)"""
+    nb = x.shape[0] // 32
+    am, db, ds = np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(nb, np.float32)
+    _block_amax(x, am)
+    for b in range(nb):
+        amax = am[b]
+        db[b] = amax / F32_127                                         # float32, rounded to f16 only when stored
+        total = _q8_block(x, b * 32, 32, qs, F32_127 / amax if amax != 0 else np.float32(0.0))
+        ds[b] = db[b] * np.float32(total)
+    f16_round_array(db, d)
+    f16_round_array(ds, s)
 
 
 @njit(parallel=True, **JIT)
 def quantize_q8_1(x, qs, d, s):
     """x: [N, n] float32 -> qs: [N, n] int8, d, s: [N, n/32] float32 (f16 d and f16 d * sum q)"""
-    nb = x.shape[1] // 32
     for t in prange(x.shape[0]):
-        am, db, ds = np.empty(nb, np.float32), np.empty(nb, np.float32), np.empty(nb, np.float32)
-        _block_amax(x[t], am)
-        for b in range(nb):
-            amax = am[b]
-            db[b] = amax / F32_127                                     # float32, rounded to f16 only when stored
-            total = _q8_block(x[t], b * 32, 32, qs[t], F32_127 / amax if amax != 0 else np.float32(0.0))
-            ds[b] = db[b] * np.float32(total)
-        f16_round_array(db, d[t])
-        f16_round_array(ds, s[t])
+        _q8_1_row(x[t], qs[t], d[t], s[t])
 
 
 @njit(parallel=True, **JIT)
@@ -160,8 +172,13 @@ class Q8Rows:
         else:
             self.d = np.empty((N, n // 32), np.float32)
             self.e = np.empty((N, n // 32), np.float32)             # q8_1: s; q8_0: unused
+            # one row (a decode step) without a parallel region: starting one per product cost
+            # more than the row's quantization on two threads
             if kind == "q8_1":
-                quantize_q8_1(x, self.qs, self.d, self.e)
+                (_q8_1_row(x[0], self.qs[0], self.d[0], self.e[0]) if N == 1 else
+                 quantize_q8_1(x, self.qs, self.d, self.e))
+            elif N == 1:
+                _q8_0_row(x[0], self.qs[0], self.d[0])
             else:
                 quantize_q8_0(x, self.qs, self.d)
 
