@@ -53,6 +53,8 @@ def base_args(cmd, f):
         "finetune": ["-m", m, "--data", t, "--out", out, "--quiet", "--steps", "2", "--batch", "2", "--seq-len", "16",
                      "--lora-r", "2", "--eval-every", "1", "--eval-batches", "1"],
         "experiment": ["activation", "--quick", "--data", t, "--out", out, "--json"],
+        "features": ["train", "-m", m, "--data", t, "--out", out, "--layer", "0", "--width", "32", "--k", "4",
+                     "--tokens", "256", "--batch", "32", "--buffer-mb", "1", "--ctx", "32", "--min-context", "8"],
         "inspect": [m], "analyze": [m], "compare": [m], "models": [],
         "patch": ["-m", m, "--clean", "ab", "--corrupt", "cd", "--target", "#5", "--foil", "#6", "--json"],
         "causal-trace": ["-m", m, "-p", "hello", "--subject", "he", "--samples", "2", "--window", "1", "--json"],

@@ -54,7 +54,7 @@ def build_parser(only=None):
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, mod in _commands().items():
-        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        p = sub.add_parser(name, help=mod.HELP.replace("%", "%%"), description=mod.HELP)   # help is %-formatted
         if only is None or only == name:
             p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                            help="show full tracebacks on errors")
