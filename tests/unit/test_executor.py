@@ -310,3 +310,17 @@ def test_patch_without_its_four_prompts_or_a_dataset_is_one_line(capsys):
     assert main(["patch", "-m", tiny_gguf("f32"), "--clean", "a b", "--corrupt", "a c"]) == 1
     assert "give --target --foil (all four of --clean, --corrupt, --target, --foil), or --prompts" in \
            capsys.readouterr().err
+
+
+def test_dataset_results_resume_and_refuse_other_arguments(tmp_path, capsys):
+    path, results = _prompts(tmp_path, PAIRS), str(tmp_path / "results")
+    run = ["patch", "-m", tiny_gguf("f32"), "--prompts", path, "--results", results, "--json"]
+    assert main(run) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert sorted(os.listdir(os.path.join(results, "units"))) == ["line-000001", "line-000002"]
+    assert main(run) == 0                                               # every unit read back, none recomputed
+    again = json.loads(capsys.readouterr().out)
+    assert again["prompts"] == first["prompts"] and again["executor"]["resumed"] == 2
+    assert main(run[:-1] + ["--node", "ffn_out", "--json"]) == 1       # other arguments: refused, not mixed
+    assert capsys.readouterr().err.strip() == (f"ffnlab patch: error: {results}: written by `ffnlab patch` with "
+                                               f"other arguments (node); give another --results or remove it")

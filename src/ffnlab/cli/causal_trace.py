@@ -34,32 +34,17 @@ def add_arguments(p):
 
 def run_dataset(args):
     """--prompts: one unit per line (interventions/datasets.py) -> per-prompt traces and their average indirect effect."""
-    from ..runtime.executor import ModelSpec, Task, execute
-    from ..interventions.datasets import average_indirect_effect, causal_trace_unit, prompt_units, read_prompt_lines
-    from .common import load_model
-    from ..runtime.executor import file_digest
-    from .scaleout import backend, finish
+    from ..interventions.datasets import average_indirect_effect, causal_trace_unit
+    from .scaleout import run_prompts
 
     if not args.json:
         from ..pictures import check_png
         check_png(args.out, "--out")                   # before the work, not after it
-    units = prompt_units(read_prompt_lines(args.prompts))
-    spec = ModelSpec.from_args(args)
-    params = {"path": args.prompts, "noise": args.noise, "samples": args.samples, "window": args.window,
-              "seed": args.seed}
-    out = None
-    if args.results is not None:
-        from ..runtime.executor import OutputDir
-        out = OutputDir(args.results, "causal-trace", {"model": spec.path, "arith": spec.arith,
-                                                       "prompts": file_digest(args.prompts), **params},
-                        [u.id for u in units])
-    where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
-    outcome = execute(Task(spec, causal_trace_unit, params), units, lambda acc, r: acc + [r], [], out=out,
-                      backend=where, label="causal-trace")
-    code, summary = finish(outcome, len(units))
+    code, traces, summary = run_prompts(args, "causal-trace", causal_trace_unit,
+                                        {"noise": args.noise, "samples": args.samples, "window": args.window,
+                                         "seed": args.seed})
     if code:
         return code
-    traces = outcome.merged
     avg = average_indirect_effect(traces)
     if args.json:
         print(json.dumps({"prompts": traces, "average_indirect_effect": avg, "executor": summary}))

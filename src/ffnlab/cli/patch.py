@@ -36,30 +36,16 @@ def add_arguments(p):
 
 def run_dataset(args):
     """--prompts: one unit per line (interventions/datasets.py) -> per-pair results and their average per position group."""
-    from ..runtime.executor import ModelSpec, OutputDir, Task, execute
-    from ..interventions.datasets import average_patch_effect, patch_unit, prompt_units, read_prompt_lines
-    from .common import load_model
-    from ..runtime.executor import file_digest
-    from .scaleout import backend, finish
+    from ..interventions.datasets import average_patch_effect, patch_unit
+    from .scaleout import run_prompts
 
     path = args.out or f"patch-{args.node}.png"
     if not args.json:
         from ..pictures import check_png
         check_png(path, "--out")                       # before the work, not after it
-    units = prompt_units(read_prompt_lines(args.prompts))
-    spec = ModelSpec.from_args(args)
-    params = {"path": args.prompts, "node": args.node}
-    out = None
-    if args.results is not None:
-        out = OutputDir(args.results, "patch", {"model": spec.path, "arith": spec.arith,
-                                                "prompts": file_digest(args.prompts), **params}, [u.id for u in units])
-    where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
-    outcome = execute(Task(spec, patch_unit, params), units, lambda acc, r: acc + [r], [], out=out,
-                      backend=where, label="patch")
-    code, summary = finish(outcome, len(units))
+    code, results, summary = run_prompts(args, "patch", patch_unit, {"node": args.node})
     if code:
         return code
-    results = outcome.merged
     avg = average_patch_effect(results)
     if args.json:
         print(json.dumps({"prompts": results, "average_effect": avg, "executor": summary}))

@@ -57,3 +57,24 @@ def finish(outcome, n_units, stream=None):
     """One line per failed unit and the exit code; --json's summary dict."""
     from ..runtime.executor import report_failures
     return report_failures(outcome, n_units, stream or sys.stderr), outcome.summary(n_units)
+
+
+def run_prompts(args, command, unit_fn, params):
+    """--prompts FILE.jsonl as work units (interventions/datasets.py), kept in --results DIR if given
+    -> (exit code, per-line results in line order or None, --json's executor summary)."""
+    from ..interventions.datasets import prompt_units, read_prompt_lines
+    from ..runtime.executor import ModelSpec, OutputDir, Task, execute, file_digest
+    from .common import load_model
+    units = prompt_units(read_prompt_lines(args.prompts))
+    spec = ModelSpec.from_args(args)
+    params = {"path": args.prompts, **params}
+    out = None
+    if args.results is not None:
+        out = OutputDir(args.results, command, {"model": spec.path, "arith": spec.arith,
+                                                "prompts": file_digest(args.prompts), **params}, [u.id for u in units],
+                        "--results")
+    where = backend(args, load_model(args, quiet=True) if args.ray is None else None)
+    outcome = execute(Task(spec, unit_fn, params), units, lambda acc, r: acc + [r], [], out=out, backend=where,
+                      label=command)
+    code, summary = finish(outcome, len(units))
+    return code, (outcome.merged if not code else None), summary

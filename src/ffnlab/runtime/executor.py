@@ -123,7 +123,8 @@ def read_result(folder, unit_id):
 class OutputDir:
     """OUT/job.json (the command and its arguments) and OUT/units/ID/ (one finished unit each)."""
 
-    def __init__(self, path, command, key, unit_ids):
+    def __init__(self, path, command, key, unit_ids, flag="--out"):
+        """flag: the option that named path, for the messages"""
         self.path, self.units = path, os.path.join(path, "units")
         want = {"command": command, "arguments": key, "units": list(unit_ids)}
         job = os.path.join(path, JOB_FILE)
@@ -132,18 +133,18 @@ class OutputDir:
                 with open(job, encoding="utf-8") as f:
                     have = json.load(f)
             except (OSError, ValueError) as e:
-                raise UsageError(f"{job}: not an ffnlab job file ({e}); give another --out") from None
+                raise UsageError(f"{job}: not an ffnlab job file ({e}); give another {flag}") from None
             if have.get("command") != command:
                 raise UsageError(f"{path}: written by `ffnlab {have.get('command')}`, not `ffnlab {command}`; "
-                                 f"give another --out")
+                                 f"give another {flag}")
             have.pop("ffnlab", None)                   # the version that wrote it: informative only
             if have != want:
                 diff = [k for k in sorted(set(key) | set(have.get("arguments") or {}))
                         if key.get(k) != (have.get("arguments") or {}).get(k)] or ["units"]
                 raise UsageError(f"{path}: written by `ffnlab {command}` with other arguments ({', '.join(diff)}); "
-                                 f"give another --out or remove it")
+                                 f"give another {flag} or remove it")
         elif os.path.exists(path) and os.listdir(path):
-            raise UsageError(f"{path}: exists and holds no {JOB_FILE}; give an empty or new --out")
+            raise UsageError(f"{path}: exists and holds no {JOB_FILE}; give an empty or new {flag}")
         else:
             os.makedirs(path, exist_ok=True)
             with open(job + ".tmp", "w", encoding="utf-8") as f:
