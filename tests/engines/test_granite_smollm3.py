@@ -101,6 +101,17 @@ def test_the_flags_each_family_sets(saved):
     assert [il for il in range(s.n_layer) if not s.uses_rope(il)] == [3, 7]
 
 
+def test_inspect_shows_the_flags(saved, capsys):
+    from ffnlab.cli.main import main
+    assert main(["inspect", saved["granite"][3]]) == 0
+    rows = dict((line[:28].strip(), line[28:].strip())
+                for line in capsys.readouterr().out.splitlines() if len(line) > 28)
+    assert rows["scalings"] == "embeddings x 3, q.k x 0.09, residual adds x 0.4, logits / 2.5"
+    assert main(["inspect", saved["smollm3"][3]]) == 0
+    out = capsys.readouterr().out
+    assert "layers without RoPE          every 4th (il + 1 divisible by 4: NoPE)" in out and "scalings" not in out
+
+
 def test_a_nope_layer_runs_without_rope(saved):
     """The traced NoPE layers have no ROPE node; every other layer rotates q and k."""
     m = saved["smollm3"][2]

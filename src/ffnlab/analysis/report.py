@@ -47,6 +47,9 @@ def model_summary(src) -> dict:
         "n_expert": c.n_expert, "n_expert_used": c.n_expert_used, "expert_norm": c.expert_norm,
         "d_ff_shexp": c.d_ff_shexp, "pre_norm": c.pre_norm, "parallel_residual": c.parallel_residual,
         "rope_dim": c.n_rot, "attn_softcap": c.attn_softcap, "final_logit_softcap": c.final_logit_softcap,
+        "attn_scale": c.attn_scale, "embedding_multiplier": c.embedding_multiplier,
+        "residual_multiplier": c.residual_multiplier, "logits_scaling": c.logits_scaling,
+        "no_rope_layer_step": c.no_rope_layer_step,
     }
 
 

@@ -71,6 +71,16 @@ def render(r) -> str:
     if m["attn_softcap"] or m["final_logit_softcap"]:
         caps = [f"{what} {c:g}" for what, c in (("attention", m["attn_softcap"]), ("logits", m["final_logit_softcap"])) if c]
         rows.insert(-1, ["soft-caps (c*tanh(x/c))", ", ".join(caps)])
+    plain_qk = m["attn_scale"] in (0, m["head_dim"] ** -0.5)      # 1/sqrt(head_dim), set or implied
+    scales = [f"{what} {m[k]:g}" for what, k in (("embeddings x", "embedding_multiplier"), ("q.k x", "attn_scale"),
+                                               ("residual adds x", "residual_multiplier"),
+                                               ("logits /", "logits_scaling"))
+              if m[k] and not (k == "attn_scale" and plain_qk)]
+    if scales:                                             # Granite; q.k alone: a query_pre_attn_scalar of its own
+        rows.insert(-1, ["scalings", ", ".join(scales)])
+    if m["no_rope_layer_step"]:                            # SmolLM3
+        n = m["no_rope_layer_step"]
+        rows.insert(-1, ["layers without RoPE", f"every {n}th (il + 1 divisible by {n}: NoPE)"])
     out = ["\n".join(f"{k:28s} {v}" for k, v in rows), ""]
     if m["kind"] != "gguf":
         out.append("(no file: tensors as convert_hf_to_gguf.py --outtype f16 would write them)")
