@@ -112,6 +112,17 @@ def test_inspect_shows_the_flags(saved, capsys):
     assert "layers without RoPE          every 4th (il + 1 divisible by 4: NoPE)" in out and "scalings" not in out
 
 
+def test_causal_trace_noise_is_scaled_as_the_node_it_is_added_to(saved):
+    """Granite's noise goes on embd, after the multiplier: its std is the table's times the multiplier"""
+    from ffnlab.interventions.causal_trace import embedding_std
+    m = saved["granite"][2]
+    assert embedding_std(m) == pytest.approx(3.0 * np.asarray(m.params["token_embd.weight"], np.float64).std(),
+                                             rel=1e-12)
+    with ffnlab.trace(m, filter="^embd") as t:
+        m.forward(np.array(IDS))
+    assert np.asarray(t["embd"], np.float64).std() > 2.0 * np.asarray(t["embd_rows"], np.float64).std()
+
+
 def test_a_nope_layer_runs_without_rope(saved):
     """The traced NoPE layers have no ROPE node; every other layer rotates q and k."""
     m = saved["smollm3"][2]

@@ -44,9 +44,15 @@ def window_layers(il, n_layer, window):
 
 
 def embedding_std(model):
-    """The std of the embedding output the noise is added to (the token table, times Gemma's scale)."""
+    """The std of the embedding output the noise is added to: the token table's, times Gemma's
+    sqrt(d_model) (the noise goes on inp_scaled) or Granite's multiplier (on embd, after it)."""
+    cfg = model.config
     std = float(as_float(model.params["token_embd.weight"]).astype(np.float64).std())
-    return std * np.sqrt(model.config.d_model) if model.config.embed_scale else std
+    if cfg.embed_scale:
+        std *= np.sqrt(cfg.d_model)
+    if cfg.embedding_multiplier:
+        std *= cfg.embedding_multiplier
+    return std
 
 
 def _probs(logits, target):
