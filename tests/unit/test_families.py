@@ -133,6 +133,7 @@ ALLOWED.update({
     ("analysis/quant.py", "llama"): (1, "Llama 2 70B's published quant mix (llama-quantize's rule for 80 layers)"),
     ("analysis/source.py", "bert"): (1, "BERT's extra parameters in the sizing tools"),
     ("cli/ablate.py", "llama"): (1, "the toy model the ablation command trains"),
+    ("experiments/config.py", "llama"): (1, "the toy model the claims' experiments train"),
     ("training/presets.py", "llama"): (1, "a training preset's architecture"),
     ("training/presets.py", "gpt2"): (1, "a training preset's architecture"),
     ("config.py", "llama"): (1, "ModelConfig's default arch"),

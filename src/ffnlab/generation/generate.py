@@ -39,7 +39,7 @@ def check_prompt_fits(model, prompt_ids, n_ctx=None):
     """A prompt needs at least one free position after it for the first generated token."""
     n_ctx = n_ctx or model.config.n_ctx
     if len(prompt_ids) >= n_ctx:
-        where = f"{model.source}: " if model.source else ""
+        where = f"{model.source}: " if getattr(model, "source", None) else ""
         raise UsageError(f"{where}the prompt has {len(prompt_ids)} tokens, the model's context length is {n_ctx} "
                          f"(expected at most {n_ctx - 1} prompt tokens)")
 
@@ -54,7 +54,7 @@ def check_cache_fits(model, n_positions):
     except (ValueError, OSError, AttributeError):
         return
     if need > have:
-        where = f"{model.source}: " if model.source else ""
+        where = f"{model.source}: " if getattr(model, "source", None) else ""
         raise UsageError(f"{where}a KV cache for {n_positions} positions needs {need / 2**30:.1f} GiB, more than this "
                          f"machine's {have / 2**30:.1f} GiB (the model's context is {cfg.n_ctx}); give -n or -c")
 
