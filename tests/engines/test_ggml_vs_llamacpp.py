@@ -30,7 +30,7 @@ from ffnlab.generation.chat_templates import BUILTIN
 
 pytestmark = pytest.mark.slow
 
-llama_cpp = pytest.importorskip("llama_cpp")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python, the reference engine (scripts/install.sh --test installs it)")
 
 LOGIT_TOL = 0.02
 MARGIN = 0.04

@@ -33,8 +33,8 @@ from ffnlab.formats.hf_config import config_from_hf
 from ffnlab.formats.hf_tokenizer import tokenizer_json
 from ffnlab.training.data import byte_tokenizer, tokenizer_meta
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch", reason="torch, the reference (scripts/install.sh --test installs it)")
+transformers = pytest.importorskip("transformers", reason="transformers, the reference (scripts/install.sh --test installs it)")
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (module llama_cpp) is not installed")
 from ffnlab.tracing.llamacpp import capture, ffnlab_only, is_auto_name, is_kv_node  # noqa: E402
 from hf_family_models import randomize  # noqa: E402

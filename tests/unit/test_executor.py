@@ -292,7 +292,7 @@ def test_average_patch_effect_groups_positions_by_the_corrupted_span():
     # A: further {}: -, first {1}: .2, middle {}: -, last {2}: .4, first subsequent {3} is the last token: .8
     # B: last subject {0}: .5, first subsequent {1}: .25, last token {2}: .125
     want = [0.2, np.nan, (0.4 + 0.5) / 2, 0.25, 0.1, (0.8 + 0.125) / 2]
-    np.testing.assert_allclose(got, want, rtol=1e-12)
+    np.testing.assert_allclose(got, want, rtol=1e-12)     # float64 means of one or two terms: ~1e-16
 
 
 def test_a_bad_pair_line_fails_alone_with_its_line_number(tmp_path, capsys):

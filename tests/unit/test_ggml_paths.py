@@ -21,7 +21,7 @@ AVX512_CPU = {**AVX2_CPU, "avx512f": True, "avx512dq": True, "avx512bw": True, "
 
 def lib_lanes():
     """the float32 lanes of the installed llama.cpp's build (16, 8 or 1)"""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python, the reference engine (scripts/install.sh --test installs it)")
     return ggml_path.LANES[ggml_path.llamacpp_path(llama_cpp.llama_print_system_info().decode())]
 
 

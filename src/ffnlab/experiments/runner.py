@@ -61,7 +61,7 @@ def _machine() -> dict:
         fam = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("cpu family")), "?")
         model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model\t")), "?")
         cpu = f"{name} (family {fam} model {model}, {os.cpu_count()} vCPUs)"
-    except OSError:
+    except OSError:                                   # no /proc (not Linux): platform's name alone
         pass
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
