@@ -14,7 +14,7 @@ import ffnlab
 from ffnlab.config import ModelConfig
 from ffnlab.evaluation.activations import context_windows
 from ffnlab.features.dictionary import DictConfig
-from ffnlab.features.evaluate import evaluate_dictionary, reconstruct, splice
+from ffnlab.features.evaluate import evaluate_dictionary, splice
 from ffnlab.model.params import param_shapes
 
 D_MODEL, LAYER = 16, 1
