@@ -206,31 +206,16 @@ def train(args):
 # --- eval and show -------------------------------------------------------------------------------
 def _load_for(args):
     """DIR + -m -> (model, params, cfg, cfg dict, in node, out node), the dictionary checked against the model"""
-    from ..errors import UsageError
-    from ..features import saelens_io
-    from ..features.harvest import check_sites
+    from ..features.harvest import dictionary_for
+    from ..features.saelens_io import load as load_dictionary
     from ..formats.installed import resolve_model
     from .common import load_model
     from ..runtime.executor import file_digest
-    p, dcfg, d = saelens_io.load(args.dir)
+    loaded = load_dictionary(args.dir)                    # a bad directory is refused before the model loads
     model_path = resolve_model(args.model)
-    ours = d.get("ffnlab") or {}
-    meta = d.get("metadata") or {}
-    in_node = ours.get("site_in") or meta.get("hook_name")
-    out_node = ours.get("site_out") or meta.get("hook_name_out") or in_node
-    if not isinstance(in_node, str) or not isinstance(out_node, str):
-        raise UsageError(f"{args.dir}/cfg.json names no site (ffnlab.site_in or metadata.hook_name with ffnlab's node "
-                         f"names, e.g. ffn_norm-5)")
     model = load_model(args)
-    if ours.get("n_vocab") is not None and ours["n_vocab"] != model.config.vocab_size:
-        raise UsageError(f"{args.dir} was trained on another model (vocabulary {ours['n_vocab']}, {model.source} has "
-                         f"{model.config.vocab_size})")
-    check_sites(model, [in_node, out_node])
-    from ..interventions.api import node_shapes
-    shapes = node_shapes(model)
-    if shapes[in_node][-1] != dcfg.d_in or shapes[out_node][-1] != dcfg.d_out:
-        raise UsageError(f"{args.dir}: d_in {dcfg.d_in} / d_out {dcfg.d_out} do not fit {model.source}'s {in_node} "
-                         f"({shapes[in_node][-1]}) / {out_node} ({shapes[out_node][-1]})")
+    p, dcfg, d, in_node, out_node = dictionary_for(model, args.dir, loaded)
+    ours = d.get("ffnlab") if isinstance(d.get("ffnlab"), dict) else {}
     # another file of the same model (another quantization: the quantization gap) is allowed; it is reported
     want = ours.get("model_sha256")
     args.same_model_file = (file_digest(model_path) == want) if want and os.path.isfile(model_path) else None

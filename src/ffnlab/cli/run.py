@@ -9,7 +9,8 @@ HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
 
 def add_arguments(p):
-    from .common import add_intervention_arguments, add_lora_arguments, add_model_argument, nonneg, refuse_together
+    from .common import (add_intervention_arguments, add_lora_arguments, add_model_argument, needs, nonneg,
+                         refuse_together)
     add_model_argument(p)
     add_lora_arguments(p)
     p.add_argument("-p", "--prompt", help="prompt text")
@@ -36,10 +37,18 @@ def add_arguments(p):
                         "conversation as context; -p is the first turn; end with EOF (Ctrl-D)")
     p.add_argument("--json", action="store_true", help="print one JSON object (text, ids, timings) instead of streaming")
     add_intervention_arguments(p)                       # --ablate / --scale / --steer (interventions/flags.py)
+    p.add_argument("--features", action="append", default=[], metavar="DIR",
+                   help="a transcoder or SAE directory (ffnlab features train) whose latents --feature-steer "
+                        "adds; one per layer (repeatable)")
+    p.add_argument("--feature-steer", action="append", default=[], metavar="L:LATENT:SCALE",
+                   help="add SCALE x the decoder row of LATENT of the --features dictionary of block L to what it "
+                        "writes (a transcoder: ffn_out-L) at every position, e.g. 5:123:8 (repeatable)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never stop at an end-of-generation token: exactly -n tokens (llama.cpp's flag, for benchmarks)")
     refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
     refuse_together(p, "-i", "--json", "an interactive chat streams its turns")
+    needs(p, "--feature-steer", "--features", "the latents are those of a dictionary directory")
+    needs(p, "--features", "--feature-steer", "the dictionary is read to steer with its latents")
 
 
 def _check(args):
@@ -81,6 +90,11 @@ def run(args):
     editor, interventions = intervention_editor(model, args.ablate, args.scale, args.steer)
     if editor is not None:
         model.hooks.attach(editor)                      # for the whole command: hooked generation
+    if args.feature_steer:
+        from ..features.steer import feature_steer_editor
+        steer, done = feature_steer_editor(model, args.features, args.feature_steer)
+        model.hooks.attach(steer)                       # after --ablate/--scale/--steer on the same node
+        interventions += done
     params = SamplingParams(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed)
     if args.interactive:

@@ -44,6 +44,31 @@ def check_sites(model, nodes):
     return int(m.group(1)) if m else model.config.n_layer - 1
 
 
+def dictionary_for(model, dirpath, loaded=None):
+    """DIR (features/saelens_io.py) checked against the model it is to be used with -> (params, DictConfig,
+    cfg dict, input node, target node). One line each: no site named, another vocabulary, a site that is not
+    a node of this model, widths that do not fit the sites. loaded: saelens_io.load(dirpath), if already read."""
+    from ..interventions.api import node_shapes
+    from . import saelens_io
+    p, cfg, d = loaded or saelens_io.load(dirpath)
+    ours = d.get("ffnlab") if isinstance(d.get("ffnlab"), dict) else {}
+    meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
+    in_node = ours.get("site_in") or meta.get("hook_name")
+    out_node = ours.get("site_out") or meta.get("hook_name_out") or in_node
+    if not isinstance(in_node, str) or not isinstance(out_node, str):
+        raise UsageError(f"{dirpath}/cfg.json names no site (ffnlab.site_in or metadata.hook_name with ffnlab's node "
+                         f"names, e.g. ffn_norm-5)")
+    if ours.get("n_vocab") is not None and ours["n_vocab"] != model.config.vocab_size:
+        raise UsageError(f"{dirpath} was trained on another model (vocabulary {ours['n_vocab']}, {model.source} has "
+                         f"{model.config.vocab_size})")
+    check_sites(model, [in_node, out_node])
+    shapes = node_shapes(model)
+    if shapes[in_node][-1] != cfg.d_in or shapes[out_node][-1] != cfg.d_out:
+        raise UsageError(f"{dirpath}: d_in {cfg.d_in} / d_out {cfg.d_out} do not fit {model.source}'s {in_node} "
+                         f"({shapes[in_node][-1]}) / {out_node} ({shapes[out_node][-1]})")
+    return p, cfg, d, in_node, out_node
+
+
 def stream_rows(model, windows, in_node, out_node, batch, first=0):
     """Runs windows[first:] through the model `batch` windows at a time ->
     yields (next window index, x [R, d_in] float32, y [R, d_out] float32): the scored positions' rows."""
