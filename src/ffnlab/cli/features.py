@@ -49,6 +49,13 @@ def add_arguments(p):
     p.add_argument("--ctx", type=positive("--ctx"), default=128, help="window length in tokens (default 128)")
     add_min_context_argument(p)
     p.add_argument("--windows", type=positive("--windows"), default=4, help="windows per forward (default 4)")
+    p.add_argument("--compare-model", metavar="FILE", default=None,
+                   help="eval: also evaluate on this other file of the same model (another quantization), on the "
+                        "same tokens: the gap in FVU and CE loss score, and each latent's activation correlation "
+                        "and density change between the two")
+    p.add_argument("--compare-arith", choices=("f32", "ggml"), default=None,
+                   help="eval: the second side's arithmetic (default: --arith); alone, -m's model in the other "
+                        "arithmetic")
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero",
                    help="eval: what replaces the site for CE_ablated (default zero, as SAELens's run_evals)")
     p.add_argument("--features", default=None, metavar="I,J,...", help="show: these latents (default: the --top-n densest)")
@@ -66,6 +73,8 @@ def run(args):
         return train(args)
     if args.dir is None:
         raise UsageError(f"features {args.action} needs the dictionary directory: ffnlab features {args.action} DIR")
+    if args.action != "eval" and (args.compare_model or args.compare_arith):
+        raise UsageError(f"--compare-model and --compare-arith are flags of features eval, not features {args.action}")
     return evaluate(args) if args.action == "eval" else show(args)
 
 
@@ -230,21 +239,80 @@ def evaluate(args):
         raise UsageError("features eval needs --data HELDOUT")
     text = read_text(args.data)
     model, p, dcfg, d, in_node, out_node = _load_for(args)
+    second = _second_model(args, model, (p, dcfg, d)) if args.compare_model or args.compare_arith else None
     cw, _ = _windows(args, model, text)
-    m = evaluate_dictionary(model, p, dcfg, cw, in_node, out_node, args.tokens or 20_000, args.windows, args.ablation)
-    m.pop("density")
+    tokens = args.tokens or 20_000
+    m = _metrics(evaluate_dictionary(model, p, dcfg, cw, in_node, out_node, tokens, args.windows, args.ablation))
     m.update({"dir": args.dir, "model": model.source, "arith": args.arith, "site_in": in_node, "site_out": out_node,
               "same_model_file": args.same_model_file})
+    if second is not None:
+        from ..features.compare import compare_latents, summary
+        model_b, arith_b = second
+        mb = _metrics(evaluate_dictionary(model_b, p, dcfg, cw, in_node, out_node, tokens, args.windows, args.ablation))
+        gap = {k: mb[k] - m[k] for k in ("fvu", "mse", "l0", "ce_loss_score", "kl_score", "ce_spliced", "ce_clean")}
+        lat = summary(compare_latents(model, model_b, p, dcfg, cw, in_node, tokens, args.windows))
+        m["compare"] = {"model": model_b.source, "arith": arith_b, **mb, "gap": gap, "latents": lat}
     if args.json:
         print(json.dumps(m))
-    else:
-        print(f"{args.dir} on {model.source} ({args.arith}), {in_node} -> {out_node}, {m['tokens']} tokens:")
-        print(f"  L0 {m['l0']:.2f}  FVU {m['fvu']:.4f}  explained variance {m['explained_variance']:.4f}  "
-              f"MSE {m['mse']:.4g}  dead {100 * m['dead_fraction']:.1f}%  dense {100 * m['dense_fraction']:.1f}%")
-        print(f"  CE clean {m['ce_clean']:.4f}  spliced {m['ce_spliced']:.4f}  {args.ablation}-ablated "
-              f"{m['ce_ablated']:.4f}  CE loss score {m['ce_loss_score']:.4f}  KL spliced {m['kl_spliced']:.4f}  "
-              f"KL score {m['kl_score']:.4f}")
+        return 0
+    print(f"{args.dir} on {model.source} ({args.arith}), {in_node} -> {out_node}, {m['tokens']} tokens:")
+    _print_metrics(m, args.ablation)
+    if second is not None:
+        c, g, lat = m["compare"], m["compare"]["gap"], m["compare"]["latents"]
+        print(f"on {c['model']} ({c['arith']}), the same tokens:")
+        _print_metrics(c, args.ablation)
+        print(f"  gap (second - first): FVU {g['fvu']:+.4f}  CE loss score {g['ce_loss_score']:+.4f}  KL score "
+              f"{g['kl_score']:+.4f}  L0 {g['l0']:+.2f}")
+        fmt = (lambda v: "-" if v is None else f"{v:.4f}")
+        print(f"  latents ({lat['alive']} firing on either side): activation correlation mean "
+              f"{fmt(lat['correlation_mean'])}, median {fmt(lat['correlation_median'])}; mean |density change| "
+              f"{lat['density_change_mean_abs']:.3g}")
+        print(f"  {'latent':>8} {'correlation':>12} {'density':>10} {'second':>10}   (lowest correlation)")
+        for e in lat["lowest_correlation"][:5]:
+            print(f"  {e['latent']:>8} {fmt(e['correlation']):>12} {e['density']:>10.4g} {e['density_compare']:>10.4g}")
+        print(f"  {'latent':>8} {'correlation':>12} {'density':>10} {'second':>10}   (largest density change)")
+        for e in lat["largest_density_change"][:5]:
+            print(f"  {e['latent']:>8} {fmt(e['correlation']):>12} {e['density']:>10.4g} {e['density_compare']:>10.4g}")
     return 0
+
+
+def _metrics(m):
+    m.pop("density")
+    return m
+
+
+def _print_metrics(m, ablation):
+    print(f"  L0 {m['l0']:.2f}  FVU {m['fvu']:.4f}  explained variance {m['explained_variance']:.4f}  "
+          f"MSE {m['mse']:.4g}  dead {100 * m['dead_fraction']:.1f}%  dense {100 * m['dense_fraction']:.1f}%")
+    print(f"  CE clean {m['ce_clean']:.4f}  spliced {m['ce_spliced']:.4f}  {ablation}-ablated "
+          f"{m['ce_ablated']:.4f}  CE loss score {m['ce_loss_score']:.4f}  KL spliced {m['kl_spliced']:.4f}  "
+          f"KL score {m['kl_score']:.4f}")
+
+
+def _second_model(args, model, loaded):
+    """--compare-model / --compare-arith -> (the second model, its arithmetic), checked to be the same model as
+    -m's (layers, width, vocabulary) and to differ from it in its file or its arithmetic"""
+    import argparse
+
+    from ..errors import UsageError
+    from ..features.harvest import dictionary_for
+    from ..formats.installed import resolve_model
+    from .common import load_model
+    path_a = os.path.realpath(resolve_model(args.model))
+    other = args.compare_model or args.model
+    arith_b = args.compare_arith or args.arith
+    path_b = resolve_model(other)
+    if os.path.realpath(path_b) == path_a and arith_b == args.arith:
+        raise UsageError(f"--compare-model {other} with --arith {arith_b} is the first model itself; give another "
+                         f"file of the model (--compare-model) or the other arithmetic (--compare-arith)")
+    model_b = load_model(argparse.Namespace(model=other, arith=arith_b))
+    a, b = model.config, model_b.config
+    for field in ("n_layer", "d_model", "vocab_size"):
+        if getattr(a, field) != getattr(b, field):
+            raise UsageError(f"--compare-model {other} is not the same model as {model.source} ({field} "
+                             f"{getattr(b, field)}, against {getattr(a, field)})")
+    dictionary_for(model_b, args.dir, loaded)
+    return model_b, arith_b
 
 
 def show(args):
