@@ -345,6 +345,12 @@ def show(args):
             print(f"\nlatent {f['latent']}  density {f['density']:.4g}  max {f['max']:.4g}")
             print("  logits +: " + " ".join(repr(t["token"]) for t in f["logits_pos"][:8]))
             print("  logits -: " + " ".join(repr(t["token"]) for t in f["logits_neg"][:8]))
+            nb = f.get("neurons") or {}
+            for k, what in (("down", "decoder row . down column"), ("up", "encoder column . up row"),
+                            ("gate", "encoder column . gate row")):
+                if k in nb:
+                    print(f"  neurons of layer {nb['layer']} ({what}): "
+                          + "  ".join(f"{e['neuron']} {e['cosine']:+.2f}" for e in nb[k]))
             for w in f["windows"]:
                 print(f"  {w['value']:+9.4g}  {w['text']!r}")
     sys.stdout.flush()

@@ -1,7 +1,10 @@
 """Feature pages, as Neuronpedia shows a latent: how often it fires, its activation histogram, the text windows
 where it fires hardest (and windows from lower quantiles of its activations), and the logit effect of its
 decoder row: W_dec[j] scaled by the final norm's weight and read through the unembedding (the norm's
-1/rms taken as a constant: the direct effect on the logits, up to one positive factor), top +/- tokens.
+1/rms taken as a constant: the direct effect on the logits, up to one positive factor), top +/- tokens, and
+the most similar neurons of the block's MLP: the cosine of the latent's decoder row with each neuron's down
+column (what the neuron writes) and of its encoder column with each neuron's up row (what the neuron reads;
+also its gate row in a gated MLP).
 
 The activations of up to max_tokens scored tokens are kept as (token, latent, value) entries: at most
 max_tokens * L0 of them, bounded by the flag, not by the corpus.
@@ -62,12 +65,45 @@ def logit_effect(model, w_dec_row, n=10):
     return as_list(order[:n]), as_list(order[::-1][:n])
 
 
+def mlp_vectors(model, layer):
+    """-> {"down": [d_ff, d_model] down columns, "up": [d_ff, d_model] up rows (+ "gate")} as float64 unit rows,
+    or None where the block has no dense MLP (a mixture of experts)"""
+    from ..interventions.common import as_float
+    p = model.params
+    blk = f"blk.{layer}."
+    if blk + "ffn_down.weight" not in p or blk + "ffn_up.weight" not in p:
+        return None
+    vecs = {"down": as_float(p[blk + "ffn_down.weight"]).T, "up": as_float(p[blk + "ffn_up.weight"])}
+    if blk + "ffn_gate.weight" in p:
+        vecs["gate"] = as_float(p[blk + "ffn_gate.weight"])
+    unit = (lambda m: m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-30))
+    return {k: unit(np.asarray(v, np.float64)) for k, v in vecs.items()}
+
+
+def similar_neurons(vecs, p, j, n=5):
+    """latent j -> {"down": [{neuron, cosine}] by the decoder row, "up" (and "gate"): by the encoder column}:
+    the n neurons of largest |cosine|, largest first"""
+    out = {}
+    for name, m in vecs.items():
+        v = p["W_dec"][j] if name == "down" else p["W_enc"][:, j]
+        if v.shape[0] != m.shape[1]:
+            continue
+        v = v.astype(np.float64)
+        cos = m @ (v / max(np.linalg.norm(v), 1e-30))                          # [d_ff]
+        top = np.argsort(-np.abs(cos), kind="stable")[:n]
+        out[name] = [{"neuron": int(i), "cosine": round(float(cos[i]), 4)} for i in top]
+    return out
+
+
 def feature_pages(model, p, cfg, windows, ids, in_node, out_node, latents, top_n, top, max_tokens, batch):
     tok_i, lat, val, n = collect(model, p, cfg, windows, in_node, max_tokens, batch)
     counts = np.bincount(lat, minlength=cfg.d_sae)
     if latents is None:
         latents = [int(j) for j in np.argsort(-counts, kind="stable")[:top_n]]
     with_logits = cfg.d_out == model.config.d_model
+    m = re.search(r"-(\d+)$", out_node)
+    layer = int(m.group(1)) if m else None
+    vecs = mlp_vectors(model, layer) if layer is not None else None
     pages = []
     for j in latents:
         sel = lat == j
@@ -94,6 +130,7 @@ def feature_pages(model, p, cfg, windows, ids, in_node, out_node, latents, top_n
             page["logits_pos"], page["logits_neg"] = logit_effect(model, p["W_dec"][j])
         else:
             page["logits_pos"] = page["logits_neg"] = []
+        page["neurons"] = {"layer": layer, **similar_neurons(vecs, p, j)} if vecs else {}
         pages.append(page)
     return {"tokens": n, "d_sae": cfg.d_sae, "site_in": in_node, "site_out": out_node,
             "dead_fraction": float((counts == 0).mean()), "features": pages}
@@ -127,8 +164,12 @@ def write_html(path, pages, dirpath, source):
         pos = " ".join(html.escape(repr(t["token"])) for t in f["logits_pos"][:8])
         neg = " ".join(html.escape(repr(t["token"])) for t in f["logits_neg"][:8])
         wins = "".join(f"<pre>{w['value']:+.4g}  {mark(w['text'])}</pre>" for w in f["windows"])
+        nb = f.get("neurons") or {}
+        near = "".join(f"<br>{html.escape(k)}: " + " ".join(f"{e['neuron']} ({e['cosine']:+.2f})" for e in nb[k])
+                       for k in ("down", "up", "gate") if k in nb)
+        near = f"<p class='neurons'>most similar neurons of layer {nb['layer']} (cosine){near}</p>" if near else ""
         parts.append(f"<div class='f' id='latent-{f['latent']}'><h2>latent {f['latent']}</h2>"
                      f"<p>density {f['density']:.4g} ({f['count']} tokens), max {f['max']:.4g}</p>{svg_hist(f['hist'])}"
-                     f"<p>logits +: {pos}<br>logits &minus;: {neg}</p>{wins}</div>")
+                     f"<p>logits +: {pos}<br>logits &minus;: {neg}</p>{near}{wins}</div>")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(parts))
