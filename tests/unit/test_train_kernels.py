@@ -19,6 +19,7 @@ from ffnlab.ops.attention import attention_probs, attention_probs_numpy, causal_
 from ffnlab.ops.embedding import embedding_backward
 from ffnlab.ops.loss import (cross_entropy_backward, cross_entropy_backward_numpy, cross_entropy_forward,
                              cross_entropy_forward_numpy)
+from ffnlab.ops import norms
 from ffnlab.ops.norms import (layernorm_backward, layernorm_backward_numpy, layernorm_forward, rmsnorm_backward,
                               rmsnorm_backward_numpy, rmsnorm_forward)
 from ffnlab.ops.softmax import softmax_backward, softmax_backward_numpy
@@ -263,3 +264,36 @@ def test_split_products_give_numpys_bits():
         set_threads(n0)
     for g, w_ in zip(got, want):
         same_bits(g, w_)
+
+
+# --- LayerNorm forward: NumPy's pairwise sums, bit for bit -------------------------------------
+@pytest.mark.parametrize("D", [1, 7, 8, 9, 100, 127, 128, 129, 256, 383, 384, 768, 1000, 2048, 5000, 8192, 8193])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_forward_bit_for_bit(D, bias):
+    """the pairwise sums' every branch (under 8 terms, one block of <= 128, up to six levels of halves
+    with tails; 8193 = PAIRWISE_MAX + 1: NumPy's code)"""
+    x = f32(3, 41, D, scale=float(rng.uniform(0.01, 100))) + np.float32(rng.uniform(-50, 50))
+    x[0, 0] = 0.0                                            # a constant row: var 0, rstd 1/sqrt(eps)
+    w, b = f32(D) + 1.0, (f32(D) if bias else None)
+    for eps in (1e-5, np.float32(1e-6)):
+        y, (x_hat, rstd) = layernorm_forward(x, w, b, eps)
+        y0, (x_hat0, rstd0) = norms.layernorm_forward_numpy(x, w, b, eps)
+        for got, want in ((y, y0), (x_hat, x_hat0), (rstd, rstd0)):
+            same_bits(got, want)
+
+
+def test_layernorm_forward_keeps_numpy_for_a_float64_eps():
+    """np.float64 eps promotes NumPy's variance to float64: the compiled float32 kernel would differ"""
+    x, w = f32(4, 64), f32(64)
+    _, (_, rstd) = layernorm_forward(x, w, None, np.float64(1e-5))
+    assert rstd.dtype == np.float64
+
+
+def test_a_layernorm_forward_with_a_plain_sum_is_caught():
+    """the same mean summed left to right instead of pairwise: the bit-for-bit test sees it"""
+    bad = mutated_module(train_kernels, ("    s = F(0.0) + _pairwise_sum(a, 0, a.shape[0])",
+                                         "    s = F(0.0)\n    for v in a:\n        s += v"))
+    x, w = f32(64, 384, scale=30.0) + 7.0, f32(384)
+    y, _, _ = bad.layer_norm_rows(x, w, None, 1e-5)
+    y0, _ = norms.layernorm_forward_numpy(x, w, None, 1e-5)
+    assert not np.array_equal(y.view(np.uint32), y0.view(np.uint32))
