@@ -297,3 +297,37 @@ def test_a_layernorm_forward_with_a_plain_sum_is_caught():
     y, _, _ = bad.layer_norm_rows(x, w, None, 1e-5)
     y0, _ = norms.layernorm_forward_numpy(x, w, None, 1e-5)
     assert not np.array_equal(y.view(np.uint32), y0.view(np.uint32))
+
+
+# --- attention backward: the scale inside the softmax backward, results written token-major ---
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])          # one query head per KV head, and grouped
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_backward_bit_for_bit_with_head_major_products(heads, dtype):
+    """ops/attention.attention_backward against its products written out head-major with NumPy's
+    matmul, the softmax backward and the scale as two steps: the same bits (and attention_mix's
+    token-major output is the head-major product's values)"""
+    from ffnlab.ops.attention import attention_backward, attention_forward, attention_mix
+    H, Hkv = heads
+    B, T, hd, scale = 2, 70, 16, 0.25
+    G = H // Hkv
+    q = f32(B, T, H, hd).astype(dtype)
+    k, v = f32(B, T, Hkv, hd).astype(dtype), f32(B, T, Hkv, hd).astype(dtype)
+    _, (_, probs) = attention_forward(q, k, v, scale, causal_mask(np.arange(T), np.arange(T)))
+    dout = f32(B, H, T, hd).astype(dtype)
+    qh, kh, vh = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    rep = (lambda a: np.repeat(a, G, axis=1))                                # KV head of each query head
+    pv = np.stack([np.stack([probs[b, h] @ vh[b, h // G] for h in range(H)]) for b in range(B)])
+    np.testing.assert_array_equal(np.ascontiguousarray(attention_mix(probs, v)).view(np.uint8), pv.view(np.uint8))
+    dprobs = dout @ rep(vh).swapaxes(-1, -2)                                 # [B, H, T, S]
+    dscores = softmax_backward(dprobs, probs)
+    dscores *= scale
+    dq = (dscores @ rep(kh)).transpose(0, 2, 1, 3)
+    pairs = [(b, h) for b in range(B) for h in range(Hkv)]
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for b, h in pairs:                     # a KV head's gradient: its G query heads' rows in one product
+        rows = slice(h * G, (h + 1) * G)
+        dk[b, :, h] = dscores[b, rows].reshape(G * T, T).T @ qh[b, rows].reshape(G * T, hd)
+        dv[b, :, h] = probs[b, rows].reshape(G * T, T).T @ dout[b, rows].reshape(G * T, hd)
+    for got, want in zip(attention_backward(dout, q, k, v, probs, scale), (dq, dk, dv)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))   # the bits

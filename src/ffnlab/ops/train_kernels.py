@@ -144,22 +144,25 @@ def _dot64(a, b):
 
 
 @njit(**EXACT)
-def _softmax_backward_row(dy, y, dx, i):
+def _softmax_backward_row(dy, y, dx, scale, i):
     s = F(_dot64(dy[i], y[i]))
     a, b, o = dy[i], y[i], dx[i]
     for j in range(a.shape[0]):
-        o[j] = (a[j] - s) * b[j]
+        o[j] = ((a[j] - s) * b[j]) * scale                # times 1 is exact: the unscaled values
 
 
 @njit(**EXACT)
-def _softmax_backward_serial(dy, y, dx):
+def _softmax_backward_serial(dy, y, dx, scale):
     for i in range(dy.shape[0]):
-        _softmax_backward_row(dy, y, dx, i)
+        _softmax_backward_row(dy, y, dx, scale, i)
 
 
-def softmax_backward_rows(dy, y, dx):
-    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)), the sum in float64"""
-    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi]), dy.shape[0], dy.size)
+def softmax_backward_rows(dy, y, dx, scale=1.0):
+    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)) (the sum in float64), times scale
+    (the attention backward's, so its scores' gradient takes one pass, not two: bit for bit the same
+    as multiplying after)"""
+    scale = F(scale)
+    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi], scale), dy.shape[0], dy.size)
 
 
 # --- LayerNorm forward ----------------------------------------------------------------------
