@@ -226,7 +226,8 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads():
     try:
         for n in (1, 2):
             set_threads(n)
-            out.append([*layernorm_backward(dy, w, cache)[:2], attention_probs(kq, 0.1, allowed),
+            out.append([*layernorm_backward(dy, w, cache)[:2], layernorm_forward(x, w, w, 1e-5)[0],
+                        attention_probs(kq, 0.1, allowed),
                         gelu_tanh_backward(dy, x), softmax_backward(kq, kq)])
     finally:
         set_threads(n0)
