@@ -8,6 +8,10 @@ hits both; the medians are compared, by wall clock and by the process's CPU time
     python bench/bench_train.py [--threads 1] [--arch gpt2|llama] [--n-layer 6 --d-model 384] [--steps 7]
     python bench/bench_train.py --sweep [--threads 1,2]     # gpt2 and llama at (6, 384), (4, 256), (2, 128)
     python bench/bench_train.py --llmc PATH [--threads 1,2] # llm.c's train_gpt2.c on its own shapes
+torch's step runs in a worker process of its own (--torch process, the default), stepped in turn with
+ffnlab's over a pipe and timed there: ffnlab's trainer sets its process's malloc thresholds
+(training/heap.py), which torch, run on its own, does not have. --torch inline runs both in this
+one process, torch with ffnlab's malloc settings.
 Default model: 6 layers, d_model 384, 6 heads, T=256, batch 4, byte vocab (nanoGPT's
 shakespeare-char size).
 
@@ -22,6 +26,7 @@ backward, AdamW (lr 1e-4, betas 0.9/0.999, eps 1e-8, no weight decay, no clippin
 ffnlab runs the same step on the same weights and tokens.
 """
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +53,10 @@ def parse():
     p.add_argument("--llmc", metavar="PATH", help="a checkout of karpathy/llm.c: time its train_gpt2.c step "
                    "against ffnlab's on GPT-2 124M, B=4, T=64 (nothing is downloaded)")
     p.add_argument("--profile", action="store_true", help="also print the ffnlab step's top functions (cProfile)")
+    p.add_argument("--torch", choices=["process", "inline"], default="process",
+                   help="torch's step in a worker process of its own (default: malloc as torch has it on its own) "
+                   "or in this process (with the malloc thresholds ffnlab's trainer sets, training/heap.py)")
+    p.add_argument("--torch-worker", metavar="JSON", help=argparse.SUPPRESS)   # the worker: {cfg, batch, seq_len, threads}
     return p.parse_args()
 
 
@@ -114,14 +123,14 @@ def timed(fn):
 
 
 def alternate(steps_a, steps_b, steps, warmup):
-    """-> ([(wall, cpu)] of a, of b), their timed steps interleaved a, b, a, b, ..."""
+    """steps_*() -> (wall, cpu) of one step; -> ([(wall, cpu)] of a, of b), interleaved a, b, a, b, ..."""
     for _ in range(warmup):
         steps_a()
         steps_b()
     a, b = [], []
     for _ in range(steps):
-        a.append(timed(steps_a))
-        b.append(timed(steps_b))
+        a.append(steps_a())
+        b.append(steps_b())
     return a, b
 
 
@@ -129,21 +138,16 @@ def medians(runs):
     return float(np.median([w for w, _ in runs])), float(np.median([c for _, c in runs]))
 
 
-def compare_torch(cfg, batch, seq_len, steps, warmup, profile=False):
-    """ffnlab's step and torch eager's on cfg -> {"ours": (wall, cpu), "torch": (wall, cpu), ...}"""
-    params = init_params(cfg, seed=0)
+def batch_for(cfg, batch, seq_len):
+    """the one batch both engines train on: x, y [batch, seq_len]"""
     rng = np.random.default_rng(0)
-    x = rng.integers(0, cfg.vocab_size, size=(batch, seq_len))
-    y = rng.integers(0, cfg.vocab_size, size=(batch, seq_len))
-    opt = AdamW(params, weight_decay=0.1)
-    model = Model(cfg, params)
+    return (rng.integers(0, cfg.vocab_size, size=(batch, seq_len)), rng.integers(0, cfg.vocab_size, size=(batch, seq_len)))
 
-    def ffnlab_step():
-        loss, grads = loss_and_grads(model, x, y)
-        clip_grad_norm(grads, 1.0)
-        opt.step(params, grads, 1e-4)
-        return float(loss)
 
+def torch_stepper(cfg, batch, seq_len):
+    """-> torch eager's training step on cfg's seed-0 init and the batch: forward, cross-entropy,
+    backward, clip_grad_norm_, AdamW"""
+    x, y = batch_for(cfg, batch, seq_len)
     tp = R.params_to_torch(init_params(cfg, seed=0), torch.float32)
     topt = torch.optim.AdamW([{"params": [t for n, t in tp.items() if decays(n)], "weight_decay": 0.1},
                               {"params": [t for n, t in tp.items() if not decays(n)], "weight_decay": 0.0}], lr=1e-4)
@@ -157,8 +161,66 @@ def compare_torch(cfg, batch, seq_len, steps, warmup, profile=False):
         torch.nn.utils.clip_grad_norm_(list(tp.values()), 1.0)
         topt.step()
         return loss.item()
+    return torch_step
 
-    ours, theirs = alternate(ffnlab_step, torch_step, steps, warmup)
+
+def torch_worker(spec):
+    """--torch-worker: torch's step for the parent, one per "step" line on stdin, answered "wall cpu"
+    (this process's seconds) on stdout; ffnlab's training code never runs here"""
+    use_threads(spec["threads"])
+    step = torch_stepper(ModelConfig.from_dict(spec["cfg"]), spec["batch"], spec["seq_len"])
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        w, c = timed(step)
+        print(f"{w!r} {c!r}", flush=True)
+
+
+class TorchProcess:
+    """torch's step in a worker process (--torch-worker), called like a step: -> (wall, cpu)"""
+
+    def __init__(self, cfg, batch, seq_len, n_threads):
+        spec = json.dumps({"cfg": cfg.to_dict(), "batch": batch, "seq_len": seq_len, "threads": n_threads})
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--threads", str(max(THREADS)),
+                                      "--torch-worker", spec], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self):
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit(f"the torch worker ended (exit status {self.proc.wait()})")
+        w, c = line.split()
+        return float(w), float(c)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def compare_torch(cfg, batch, seq_len, steps, warmup, profile=False, n_threads=1):
+    """ffnlab's step and torch eager's on cfg -> {"ours": [(wall, cpu)], "torch": [(wall, cpu)], ...}"""
+    params = init_params(cfg, seed=0)
+    x, y = batch_for(cfg, batch, seq_len)
+    opt = AdamW(params, weight_decay=0.1)
+    model = Model(cfg, params)
+
+    def ffnlab_step():
+        loss, grads = loss_and_grads(model, x, y)
+        clip_grad_norm(grads, 1.0)
+        opt.step(params, grads, 1e-4)
+        return float(loss)
+
+    if args.torch == "process":
+        torch_step = TorchProcess(cfg, batch, seq_len, n_threads)
+    else:
+        inline = torch_stepper(cfg, batch, seq_len)
+
+        def torch_step():
+            return timed(inline)
+    ours, theirs = alternate(lambda: timed(ffnlab_step), torch_step, steps, warmup)
+    if args.torch == "process":
+        torch_step.close()
     if profile:
         import cProfile
         import pstats
@@ -176,7 +238,7 @@ def one_shape():
     for n in THREADS:
         use_threads(n)
         cfg = config(args.arch, args.n_layer, D, args.n_head, args.seq_len)
-        r = compare_torch(cfg, args.batch, args.seq_len, args.steps, args.warmup, args.profile)
+        r = compare_torch(cfg, args.batch, args.seq_len, args.steps, args.warmup, args.profile, n)
         tokens = args.batch * args.seq_len
         (m_ours, cpu_ours), (m_theirs, cpu_theirs) = medians(r["ours"]), medians(r["torch"])
         print(f"model: {cfg.arch}-style, {cfg.n_layer} layers, d_model {D}, {cfg.ffn} d_ff {cfg.d_ff}, T={args.seq_len}, "
@@ -193,7 +255,8 @@ def one_shape():
 
 def sweep():
     print(f"{cpu_named()}; numpy {np.__version__}, torch {torch.__version__}; T={args.seq_len}, batch {args.batch}, "
-          f"{args.steps} timed steps per engine, alternating; load average {os.getloadavg()[0]:.2f} at the start")
+          f"{args.steps} timed steps per engine, alternating; torch {'in a worker process' if args.torch == 'process' else 'in this process'}; "
+          f"load average {os.getloadavg()[0]:.2f} at the start")
     print(f"{'arch':6} {'layers':>6} {'d_model':>7} {'thr':>3} {'ffnlab ms':>9} {'torch ms':>9} {'ratio':>6} "
           f"{'ffnlab CPU':>10} {'torch CPU':>9} {'ratio':>6}")
     for n in THREADS:
@@ -201,7 +264,7 @@ def sweep():
         for arch in ("gpt2", "llama"):
             for n_layer, d_model, n_head in SWEEP:
                 cfg = config(arch, n_layer, d_model, n_head, args.seq_len)
-                r = compare_torch(cfg, args.batch, args.seq_len, args.steps, args.warmup)
+                r = compare_torch(cfg, args.batch, args.seq_len, args.steps, args.warmup, n_threads=n)
                 (wo, co), (wt, ct) = medians(r["ours"]), medians(r["torch"])
                 print(f"{arch:6} {n_layer:6d} {d_model:7d} {n:3d} {wo * 1e3:9.1f} {wt * 1e3:9.1f} {wt / wo:5.2f}x "
                       f"{co * 1e3:10.1f} {ct * 1e3:9.1f} {ct / co:5.2f}x", flush=True)
@@ -311,7 +374,9 @@ def llmc_anchor(checkout):
               f"ffnlab {losses[0]:.4f}", flush=True)
 
 
-if args.llmc:
+if args.torch_worker:
+    torch_worker(json.loads(args.torch_worker))
+elif args.llmc:
     llmc_anchor(os.path.abspath(args.llmc))
 elif args.sweep:
     sweep()

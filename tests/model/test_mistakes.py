@@ -17,7 +17,9 @@ import ffnlab.ops.activations as activations
 import ffnlab.ops.attention as ops_attention
 import ffnlab.ops.norms as norms
 import ffnlab.ops.softmax as softmax
+import ffnlab.ops.train_kernels as train_kernels
 from block_checks import CONFIGS, check_block
+from mutants import mutated_module
 from op_checks import check_attention, check_gelu_tanh, check_layernorm, check_softmax
 
 
@@ -114,8 +116,16 @@ def test_catches_layernorm_over_tokens_instead_of_features():
     check_layernorm()
     bad = mutated(norms, ("mean = x.mean(axis=-1, keepdims=True)", "mean = x.mean(axis=-2, keepdims=True)"),
                   ("var = (xc * xc).mean(axis=-1, keepdims=True)", "var = (xc * xc).mean(axis=-2, keepdims=True)"))
+    with pytest.raises(AssertionError, match="relative error"):     # the NumPy twin, where the edit is (float32
+        check_layernorm(bad.layernorm_forward_numpy)                # otherwise runs ops/train_kernels.py's kernel)
+
+
+def test_catches_a_compiled_layernorm_over_the_wrong_count():
+    """the kernel's mean divided by D - 1 (a sample variance's count): check_layernorm against torch sees it"""
+    bad = mutated_module(train_kernels, ("F(np.float64(s) / np.float64(a.shape[0]))",
+                                         "F(np.float64(s) / np.float64(a.shape[0] - 1))"))
     with pytest.raises(AssertionError, match="relative error"):
-        check_layernorm(bad.layernorm_forward)
+        check_layernorm(mutated(norms, layer_norm_rows=bad.layer_norm_rows).layernorm_forward)
 
 
 # --- 5. in-place residual --------------------------------------------------------------------

@@ -19,6 +19,7 @@ from ffnlab.ops.attention import attention_probs, attention_probs_numpy, causal_
 from ffnlab.ops.embedding import embedding_backward
 from ffnlab.ops.loss import (cross_entropy_backward, cross_entropy_backward_numpy, cross_entropy_forward,
                              cross_entropy_forward_numpy)
+from ffnlab.ops import norms
 from ffnlab.ops.norms import (layernorm_backward, layernorm_backward_numpy, layernorm_forward, rmsnorm_backward,
                               rmsnorm_backward_numpy, rmsnorm_forward)
 from ffnlab.ops.softmax import softmax_backward, softmax_backward_numpy
@@ -225,7 +226,8 @@ def test_kernels_give_the_same_bits_on_one_and_two_threads():
     try:
         for n in (1, 2):
             set_threads(n)
-            out.append([*layernorm_backward(dy, w, cache)[:2], attention_probs(kq, 0.1, allowed),
+            out.append([*layernorm_backward(dy, w, cache)[:2], layernorm_forward(x, w, w, 1e-5)[0],
+                        attention_probs(kq, 0.1, allowed),
                         gelu_tanh_backward(dy, x), softmax_backward(kq, kq)])
     finally:
         set_threads(n0)
@@ -263,3 +265,70 @@ def test_split_products_give_numpys_bits():
         set_threads(n0)
     for g, w_ in zip(got, want):
         same_bits(g, w_)
+
+
+# --- LayerNorm forward: NumPy's pairwise sums, bit for bit -------------------------------------
+@pytest.mark.parametrize("D", [1, 7, 8, 9, 100, 127, 128, 129, 256, 383, 384, 768, 1000, 2048, 5000, 8192, 8193])
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_forward_bit_for_bit(D, bias):
+    """the pairwise sums' every branch (under 8 terms, one block of <= 128, up to six levels of halves
+    with tails; 8193 = PAIRWISE_MAX + 1: NumPy's code)"""
+    x = f32(3, 41, D, scale=float(rng.uniform(0.01, 100))) + np.float32(rng.uniform(-50, 50))
+    x[0, 0] = 0.0                                            # a constant row: var 0, rstd 1/sqrt(eps)
+    w, b = f32(D) + 1.0, (f32(D) if bias else None)
+    for eps in (1e-5, np.float32(1e-6)):
+        y, (x_hat, rstd) = layernorm_forward(x, w, b, eps)
+        y0, (x_hat0, rstd0) = norms.layernorm_forward_numpy(x, w, b, eps)
+        for got, want in ((y, y0), (x_hat, x_hat0), (rstd, rstd0)):
+            same_bits(got, want)
+
+
+def test_layernorm_forward_keeps_numpy_for_a_float64_eps():
+    """np.float64 eps promotes NumPy's variance to float64: the compiled float32 kernel would differ"""
+    x, w = f32(4, 64), f32(64)
+    _, (_, rstd) = layernorm_forward(x, w, None, np.float64(1e-5))
+    assert rstd.dtype == np.float64
+
+
+def test_a_layernorm_forward_with_a_plain_sum_is_caught():
+    """the same mean summed left to right instead of pairwise: the bit-for-bit test sees it"""
+    bad = mutated_module(train_kernels, ("    s = F(0.0) + _pairwise_sum(a, 0, a.shape[0])",
+                                         "    s = F(0.0)\n    for v in a:\n        s += v"))
+    x, w = f32(64, 384, scale=30.0) + 7.0, f32(384)
+    y, _, _ = bad.layer_norm_rows(x, w, None, 1e-5)
+    y0, _ = norms.layernorm_forward_numpy(x, w, None, 1e-5)
+    assert not np.array_equal(y.view(np.uint32), y0.view(np.uint32))
+
+
+# --- attention backward: the scale inside the softmax backward, results written token-major ---
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])          # one query head per KV head, and grouped
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_attention_backward_bit_for_bit_with_head_major_products(heads, dtype):
+    """ops/attention.attention_backward against its products written out head-major with NumPy's
+    matmul, the softmax backward and the scale as two steps: the same bits (and attention_mix's
+    token-major output is the head-major product's values)"""
+    from ffnlab.ops.attention import attention_backward, attention_forward, attention_mix
+    H, Hkv = heads
+    B, T, hd, scale = 2, 70, 16, 0.25
+    G = H // Hkv
+    q = f32(B, T, H, hd).astype(dtype)
+    k, v = f32(B, T, Hkv, hd).astype(dtype), f32(B, T, Hkv, hd).astype(dtype)
+    _, (_, probs) = attention_forward(q, k, v, scale, causal_mask(np.arange(T), np.arange(T)))
+    dout = f32(B, H, T, hd).astype(dtype)
+    qh, kh, vh = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    rep = (lambda a: np.repeat(a, G, axis=1))                                # KV head of each query head
+    pv = np.stack([np.stack([probs[b, h] @ vh[b, h // G] for h in range(H)]) for b in range(B)])
+    np.testing.assert_array_equal(np.ascontiguousarray(attention_mix(probs, v)).view(np.uint8), pv.view(np.uint8))
+    dprobs = dout @ rep(vh).swapaxes(-1, -2)                                 # [B, H, T, S]
+    dscores = softmax_backward(dprobs, probs)
+    dscores *= scale
+    dq = (dscores @ rep(kh)).transpose(0, 2, 1, 3)
+    pairs = [(b, h) for b in range(B) for h in range(Hkv)]
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for b, h in pairs:                     # a KV head's gradient: its G query heads' rows in one product
+        rows = slice(h * G, (h + 1) * G)
+        dk[b, :, h] = dscores[b, rows].reshape(G * T, T).T @ qh[b, rows].reshape(G * T, hd)
+        dv[b, :, h] = probs[b, rows].reshape(G * T, T).T @ dout[b, rows].reshape(G * T, hd)
+    for got, want in zip(attention_backward(dout, q, k, v, probs, scale), (dq, dk, dv)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))   # the bits

@@ -84,6 +84,12 @@ def attention_mix(probs, v):
     B, H, T, S = probs.shape
     Hkv, hd = v.shape[2], v.shape[3]
     vt = _rows_contiguous(v.transpose(0, 2, 1, 3))            # [B, Hkv, S, hd]
+    if Hkv == H and probs.dtype == v.dtype:
+        # written token-major: the [B, H, T, hd] result is a view of a [B, T, H, hd] buffer, so the
+        # heads merged side by side ([B, T, H*hd], the output projection's input) need no copy
+        out = np.empty((B, T, H, hd), probs.dtype)
+        batched_matmul(probs, vt, out=out.transpose(0, 2, 1, 3))
+        return out.transpose(0, 2, 1, 3)
     return batched_matmul(probs.reshape(B, Hkv, (H // Hkv) * T, S), vt).reshape(B, H, T, hd)
 
 
@@ -105,15 +111,26 @@ def attention_backward(dout, q, k, v, probs, scale, capped=None):
     pg = probs.reshape(B, Hkv, G * T, S)
     dg = dout.reshape(B, Hkv, G * T, hd)
     vt = v.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
-    dv = batched_matmul(pg.transpose(0, 1, 3, 2), dg).transpose(0, 2, 1, 3)  # [B, Hkv, S, hd] -> [B, S, Hkv, hd]
+    dq, dk, dv = (np.empty(a.shape, np.result_type(dout, a)) for a in (q, k, v))   # token-major: [B, T|S, h, hd]
+    heads = (lambda a: a.transpose(0, 2, 1, 3))                 # [B, T, h, hd] -> [B, h, T, hd] view
+    batched_matmul(pg.transpose(0, 1, 3, 2), dg, out=heads(dv))              # [B, Hkv, S, hd]
     dprobs = batched_matmul(dg, vt.transpose(0, 1, 3, 2))       # [B, Hkv, G*T, S]
-    dscores = softmax_backward(dprobs, pg)                      # masked entries have prob 0 -> grad 0
-    if capped is not None:
-        dscores *= 1.0 - np.square(capped.reshape(dscores.shape))
-    dscores *= scale
+    # masked entries have prob 0 -> grad 0
+    if capped is None and dprobs.dtype == np.float32 and pg.dtype == np.float32 and type(scale) in (float, np.float32):
+        dscores = np.empty(dprobs.shape, np.float32)            # the softmax backward and the scale in one pass
+        train_kernels.softmax_backward_rows(dprobs.reshape(-1, S), np.ascontiguousarray(pg).reshape(-1, S),
+                                            dscores.reshape(-1, S), scale)
+    else:
+        dscores = softmax_backward(dprobs, pg)
+        if capped is not None:
+            dscores *= 1.0 - np.square(capped.reshape(dscores.shape))
+        dscores *= scale
     qg = _group(q, Hkv).reshape(B, Hkv, G * T, hd)
     kk = k.transpose(0, 2, 1, 3)                                # [B, Hkv, S, hd]
-    dqg = batched_matmul(dscores, kk)                           # [B, Hkv, G*T, hd]
-    dk = batched_matmul(dscores.transpose(0, 1, 3, 2), qg).transpose(0, 2, 1, 3)   # [B, S, Hkv, hd]
-    dq = dqg.reshape(B, Hkv, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
+    batched_matmul(dscores.transpose(0, 1, 3, 2), qg, out=heads(dk))         # [B, Hkv, S, hd]
+    if G == 1:
+        batched_matmul(dscores, kk, out=heads(dq))              # [B, H, T, hd]
+    else:
+        dqg = batched_matmul(dscores, kk)                       # [B, Hkv, G*T, hd]
+        dq[...] = dqg.reshape(B, Hkv, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H, hd)
     return dq, dk, dv

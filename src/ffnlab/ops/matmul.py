@@ -21,15 +21,18 @@ MIN_WORK = 1 << 20        # multiply-adds from which a product is split (below, 
 MIN_ROWS = 64             # rows per block of a split 2-D product
 
 
-def batched_matmul(a, b):
-    """a: [..., M, K], b: [..., K, N] with the same leading shape (strided views welcome) -> [..., M, N]"""
+def batched_matmul(a, b, out=None):
+    """a: [..., M, K], b: [..., K, N] with the same leading shape (strided views welcome) -> [..., M, N],
+    written into out when given (a [..., M, N] array or view whose rows have unit stride, so that
+    BLAS writes it directly: a head-major view of a token-major buffer)"""
     n = _threads.threads()
     lead = a.shape[:-2]
     M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
     count = int(np.prod(lead)) if lead else 1
     if n <= 1 or count < 2 or b.shape[:-2] != lead or count * M * K * N < MIN_WORK:
-        return a @ b
-    out = np.empty(lead + (M, N), np.result_type(a, b))
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(lead + (M, N), np.result_type(a, b))
     index = list(np.ndindex(*lead))
 
     def one(i):

@@ -6,7 +6,7 @@ weight multiply (`attn_norm-L`, `ffn_norm-L`), and the backward needs it.
 import numpy as np
 
 from .fastmath import rms_norm_rows
-from .train_kernels import norm_backward_rows
+from .train_kernels import PAIRWISE_MAX, layer_norm_rows, norm_backward_rows
 
 _NO_W = np.zeros(0, np.float32)
 
@@ -16,7 +16,28 @@ def layernorm_forward(x, w, b, eps):
 
     Two-pass variance (mean first, then mean of squared deviations): E[x^2] - E[x]^2
     cancels catastrophically in float32 when |mean| >> std.
+    float32: one compiled pass per row (ops/train_kernels.py), bit for bit layernorm_forward_numpy's
+    steps with NumPy's own pairwise sums (NumPy's eight passes, each a fresh temporary, were the
+    largest elementwise cost of a GPT-2 training step's forward)
     """
+    if _compiled_forward(x, w, b, eps):
+        D = x.shape[-1]
+        y, x_hat, rstd = layer_norm_rows(x.reshape(-1, D), w, b, eps)
+        return y.reshape(x.shape), (x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1))
+    return layernorm_forward_numpy(x, w, b, eps)
+
+
+def _compiled_forward(x, w, b, eps):
+    """float32 arrays of one layout and an eps NumPy adds in float32 (a Python float or a float32;
+    a float64 scalar would promote the variance to float64), rows of up to PAIRWISE_MAX:
+    layer_norm_rows applies"""
+    return (x.dtype == np.float32 and x.size and x.flags.c_contiguous and type(eps) in (float, np.float32)
+            and x.shape[-1] <= PAIRWISE_MAX
+            and w is not None and w.dtype == np.float32 and w.shape == x.shape[-1:]
+            and (b is None or (b.dtype == np.float32 and b.shape == w.shape)))
+
+
+def layernorm_forward_numpy(x, w, b, eps):
     mean = x.mean(axis=-1, keepdims=True)                 # [..., 1]
     xc = x - mean                                         # [..., D]
     var = (xc * xc).mean(axis=-1, keepdims=True)          # [..., 1]

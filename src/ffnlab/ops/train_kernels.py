@@ -7,6 +7,7 @@ Each kernel sits behind the op it replaces, for float32 C-contiguous arrays; the
 (float64 gradient checks included). tests/unit/test_train_kernels.py holds each kernel to its twin:
 
   bit for bit (EXACT: no fastmath, every float32 operation in the twin's order, sums as the twin's)
+    LayerNorm forward (NumPy's pairwise sums)    ops/norms.layernorm_forward
     attention's scale + causal mask + softmax   ops/attention.attention_probs
     SiLU backward                               ops/activations.silu_backward
     the cross-entropy backward                  ops/loss.cross_entropy_backward
@@ -143,22 +144,170 @@ def _dot64(a, b):
 
 
 @njit(**EXACT)
-def _softmax_backward_row(dy, y, dx, i):
+def _softmax_backward_row(dy, y, dx, scale, i):
     s = F(_dot64(dy[i], y[i]))
     a, b, o = dy[i], y[i], dx[i]
     for j in range(a.shape[0]):
-        o[j] = (a[j] - s) * b[j]
+        o[j] = ((a[j] - s) * b[j]) * scale                # times 1 is exact: the unscaled values
 
 
 @njit(**EXACT)
-def _softmax_backward_serial(dy, y, dx):
+def _softmax_backward_serial(dy, y, dx, scale):
     for i in range(dy.shape[0]):
-        _softmax_backward_row(dy, y, dx, i)
+        _softmax_backward_row(dy, y, dx, scale, i)
 
 
-def softmax_backward_rows(dy, y, dx):
-    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)), the sum in float64"""
-    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi]), dy.shape[0], dy.size)
+def softmax_backward_rows(dy, y, dx, scale=1.0):
+    """dy, y, dx: [rows, N] float32 -> dx = y (dy - sum(dy y)) (the sum in float64), times scale
+    (the attention backward's, so its scores' gradient takes one pass, not two: bit for bit the same
+    as multiplying after)"""
+    scale = F(scale)
+    _split(lambda lo, hi: _softmax_backward_serial(dy[lo:hi], y[lo:hi], dx[lo:hi], scale), dy.shape[0], dy.size)
+
+
+# --- LayerNorm forward ----------------------------------------------------------------------
+PAIRWISE_BLOCK = 128          # NumPy's PW_BLOCKSIZE: runs of up to this many terms are summed 8-wide
+
+
+@njit(**EXACT)
+def _pairwise_run(a, lo, n):
+    """a[lo:lo+n], n <= 128, summed in float32 as NumPy's add.reduce sums a contiguous run
+    (numpy/_core/src/umath/loops_utils.h.src, pairwise_sum): under 8 terms one by one; else 8
+    running sums combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the tail"""
+    if n < 8:
+        res = F(0.0)
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        j = lo + i
+        r0 += a[j]
+        r1 += a[j + 1]
+        r2 += a[j + 2]
+        r3 += a[j + 3]
+        r4 += a[j + 4]
+        r5 += a[j + 5]
+        r6 += a[j + 6]
+        r7 += a[j + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+# A run longer than 128 is split in two at a multiple of 8 and each half summed the same way.
+# NumPy recurses; here each level is its own function (numba's disk cache crashes on reloading a
+# recursive function), six levels: runs up to PAIRWISE_MAX terms, NumPy's code beyond.
+@njit(**EXACT)
+def _half(n):
+    n2 = n // 2
+    return n2 - n2 % 8
+
+
+@njit(**EXACT)
+def _pairwise_1(a, lo, n):
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_run(a, lo, h) + _pairwise_run(a, lo + h, n - h)
+
+
+@njit(**EXACT)
+def _pairwise_2(a, lo, n):
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_1(a, lo, h) + _pairwise_1(a, lo + h, n - h)
+
+
+@njit(**EXACT)
+def _pairwise_3(a, lo, n):
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_2(a, lo, h) + _pairwise_2(a, lo + h, n - h)
+
+
+@njit(**EXACT)
+def _pairwise_4(a, lo, n):
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_3(a, lo, h) + _pairwise_3(a, lo + h, n - h)
+
+
+@njit(**EXACT)
+def _pairwise_5(a, lo, n):
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_4(a, lo, h) + _pairwise_4(a, lo + h, n - h)
+
+
+@njit(**EXACT)
+def _pairwise_sum(a, lo, n):
+    """a[lo:lo+n] summed as NumPy's pairwise_sum, for n <= PAIRWISE_MAX"""
+    if n <= PAIRWISE_BLOCK:
+        return _pairwise_run(a, lo, n)
+    h = _half(n)
+    return _pairwise_5(a, lo, h) + _pairwise_5(a, lo + h, n - h)
+
+
+def _longest_run(levels):
+    """the longest run that `levels` splits bring down to runs of <= PAIRWISE_BLOCK"""
+    n = PAIRWISE_BLOCK
+    for _ in range(levels):
+        m = 2 * n + 16
+        while (m - (m // 2 - (m // 2) % 8)) > n:        # the right half, the longer one, must fit
+            m -= 1
+        n = m
+    return n
+
+
+PAIRWISE_MAX = _longest_run(6)
+
+
+@njit(**EXACT)
+def _mean_numpy(a):
+    """np.mean of a contiguous float32 row: 0 + the pairwise sum, divided by the count as NumPy's
+    _methods._mean does it (true_divide by an intp: in float64, then rounded to float32)"""
+    s = F(0.0) + _pairwise_sum(a, 0, a.shape[0])
+    return F(np.float64(s) / np.float64(a.shape[0]))
+
+
+@njit(**EXACT)
+def _layer_norm_serial(x, w, b, has_b, eps, x_hat, y, rstd, first, last):
+    """rows first..last-1 in layernorm_forward_numpy's steps: mean, xc = x - mean, var = mean(xc xc),
+    rstd = 1 / sqrt(var + eps), x_hat = xc rstd, y = x_hat w (+ b)"""
+    D = x.shape[1]
+    sq = np.empty(D, np.float32)
+    for i in range(first, last):
+        row, xh, out = x[i], x_hat[i], y[i]
+        mean = _mean_numpy(row)
+        for d in range(D):
+            xh[d] = row[d] - mean
+            sq[d] = xh[d] * xh[d]
+        r = ONE / np.sqrt(_mean_numpy(sq) + eps)
+        rstd[i] = r
+        for d in range(D):
+            xh[d] = xh[d] * r
+            out[d] = xh[d] * w[d]
+            if has_b:
+                out[d] = out[d] + b[d]
+
+
+def layer_norm_rows(x, w, b, eps):
+    """x: [N, D] float32 C-contiguous, w: [D], b: [D] or None -> y [N, D], x_hat [N, D], rstd [N]"""
+    N, D = x.shape
+    x_hat, y, rstd = np.empty((N, D), np.float32), np.empty((N, D), np.float32), np.empty(N, np.float32)
+    b1 = b if b is not None else np.zeros(0, np.float32)
+    _split(lambda lo, hi: _layer_norm_serial(x, w, b1, b is not None, F(eps), x_hat, y, rstd, lo, hi), N, x.size)
+    return y, x_hat, rstd
 
 
 # --- norms backward -------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from . import mlp_dropout
 from .moe_loss import load_balancing_loss
 from . import checkpoint as ckpt
 from .data import TokenData, eval_batches, sample_batch
+from .heap import keep_freed_memory
 from .optim import AdamW, clip_grad_norm
 from .settings import TrainSettings
 
@@ -49,6 +50,7 @@ def loss_and_grads(model, x, y, aux_loss=0.0):
     """x, y: [B, T] -> loss (float32 scalar, the language-model loss), {name: grad}
     aux_loss: weight of a mixture of experts' load-balancing loss (training/moe_loss.py), whose
     gradient joins the language-model loss's."""
+    keep_freed_memory()     # the step's arrays stay in the heap for the next step (training/heap.py)
     with blas_single():     # BLAS on one thread: the step's products split over the threads themselves
         return _loss_and_grads(model, x, y, aux_loss)               # (ops/matmul.py says why)
 
