@@ -16,7 +16,7 @@ from ..ops.fastmath import qk_rows
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
 from .arith import F32
-from .decode_kernels import attend_rows
+from .decode_kernels import attend_one, attend_rows
 from .hooks import identity
 from .packing import packed
 
@@ -150,11 +150,18 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if last_only:
         q, T = q[:, -1:], 1
         allowed = allowed[-1:] if allowed is not None else None
-    if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32 \
+    window = cfg.sliding_window if cfg.is_sliding(il) else 0
+    if kv is not None and hook is identity and arith is F32 and B == 1 and x.shape[1] == 1:
+        # one token with nothing to observe (decoding): one query row over the cache
+        out = np.empty((H, hd), q.dtype)
+        n = int(pos[-1])
+        attend_one(q[0, 0], kv.k[il][0], kv.v[il][0], n, max(0, n - window + 1) if window else 0,
+                   q.dtype.type(scale), q.dtype.type(cfg.attn_softcap or 0.0), out)
+        merged, probs, capped = out.reshape(1, 1, H * hd), None, None
+    elif kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32 \
             and hd % 16 == 0:
         # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
         out = empty_aligned((B, T, H, hd))                    # read and written 16 floats at a time
-        window = cfg.sliding_window if cfg.is_sliding(il) else 0
         attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out,
                     HAS_AVX512)
         merged, probs, capped = out.reshape(B, T, H * hd), None, None

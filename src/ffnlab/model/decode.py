@@ -1,32 +1,36 @@
 """One decoding step: a single new token against the KV cache, in as few NumPy calls as possible.
 
-The same math as forward() (model/transformer.py) for T = 1, written for one vector:
+The same math as forward() (model/transformer.py) for T = 1, with the same kernels in the same
+order, so a decoded token's logits and cache entries are forward()'s bits in both arithmetics
+(tests/unit/test_decode_is_the_forward.py, every family):
   x = embed(tok)
   per layer:  h = x + [post_attn_norm](wo @ attend(rope(q), rope(k) + cache, v + cache))
               x = h + [post_ffn_norm](ffn(ffn_norm(h)))           (model/ffn.py's ffn_forward_one)
   logits = head @ output_norm(x)
-Decoding a token streams every weight once (~540 MB of float32 for SmolLM2), so its time is the
-matrix-vector products plus the cost of every Python and NumPy call in between, and a call
-costs several microseconds when the weights have just swept the CPU caches. forward() pays for
-generality (batches, masks, GQA reshapes, tensor names, hooks, backward caches). Here the
-weights of each layer are looked up once into a Layer (cached on the Model), there is no batch
-axis and no mask (a sliding window is a slice of the cache), and RMSNorm of a vector, RoPE, the
-cache writes and the whole attention of a layer are one compiled call each (decode_kernels.py):
-~15 calls per layer where forward() makes ~70.
+It exists for speed only. Decoding a token streams every weight once (~540 MB of float32 for
+SmolLM2), so its time is the matrix-vector products plus the cost of every Python and NumPy call
+in between. forward() pays for generality (batches, masks, GQA reshapes, tensor names, hooks,
+backward caches): a one-token forward() with nothing hooked took 1.31x this step's time on
+SmolLM2 Q4_1 and 1.16x on Gemma 3 Q4_K_M in float32, 1.42x and 1.21x in ggml arithmetic (one
+thread, Intel Xeon, 2026-12-02). Here the weights of each layer are looked up once into a Layer
+(cached on the Model), there is no batch axis and no mask (a sliding window is the first
+position attended), and RMSNorm of a vector, RoPE and the whole attention of a layer are one
+compiled call each: ~15 calls per layer where forward() makes ~70.
 
-Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/engines/test_generation.py
-checks it against the full forward for every architecture.
+Model.forward_last uses it for one token when no hooks are attached (model/hooks.py).
 """
 import math
 from typing import NamedTuple
 
 import numpy as np
 
+from ..ops.fastmath import qk_rows
 from ..ops.linear import linear_forward
 from .arith import F32
 from .attention import scales_q
-from .decode_kernels import attend1
+from .decode_kernels import attend_one
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
+from ..families import family
 from .packing import packed
 from .params import lm_head_name
 from .transformer import lm_head
@@ -130,9 +134,11 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith,
+                            family(cfg.arch).graph.fused_gate_up)
         if cfg.parallel_residual:
-            f = f + a                                                 # GPT-NeoX: x + attn + ffn
+            x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
+            continue
         if L.post_ffn_norm:
             f = _norm(f, L.post_ffn_norm, cfg, arith)
         if cfg.residual_multiplier:
@@ -155,7 +161,7 @@ def _norm(x, wb, cfg, arith=F32):
     w, b = wb
     if cfg.norm == "layernorm":
         return arith.layer_norm(x, w, b, cfg.norm_eps)[0]
-    if x.ndim == 1:                                                   # one compiled call
+    if x.ndim == 1 and x.dtype == np.float32:                         # one compiled call, the forward's bits
         return arith.rms_norm1(x, w, cfg.norm_eps)
     return arith.rms_norm(x, w, cfg.norm_eps)[0]                      # per head (Gemma 3's q/k norms)
 
@@ -177,17 +183,44 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
                              _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg, arith).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg, arith), _norm(qk[H:], (L.k_norm, None), cfg, arith)])
-    # forward() scales Gemma's q after RoPE (scales_q); scaling the scores is the same product
-    cos, sin, neox = rot if rot is not None else (_NO_ROPE, _NO_ROPE, False)
     lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window: positions lo..n
     if arith.attend1 is not None:                                     # ggml: f16 cache, ggml's softmax
         out = arith.attend1(qk, v, rot, K, V, n, lo, cfg, scales_q(cfg))
-        y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]
-        return y + L.wo_b if L.wo_b is not None else y
-    out = np.empty((H, hd), qk.dtype)
-    attend1(np.ascontiguousarray(qk), v, cos.astype(qk.dtype, copy=False), sin.astype(qk.dtype, copy=False), neox,
-            K, V, n, lo, qk.dtype.type(cfg.scale), qk.dtype.type(cfg.attn_softcap or 0.0), out)
+    else:
+        out = _attend_f32(qk, v, rot, K, V, n, L.window, cfg)
     y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b
     return y
+
+
+def _attend_f32(qk, v, rot, K, V, n, window, cfg):
+    """One token's attention in float32 as attention.py computes it for a one-token forward with
+    nothing hooked (RoPE and Gemma's q scale as its qk_rows, the cache written, attend_one), so a
+    decoded token has the forward's bits -> [H, hd]"""
+    H, hd = cfg.n_head, cfg.head_dim
+    q, k = qk[:H], qk[H:]
+    if rot is not None:
+        q, k = _rotate(q, rot, cfg, scales_q(cfg)), _rotate(k, rot, cfg, False)
+    elif scales_q(cfg):
+        q = q * np.asarray(cfg.scale, dtype=q.dtype)
+    K[:, n], V[:, n] = k, v
+    scale = 1.0 if scales_q(cfg) else cfg.scale                        # Gemma: q was scaled already
+    out = np.empty((H, hd), q.dtype)
+    attend_one(np.ascontiguousarray(q), K, V, n, max(0, n - window + 1) if window else 0, q.dtype.type(scale),
+               q.dtype.type(cfg.attn_softcap or 0.0), out)
+    return out
+
+
+def _rotate(a, rot, cfg, scaled):
+    """a [h, hd] normed q or k -> rotated (and times the attention scale where the graph scales q),
+    as attention.py: qk_rows for the normal and NeoX pairings, the reference ops otherwise"""
+    cos, sin, _ = rot
+    h, hd = a.shape
+    if a.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
+        out = np.empty((1, h, hd), np.float32)
+        qk_rows(np.ascontiguousarray(a).reshape(1, h, hd), _NO_ROPE, np.float32(cfg.norm_eps), False, cos[None],
+                sin[None], cfg.rope_pairing == "neox", np.float32(cfg.scale), scaled, out, 1)
+        return out.reshape(h, hd)
+    a = F32.rope(a.reshape(1, 1, h, hd), cos[None], sin[None], cfg.rope_pairing).reshape(h, hd)
+    return a * np.asarray(cfg.scale, dtype=a.dtype) if scaled else a

@@ -29,7 +29,6 @@ from ..ops.activations import ACTIVATIONS, GELU_TANH_COEF, SQRT_2_OVER_PI, sigmo
 from ..ops.fastmath import glu_rows
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
-from .decode_kernels import glu1
 from ..kinds import FFN_KINDS
 from .hooks import identity
 
@@ -147,9 +146,10 @@ def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=None):
     return y, FFNCache(x, up, gate, act, h)
 
 
-def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
-    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py),
-    in as few NumPy calls as possible."""
+def ffn_forward_one(x, w: FFNWeights, kind, arith=None, fused_gate_up=False):
+    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py), in as
+    few NumPy calls as possible and with ffn_forward's kernels, so the values are its bits.
+    fused_gate_up: Phi-3's graph, whose GLU ffn_forward takes as act(gate) * up."""
     if isinstance(w, MoEWeights):
         return moe_forward(x[None], w)[0][0]
     k = FFN_KINDS[kind]
@@ -163,10 +163,9 @@ def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
             gate = gate + w.gate_b
         if w.up_b is not None:
             up = up + w.up_b
-        if w.gate_up is not None and w.gate_b is None and w.up_b is None and _compiled_glu(k.act, arith, gu):
+        if (w.gate_up is not None and w.gate_b is None and w.up_b is None and not fused_gate_up
+                and _compiled_glu(k.act, arith, gu)):
             h = _glu_halves(gu, k.act == "gelu_tanh")[1]                  # one compiled call
-        elif arith is None and k.act in ("silu", "gelu_tanh"):
-            h = glu1(gate, up, k.act == "gelu_tanh")
         else:
             h = _act(k.act, arith)(gate)
             h *= up                                                       # [d_ff] act(gate) * up
