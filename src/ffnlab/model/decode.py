@@ -24,19 +24,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.fastmath import qk_rows
+from ..families import family
 from ..ops.linear import linear_forward
 from .arith import F32
 from .attention import scales_q
-from .decode_kernels import attend_one
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
-from ..families import family
 from .packing import packed
 from .params import lm_head_name
 from .transformer import lm_head
-
-
-_NO_ROPE = np.zeros(0, np.float32)
 
 
 class Layer(NamedTuple):
@@ -134,8 +129,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith,
-                            family(cfg.arch).graph.fused_gate_up)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, arith, family(cfg.arch).graph.fused_gate_up)
         if cfg.parallel_residual:
             x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
             continue
@@ -149,7 +143,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
 
 
 def _rotation(n, cfg, key, dtype, arith=F32):
-    """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for decode_kernels.attend1"""
+    """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for arith.attend1"""
     cos, sin = arith.rope_angles([n], cfg.n_rot, *key)               # [1, n_rot/2] float64 (ggml: float32)
     return cos[0].astype(dtype), sin[0].astype(dtype), cfg.rope_pairing != "normal"
 
@@ -183,44 +177,8 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
                              _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg, arith).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg, arith), _norm(qk[H:], (L.k_norm, None), cfg, arith)])
-    lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window: positions lo..n
-    if arith.attend1 is not None:                                     # ggml: f16 cache, ggml's softmax
-        out = arith.attend1(qk, v, rot, K, V, n, lo, cfg, scales_q(cfg))
-    else:
-        out = _attend_f32(qk, v, rot, K, V, n, L.window, cfg)
+    out = arith.attend1(qk, v, rot, K, V, n, L.window, cfg, scales_q(cfg))   # [H, hd]; writes position n
     y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b
     return y
-
-
-def _attend_f32(qk, v, rot, K, V, n, window, cfg):
-    """One token's attention in float32 as attention.py computes it for a one-token forward with
-    nothing hooked (RoPE and Gemma's q scale as its qk_rows, the cache written, attend_one), so a
-    decoded token has the forward's bits -> [H, hd]"""
-    H, hd = cfg.n_head, cfg.head_dim
-    q, k = qk[:H], qk[H:]
-    if rot is not None:
-        q, k = _rotate(q, rot, cfg, scales_q(cfg)), _rotate(k, rot, cfg, False)
-    elif scales_q(cfg):
-        q = q * np.asarray(cfg.scale, dtype=q.dtype)
-    K[:, n], V[:, n] = k, v
-    scale = 1.0 if scales_q(cfg) else cfg.scale                        # Gemma: q was scaled already
-    out = np.empty((H, hd), q.dtype)
-    attend_one(np.ascontiguousarray(q), K, V, n, max(0, n - window + 1) if window else 0, q.dtype.type(scale),
-               q.dtype.type(cfg.attn_softcap or 0.0), out)
-    return out
-
-
-def _rotate(a, rot, cfg, scaled):
-    """a [h, hd] normed q or k -> rotated (and times the attention scale where the graph scales q),
-    as attention.py: qk_rows for the normal and NeoX pairings, the reference ops otherwise"""
-    cos, sin, _ = rot
-    h, hd = a.shape
-    if a.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
-        out = np.empty((1, h, hd), np.float32)
-        qk_rows(np.ascontiguousarray(a).reshape(1, h, hd), _NO_ROPE, np.float32(cfg.norm_eps), False, cos[None],
-                sin[None], cfg.rope_pairing == "neox", np.float32(cfg.scale), scaled, out, 1)
-        return out.reshape(h, hd)
-    a = F32.rope(a.reshape(1, 1, h, hd), cos[None], sin[None], cfg.rope_pairing).reshape(h, hd)
-    return a * np.asarray(cfg.scale, dtype=a.dtype) if scaled else a
