@@ -66,61 +66,34 @@ def test_a_window_of_one_returns_the_own_value():
 @pytest.mark.parametrize("H, Hkv", [(6, 2), (4, 1), (3, 3)])
 @pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (0, 30.0)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_attend1_matches_float64_attention(H, Hkv, window, softcap, dtype):
-    """decode_kernels.attend1 (one token over the cache; a KV head's query heads read each key and
-    value once, together) against the float64 definition, after its RoPE: scores soft-capped when
-    asked, the window's first position lo, grouped KV heads. The bound of this file's header, with
-    float64's unit when the cache is float64; RoPE's own rounding (a few units) is inside it."""
-    from ffnlab.model.decode_kernels import attend1
+def test_attend_one_matches_float64_attention(H, Hkv, window, softcap, dtype):
+    """decode_kernels.attend_one (one query row over the cache; a KV head's query heads read each
+    key and value once, together) against the float64 definition: scores soft-capped when asked,
+    the window's first position lo, grouped KV heads. The bound of this file's header, with
+    float64's unit when the cache is float64."""
+    from ffnlab.model.decode_kernels import attend_one
     hd, n, n_ctx = 32, 12, 16
     rng = np.random.default_rng(H * 10 + window)
-    qk = rng.standard_normal((H + Hkv, hd)).astype(dtype)
-    v = rng.standard_normal((Hkv, hd)).astype(dtype)
+    q = rng.standard_normal((H, hd)).astype(dtype)
     K = rng.standard_normal((Hkv, n_ctx, hd)).astype(dtype)
     V = rng.standard_normal((Hkv, n_ctx, hd)).astype(dtype)
-    ang = rng.random(hd // 2) * 6.0
-    cos, sin = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
     lo = max(0, n - window + 1) if window else 0
     scale = 1 / np.sqrt(hd)
-    # the reference: RoPE (neox pairs) in float64, then the attention
-    q64 = qk.astype(np.float64)
-    half = hd // 2
-    rot = np.concatenate([q64[:, :half] * cos - q64[:, half:] * sin, q64[:, :half] * sin + q64[:, half:] * cos], axis=1)
-    K64, V64 = K.astype(np.float64), V.astype(np.float64)
-    K64[:, n], V64[:, n] = rot[H:], v
+    q64, K64, V64 = q.astype(np.float64), K.astype(np.float64), V.astype(np.float64)
     want = np.empty((H, hd))
     for h in range(H):
         kv = h // (H // Hkv)
-        s = K64[kv, lo:n + 1] @ rot[h] * scale
+        s = K64[kv, lo:n + 1] @ q64[h] * scale
         if softcap:
             s = np.tanh(s / softcap) * softcap
         p = np.exp(s - s.max())
         want[h] = (p / p.sum()) @ V64[kv, lo:n + 1]
     out = np.empty((H, hd), dtype)
-    attend1(qk.copy(), v, cos, sin, True, K, V, n, lo, dtype(scale), dtype(softcap), out)
+    attend_one(q, K, V, n, lo, dtype(scale), dtype(softcap), out)
     u = U if dtype == np.float32 else 2.0 ** -53
     gamma = lambda m: m * u / (1 - m * u)                                             # noqa: E731
     tol = 4 * (gamma(hd) * hd + gamma(n + 1) + (1e-6 if dtype == np.float32 else 1e-14)) * np.abs(V64).max()
     assert np.abs(out - want).max() <= tol
-    assert np.abs(K[:, n] - rot[H:]).max() <= 8 * u * np.abs(rot).max()               # the rotated k, cached
-
-
-@pytest.mark.parametrize("neox", [False, True])
-def test_one_token_rope_rounds_as_the_prompts_rope(neox):
-    """attend1's RoPE (decode_kernels._rope) rounds each product once, then the sum, as the
-    prompt's rotation (ops/rope.py's rope_forward) does: the one-token step and the batched forward
-    rotate q and k to the same bits. It runs after this file's attend1 tests, which compile _rope as
-    attend1's callee: without its own fastmath=False it took attend1's flags and fused the products."""
-    from ffnlab.model.decode_kernels import _rope
-    from ffnlab.ops.rope import rope_angles, rope_forward
-    rng = np.random.default_rng(3)
-    H, hd, n_rot = 5, 16, 12                                     # partial rotary: the last 4 dims stay
-    x = rng.standard_normal((H, hd)).astype(np.float32)
-    cos, sin = (a.astype(np.float32) for a in rope_angles(np.array([7]), n_rot, 10000.0))   # [1, n_rot/2]
-    want = rope_forward(x[None, None], cos, sin, "neox" if neox else "normal")[0, 0]      # [B=1, T=1, H, hd]
-    got = x.copy()
-    _rope(got, cos[0], sin[0], neox)
-    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-3, 30.0, 1e20, 2.4e36])

@@ -4,8 +4,8 @@ Why: numba compiles a jitted callee that sets no fastmath with its caller's flag
 one build for every later call (and in its disk cache). A helper written for exact roundings
 (a dequantizer, a RoPE rotation, ggml's ordered sums) then runs with "contract" or "reassoc"
 whenever a fastmath kernel happened to compile it first: its bits depend on the order in which
-a process (or the warm-up's workers) first called the kernels. decode_kernels._rope did exactly
-that: one bit off the prompt's RoPE in some values, after attend1 had compiled it.
+a process (or the warm-up's workers) first called the kernels. The one-token step's RoPE once did
+exactly that: one bit off the prompt's RoPE in some values, after its fastmath caller had compiled it.
 
 The scan reads the source (ast): kernels are functions decorated with njit/jit; a call is matched
 by the callee's name. It reports every kernel without an explicit fastmath= that some kernel with
@@ -76,8 +76,8 @@ def inheriting(found):
 def test_the_scan_finds_kernels_and_fastmath_callers():
     found = kernels()
     assert len(found) > 100
-    attend1 = [v for (where, name), v in found.items() if name == "attend1" and "decode_kernels" in where]
-    assert attend1 and attend1[0][0] is not None and "_rope" in attend1[0][1]
+    rows = [v for (where, name), v in found.items() if name == "attend_rows" and "decode_kernels" in where]
+    assert rows and rows[0][0] is not None and "_softmax_row" in rows[0][1]
 
 
 def test_no_kernel_takes_its_callers_fastmath():

@@ -8,20 +8,27 @@
         f16 and q rounded to f16 for KQ, the softmax output rounded to f16 for KQV; ggml's exp,
         SiLU, GELU table, softmax, norms and RoPE angles (ops/ggml_math.py)
 
-The block code takes an Arith and calls its functions; it never asks which one it has.
+Each arithmetic is a kernel set, chosen once when the model is made: the block code takes an
+Arith and calls its functions; it never asks which one it has. The reference set of each
+arithmetic computes every node the tracer and the editors see (and the values training
+differentiates); its fused set (fused()) replaces runs of nodes by one compiled call where
+nothing observes them: the forward takes it when no hook is attached. f32's fused set has the
+prompt's attention over the KV cache (attend_rows), one query row's (attend_one) and the q/k
+norm + RoPE + scale pass (qk_rows); ggml's is its reference set.
 """
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..ops import ggml_decode, ggml_math
-from ..ops.activations import ACTIVATIONS
+from ..ops.activations import ACTIVATIONS, GELU_TANH_COEF, SQRT_2_OVER_PI
 from ..ops.attention import attention_mix, attention_probs, attention_scores
+from ..ops.fastmath import glu_rows, qk_rows
 from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..quant import ggml_path
 from ..quant.blocks import F16_TABLE
-from .decode_kernels import rms_norm1
+from .decode_kernels import attend_one, attend_rows, rms_norm1
 
 
 class Arith(NamedTuple):
@@ -36,7 +43,12 @@ class Arith(NamedTuple):
     act: dict                   # activation name (ops/activations.py) -> forward function
     kv_dtype: type              # what the KV cache stores
     rms_norm1: Callable         # (x [D], w [D], eps) -> y: one vector's RMSNorm, one compiled call (model/decode.py)
-    attend1: Callable | None    # one token's attention for model/decode.py (None: decode_kernels.attend1)
+    attend1: Callable           # (qk [H+Hkv, hd] normed, v [Hkv, hd], rot, K, V, n, window, cfg, q_scaled) -> [H, hd]:
+                                # one token's attention for model/decode.py, with the forward's bits
+    glu: Callable | None        # (gu [..., 2 d_ff] = [gate, up], gelu) -> act(gate), act(gate) * up in one pass
+    qk_rows: Callable | None    # fused sets: ops/fastmath.py's qk_rows (head norm, RoPE, q scale in one pass)
+    attend_one: Callable | None   # fused sets: decode_kernels.attend_one (one query row over the cache)
+    attend_rows: Callable | None  # fused sets: decode_kernels.attend_rows (a prompt's rows over the cache)
 
 
 def _ggml_kq(q, k):
@@ -59,7 +71,7 @@ def _ggml_kqv(probs, v):
     return out.reshape(B, H, T, hd)
 
 
-def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
+def _ggml_attend1(qk, v, rot, K, V, n, window, cfg, q_scaled):
     """One token's attention as forward() computes it in ggml mode for T = 1 (model/decode.py's
     fast path): qk [H + Hkv, hd] (normed, not rotated), v [Hkv, hd], rot: (cos, sin, neox) of
     position n or None, K / V: this layer's f16 cache [Hkv, n_ctx, hd] (position n written here),
@@ -67,6 +79,7 @@ def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
     positions 0..n with -inf before lo, as forward()'s mask does: ggml's softmax sums in groups
     of 8 from position 0, and the f16 dots in groups of 32, so slicing the window would move them."""
     H, Hkv, hd = qk.shape[0] - v.shape[0], v.shape[0], v.shape[1]
+    lo = max(0, n - window + 1) if window else 0                    # a sliding window: positions lo..n
     if rot is not None:
         qk = np.array(qk, np.float32)
         ggml_decode.rope1(qk[:, :2 * rot[0].shape[0]], rot[0], rot[1], rot[2])
@@ -87,13 +100,66 @@ def _ggml_attend1(qk, v, rot, K, V, n, lo, cfg, q_scaled):
     return out
 
 
-F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
-            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, rms_norm1, None)
+def _f32_attend1(qk, v, rot, K, V, n, window, cfg, q_scaled):
+    """One token's attention in float32 as the forward computes it for a one-token step with
+    nothing hooked (the fused set: RoPE and Gemma's q scale as qk_rows, the cache written,
+    attend_one), so a decoded token has the forward's bits -> [H, hd]"""
+    H, hd = qk.shape[0] - v.shape[0], qk.shape[1]
+    q, k = qk[:H], qk[H:]
+    if rot is not None:
+        q, k = _rotate(q, rot, cfg, q_scaled), _rotate(k, rot, cfg, False)
+    elif q_scaled:
+        q = q * np.asarray(cfg.scale, dtype=q.dtype)
+    K[:, n], V[:, n] = k, v
+    scale = 1.0 if q_scaled else cfg.scale                          # Gemma: q was scaled already
+    out = np.empty((H, hd), q.dtype)
+    attend_one(np.ascontiguousarray(q), K, V, n, max(0, n - window + 1) if window else 0, q.dtype.type(scale),
+               q.dtype.type(cfg.attn_softcap or 0.0), out)
+    return out
 
-GGML = Arith("ggml", ggml_math.rms_norm, ggml_math.layer_norm, ggml_math.rope_angles, ggml_math.rope, _ggml_kq, ggml_math.soft_max,
-             _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16, ggml_decode.rms_norm1, _ggml_attend1)
+
+def _rotate(a, rot, cfg, scaled):
+    """a [h, hd] normed q or k of one position -> rotated (times the attention scale where the
+    graph scales q), as model/attention.py: qk_rows for the normal and NeoX pairings, the
+    reference ops otherwise"""
+    cos, sin, _ = rot
+    h, hd = a.shape
+    if a.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
+        out = np.empty((1, h, hd), np.float32)
+        qk_rows(np.ascontiguousarray(a).reshape(1, h, hd), _NO_W, np.float32(cfg.norm_eps), False, cos[None],
+                sin[None], cfg.rope_pairing == "neox", np.float32(cfg.scale), scaled, out, 1)
+        return out.reshape(h, hd)
+    a = rope_forward(a.reshape(1, 1, h, hd), cos[None], sin[None], cfg.rope_pairing).reshape(h, hd)
+    return a * np.asarray(cfg.scale, dtype=a.dtype) if scaled else a
+
+
+def glu_halves(gu, gelu):
+    """gu [..., 2 d_ff] = [gate, up] float32 -> act(gate), act(gate) * up, each [..., d_ff], in
+    one compiled pass (ops/fastmath.py's glu_rows; SiLU, or GELU's tanh form)"""
+    d = gu.shape[-1] // 2
+    g2 = gu.reshape(-1, 2 * d)
+    act, h = np.empty((g2.shape[0], d), np.float32), np.empty((g2.shape[0], d), np.float32)
+    glu_rows(g2, 0, g2, d, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
+    return act.reshape(*gu.shape[:-1], d), h.reshape(*gu.shape[:-1], d)
+
+
+_NO_W = np.zeros(0, np.float32)
+
+F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
+            attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, rms_norm1, _f32_attend1,
+            glu_halves, None, None, None)
+
+GGML = Arith("ggml", ggml_math.rms_norm, ggml_math.layer_norm, ggml_math.rope_angles, ggml_math.rope, _ggml_kq,
+             ggml_math.soft_max, _ggml_kqv, {**F32.act, "silu": ggml_math.silu, "gelu_tanh": ggml_math.gelu}, np.float16,
+             ggml_decode.rms_norm1, _ggml_attend1, None, None, None, None)
 
 ARITH = {"f32": F32, "ggml": GGML}
+FUSED = {"f32": F32._replace(qk_rows=qk_rows, attend_one=attend_one, attend_rows=attend_rows), "ggml": GGML}
+
+
+def fused(arith):
+    """arith's fused kernel set: what the forward runs when nothing observes its nodes"""
+    return FUSED[arith.name]
 
 
 def arith_named(name):

@@ -12,11 +12,9 @@ from ..families import family
 from ..ops.attention import attention_backward
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.norms import rmsnorm_backward
-from ..ops.fastmath import qk_rows
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
 from .arith import F32
-from .decode_kernels import attend_rows
 from .hooks import identity
 from .packing import packed
 
@@ -114,7 +112,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         qk = linear_forward(x, qk_buf)
         parts = {"q": qk[..., :cfg.q_dim], "k": qk[..., cfg.q_dim:]}
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
-    fast_qk = (kv is not None and hook is identity and arith is F32 and cos is not None and x.dtype == np.float32
+    fast_qk = (arith.qk_rows is not None and cos is not None and x.dtype == np.float32
                and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
     for which in qkv_order(cfg):
         name = NODE[which]
@@ -128,7 +126,7 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
                 a = hook(name, a, "RESHAPE", (name,))
         pre, ncache = a, None
         if fast_qk and which != "v":      # nothing observes the steps: norm, RoPE and scale in one pass
-            t[which] = (pre, None, _qk_fast(a, p, cfg, blk, which, cos, sin))
+            t[which] = (pre, None, _qk_fast(a, p, cfg, blk, which, cos, sin, arith.qk_rows))
             continue
         if cfg.qk_norm and which != "v":
             a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook, arith)
@@ -150,13 +148,19 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     if last_only:
         q, T = q[:, -1:], 1
         allowed = allowed[-1:] if allowed is not None else None
-    if kv is not None and hook is identity and arith is F32 and not cfg.attn_softcap and q.dtype == np.float32 \
-            and hd % 16 == 0:
+    window = cfg.sliding_window if cfg.is_sliding(il) else 0
+    if arith.attend_one is not None and B == 1 and x.shape[1] == 1:
+        # one token with nothing to observe (decoding): one query row over the cache
+        out = np.empty((H, hd), q.dtype)
+        n = int(pos[-1])
+        arith.attend_one(q[0, 0], kv.k[il][0], kv.v[il][0], n, max(0, n - window + 1) if window else 0,
+                         q.dtype.type(scale), q.dtype.type(cfg.attn_softcap or 0.0), out)
+        merged, probs, capped = out.reshape(1, 1, H * hd), None, None
+    elif arith.attend_rows is not None and not cfg.attn_softcap and q.dtype == np.float32 and hd % 16 == 0:
         # inference with nothing to observe: one compiled pass, no [B, H, T, S] scores kept
         out = empty_aligned((B, T, H, hd))                    # read and written 16 floats at a time
-        window = cfg.sliding_window if cfg.is_sliding(il) else 0
-        attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out,
-                    HAS_AVX512)
+        arith.attend_rows(np.ascontiguousarray(q), kv.k[il], kv.v[il], int(pos[-T]), window, np.float32(scale), out,
+                          HAS_AVX512)
         merged, probs, capped = out.reshape(B, T, H * hd), None, None
     else:
         merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)
@@ -217,7 +221,7 @@ def _head_norm(a, p, cfg, w, name, hook, arith=F32):
     return hook(name + "_normed", a, "MUL", ("norm", w)).reshape(shape), ncache
 
 
-def _qk_fast(a, p, cfg, blk, which, cos, sin):
+def _qk_fast(a, p, cfg, blk, which, cos, sin, qk_rows):
     """q or k [B, T, h, hd] as attended, for inference with nothing hooked: ops/fastmath.py's
     qk_rows does the head norm (qk_norm), RoPE and Gemma's q scale in one pass, with the values
     of _head_norm, arith.rope and the scale step"""

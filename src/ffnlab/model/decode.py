@@ -1,38 +1,37 @@
 """One decoding step: a single new token against the KV cache, in as few NumPy calls as possible.
 
-The same math as forward() (model/transformer.py) for T = 1, written for one vector:
+The same math as forward() (model/transformer.py) for T = 1, with the same kernels in the same
+order, so a decoded token's logits and cache entries are forward()'s bits in both arithmetics
+(tests/unit/test_decode_is_the_forward.py, every family):
   x = embed(tok)
   per layer:  h = x + [post_attn_norm](wo @ attend(rope(q), rope(k) + cache, v + cache))
               x = h + [post_ffn_norm](ffn(ffn_norm(h)))           (model/ffn.py's ffn_forward_one)
   logits = head @ output_norm(x)
-Decoding a token streams every weight once (~540 MB of float32 for SmolLM2), so its time is the
-matrix-vector products plus the cost of every Python and NumPy call in between, and a call
-costs several microseconds when the weights have just swept the CPU caches. forward() pays for
-generality (batches, masks, GQA reshapes, tensor names, hooks, backward caches). Here the
-weights of each layer are looked up once into a Layer (cached on the Model), there is no batch
-axis and no mask (a sliding window is a slice of the cache), and RMSNorm of a vector, RoPE, the
-cache writes and the whole attention of a layer are one compiled call each (decode_kernels.py):
-~15 calls per layer where forward() makes ~70.
+It exists for speed only. Decoding a token streams every weight once (~540 MB of float32 for
+SmolLM2), so its time is the matrix-vector products plus the cost of every Python and NumPy call
+in between. forward() pays for generality (batches, masks, GQA reshapes, tensor names, hooks,
+backward caches): a one-token forward() with nothing hooked took 1.31x this step's time on
+SmolLM2 Q4_1 and 1.16x on Gemma 3 Q4_K_M in float32, 1.42x and 1.21x in ggml arithmetic (one
+thread, Intel Xeon, 2026-12-02). Here the weights of each layer are looked up once into a Layer
+(cached on the Model), there is no batch axis and no mask (a sliding window is the first
+position attended), and RMSNorm of a vector, RoPE and the whole attention of a layer are one
+compiled call each: ~15 calls per layer where forward() makes ~70.
 
-Model.forward_last uses it for one token when no hooks are attached (model/hooks.py); tests/engines/test_generation.py
-checks it against the full forward for every architecture.
+Model.forward_last uses it for one token when no hooks are attached (model/hooks.py).
 """
 import math
 from typing import NamedTuple
 
 import numpy as np
 
+from ..families import family
 from ..ops.linear import linear_forward
 from .arith import F32
 from .attention import scales_q
-from .decode_kernels import attend1
 from .ffn import FFNWeights, ffn_forward_one, ffn_weights
 from .packing import packed
 from .params import lm_head_name
 from .transformer import lm_head
-
-
-_NO_ROPE = np.zeros(0, np.float32)
 
 
 class Layer(NamedTuple):
@@ -130,9 +129,10 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, None if arith is F32 else arith)
+        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, arith, family(cfg.arch).graph.fused_gate_up)
         if cfg.parallel_residual:
-            f = f + a                                                 # GPT-NeoX: x + attn + ffn
+            x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
+            continue
         if L.post_ffn_norm:
             f = _norm(f, L.post_ffn_norm, cfg, arith)
         if cfg.residual_multiplier:
@@ -143,7 +143,7 @@ def decode_step(p, cfg, plan: Plan, tok, kv, arith=F32):
 
 
 def _rotation(n, cfg, key, dtype, arith=F32):
-    """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for decode_kernels.attend1"""
+    """RoPE at position n: (cos [n_rot/2], sin [n_rot/2], neox pairing?) for arith.attend1"""
     cos, sin = arith.rope_angles([n], cfg.n_rot, *key)               # [1, n_rot/2] float64 (ggml: float32)
     return cos[0].astype(dtype), sin[0].astype(dtype), cfg.rope_pairing != "normal"
 
@@ -155,7 +155,7 @@ def _norm(x, wb, cfg, arith=F32):
     w, b = wb
     if cfg.norm == "layernorm":
         return arith.layer_norm(x, w, b, cfg.norm_eps)[0]
-    if x.ndim == 1:                                                   # one compiled call
+    if x.ndim == 1 and x.dtype == np.float32:                         # one compiled call, the forward's bits
         return arith.rms_norm1(x, w, cfg.norm_eps)
     return arith.rms_norm(x, w, cfg.norm_eps)[0]                      # per head (Gemma 3's q/k norms)
 
@@ -177,16 +177,7 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
                              _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg, arith).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg, arith), _norm(qk[H:], (L.k_norm, None), cfg, arith)])
-    # forward() scales Gemma's q after RoPE (scales_q); scaling the scores is the same product
-    cos, sin, neox = rot if rot is not None else (_NO_ROPE, _NO_ROPE, False)
-    lo = max(0, n - L.window + 1) if L.window else 0                  # a sliding window: positions lo..n
-    if arith.attend1 is not None:                                     # ggml: f16 cache, ggml's softmax
-        out = arith.attend1(qk, v, rot, K, V, n, lo, cfg, scales_q(cfg))
-        y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]
-        return y + L.wo_b if L.wo_b is not None else y
-    out = np.empty((H, hd), qk.dtype)
-    attend1(np.ascontiguousarray(qk), v, cos.astype(qk.dtype, copy=False), sin.astype(qk.dtype, copy=False), neox,
-            K, V, n, lo, qk.dtype.type(cfg.scale), qk.dtype.type(cfg.attn_softcap or 0.0), out)
+    out = arith.attend1(qk, v, rot, K, V, n, L.window, cfg, scales_q(cfg))   # [H, hd]; writes position n
     y = linear_forward(out.reshape(H * hd), L.wo)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b

@@ -4,9 +4,10 @@ Once the weights stream through the quantized kernels at ~10 G weights/s, SmolLM
 take ~15 ms of a token and the NumPy calls between them ~7 ms: RoPE, the cache writes, the
 attention scores, softmax and the weighted sum are a dozen calls per layer on vectors of 64
 numbers, each costing more to dispatch than to compute. Here each of those runs of small calls
-is one compiled function. Same math, same order of operations, float32 throughout (fastmath lets
-LLVM reorder the sums, which moves results by float32 rounding only: tests/engines/test_generation.py
-compares against the full forward with float32 bounds).
+is one compiled function. model/attention.py calls the same kernels for a one-token forward and
+for a prompt with nothing hooked, so the step and forward() agree bit for bit; fastmath lets LLVM
+reorder the sums inside a kernel, which moves results by float32 rounding against the NumPy ops
+of a hooked forward (tests/engines/test_generation.py bounds that).
 """
 import numpy as np
 from numba import njit, prange
@@ -32,23 +33,6 @@ def rms_norm1(x, w, eps):
     for i in range(x.shape[0]):
         out[i] = x[i] * r * w[i]
     return out
-
-
-@njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
-def _rope(a, cos, sin, neox):
-    """rotate the first 2 * len(cos) dims of each row of a [h, hd] in place: adjacent pairs
-    (x[2j], x[2j+1]) or, neox, the halves (x[j], x[j + n_rot/2]). Each product rounded once, then
-    the sum, as the prompt's rotation (ops/fastmath.py _rotate) and NumPy's: no fastmath here.
-    fastmath=False is spelled out: numba compiles a callee that sets no fastmath with its
-    caller's flags, so once attend1 (fastmath) had compiled it first, this rotation ran fused
-    into FMAs, off by a bit in some values, and numba's cache kept that version for later calls."""
-    half = cos.shape[0]
-    for i in range(a.shape[0]):
-        for j in range(half):
-            i0, i1 = (j, j + half) if neox else (2 * j, 2 * j + 1)
-            x0, x1 = a[i, i0], a[i, i1]
-            a[i, i0] = x0 * cos[j] - x1 * sin[j]
-            a[i, i1] = x0 * sin[j] + x1 * cos[j]
 
 
 ATTEND = dict(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz"}, error_model="numpy")
@@ -149,35 +133,31 @@ def _softmax_row(row, pr, lo, hi, scale):
 
 
 @njit(**FAST)
-def attend1(qk, v, cos, sin, neox, K, V, n, lo, scale, softcap, out):
-    """One token's attention with a KV cache.
-    qk [H + Hkv, hd]: q heads then k heads (RoPE'd here, in place, when cos is not empty),
-    v [Hkv, hd]; K, V [Hkv, n_ctx, hd]: this position's k and v are written at n; the query
-    attends to positions lo..n. out [H, hd]. scores = (q . k) * scale, soft-capped
+def attend_one(q, K, V, n, lo, scale, softcap, out):
+    """One query position's attention over a KV cache: q [H, hd] as attended (normed, rotated,
+    Gemma's scale applied), K, V [Hkv, n_ctx, hd] holding its own key and value at n; the query
+    attends to positions lo..n -> out [H, hd]. scores = (q . k) * scale, soft-capped
     (c tanh(s / c)) when softcap > 0, softmax over the positions (e^ by exp32 for float32), then
     the weighted sum of v. The query heads that share a KV head go through its keys and values
     together, each key and value read once for the group (SmolLM2's 9 heads over 3 KV heads: 28 ->
-    21 us at 130 positions, 188 -> 133 at 1,000; bench/RESULTS.md)."""
-    Hkv, hd = v.shape
-    H = qk.shape[0] - Hkv
+    21 us at 130 positions, 188 -> 133 at 1,000; bench/RESULTS.md). model/attention.py runs it for a
+    one-token forward with nothing hooked, and so does the one-token step (model/decode.py)."""
+    H, hd = q.shape
+    Hkv = K.shape[0]
     group = H // Hkv
-    if cos.shape[0]:
-        _rope(qk, cos, sin, neox)
-    K[:, n, :] = qk[H:]
-    V[:, n, :] = v
     S = n + 1 - lo
-    s = np.empty((group, S), qk.dtype)
-    total = np.empty(group, qk.dtype)
-    single = qk.itemsize == 4
+    s = np.empty((group, S), q.dtype)
+    total = np.empty(group, q.dtype)
+    single = q.itemsize == 4
     for kv in range(Hkv):
         h0 = kv * group
         for t in range(S):                                    # scores: each key once for the group
             k = K[kv, lo + t]
             for g in range(group):
-                q = qk[h0 + g]
-                acc = qk.dtype.type(0.0)
+                qh = q[h0 + g]
+                acc = q.dtype.type(0.0)
                 for j in range(hd):
-                    acc += q[j] * k[j]
+                    acc += qh[j] * k[j]
                 acc *= scale
                 if softcap > 0:
                     acc = np.tanh(acc / softcap) * softcap
@@ -187,7 +167,7 @@ def attend1(qk, v, cos, sin, neox, K, V, n, lo, scale, softcap, out):
             top = row[0]
             for t in range(1, S):
                 top = max(top, row[t])
-            tot = qk.dtype.type(0.0)
+            tot = q.dtype.type(0.0)
             if single:                                        # two loops: a branch inside kept it scalar
                 for t in range(S):
                     e = exp32(np.float32(row[t] - top))
@@ -207,19 +187,3 @@ def attend1(qk, v, cos, sin, neox, K, V, n, lo, scale, softcap, out):
                 o = out[h0 + g]
                 for j in range(hd):
                     o[j] += p * vt[j]
-
-
-@njit(**FAST)
-def glu1(gate, up, gelu):
-    """act(gate) * up for one token: SiLU, gate / (1 + e^-gate), or (gelu) GELU's tanh form,
-    0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))), as ops/activations.py computes them"""
-    out = np.empty_like(gate)
-    one, half = gate.dtype.type(1.0), gate.dtype.type(0.5)
-    c, k = gate.dtype.type(0.7978845608028654), gate.dtype.type(0.044715)
-    for i in range(gate.shape[0]):
-        g = gate[i]
-        if gelu:
-            out[i] = half * g * (one + np.tanh(c * g * (one + k * g * g))) * up[i]
-        else:
-            out[i] = g / (one + np.exp(-g)) * up[i]
-    return out

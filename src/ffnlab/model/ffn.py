@@ -25,12 +25,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.activations import ACTIVATIONS, GELU_TANH_COEF, SQRT_2_OVER_PI, sigmoid
-from ..ops.fastmath import glu_rows
+from ..ops.activations import ACTIVATIONS, sigmoid
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
-from .decode_kernels import glu1
 from ..kinds import FFN_KINDS
+from .arith import F32
 from .hooks import identity
 
 
@@ -72,7 +71,7 @@ class FFNCache(NamedTuple):
     h: np.ndarray                       # [..., d_ff] what enters down: act * up, or act
 
 
-def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arith=None):
+def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arith=F32):
     """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)
 
     fused_gate_up: name the gate and up products as one node, ffn_up [..., 2*d_ff], as llama.cpp's
@@ -98,7 +97,7 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arit
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
         if gate is halves[0] and up is halves[1] and _compiled_glu(k.act, arith, gu):
-            act, h = _glu_halves(gu, k.act == "gelu_tanh")                 # one pass over the [gate, up] product
+            act, h = arith.glu(gu, k.act == "gelu_tanh")                  # one pass over the [gate, up] product
         else:
             act = _act(k.act, arith)(gate)                                # [..., d_ff]
             h = act * up
@@ -115,26 +114,17 @@ def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arit
 
 
 def _compiled_glu(name, arith, gu):
-    """ops/fastmath.py's glu_rows computes this activation as the f32 arithmetic does"""
-    return (name in ("silu", "gelu_tanh") and (arith is None or arith.name == "f32") and gu.dtype == np.float32
-            and gu.size > 0 and gu.flags.c_contiguous)
-
-
-def _glu_halves(gu, gelu):
-    """gu [..., 2 d_ff] = [gate, up] -> act(gate), act(gate) * up, each [..., d_ff]"""
-    d = gu.shape[-1] // 2
-    g2 = gu.reshape(-1, 2 * d)
-    act, h = np.empty((g2.shape[0], d), np.float32), np.empty((g2.shape[0], d), np.float32)
-    glu_rows(g2, 0, g2, d, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
-    return act.reshape(*gu.shape[:-1], d), h.reshape(*gu.shape[:-1], d)
+    """the kernel set's one-pass GLU (arith.glu) computes this activation as its act does"""
+    return (arith.glu is not None and name in ("silu", "gelu_tanh") and gu.dtype == np.float32 and gu.size > 0
+            and gu.flags.c_contiguous)
 
 
 def _act(name, arith):
-    """the activation's forward: model/arith.py's version when an Arith is given (ggml's SiLU, GELU)"""
-    return ACTIVATIONS[name].forward if arith is None else arith.act[name]
+    """the activation's forward in the kernel set's arithmetic (ggml's SiLU, GELU)"""
+    return arith.act[name]
 
 
-def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=None):
+def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=F32):
     """Phi-3's graph: ffn_up = [gate; up] x, one node [..., 2*d_ff]; the GLU splits it."""
     if gu is None:
         gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)   # [..., 2*d_ff]
@@ -147,9 +137,10 @@ def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=None):
     return y, FFNCache(x, up, gate, act, h)
 
 
-def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
-    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py),
-    in as few NumPy calls as possible."""
+def ffn_forward_one(x, w: FFNWeights, kind, arith=F32, fused_gate_up=False):
+    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py), in as
+    few NumPy calls as possible and with ffn_forward's kernels, so the values are its bits.
+    fused_gate_up: Phi-3's graph, whose GLU ffn_forward takes as act(gate) * up."""
     if isinstance(w, MoEWeights):
         return moe_forward(x[None], w)[0][0]
     k = FFN_KINDS[kind]
@@ -163,10 +154,9 @@ def ffn_forward_one(x, w: FFNWeights, kind, arith=None):
             gate = gate + w.gate_b
         if w.up_b is not None:
             up = up + w.up_b
-        if w.gate_up is not None and w.gate_b is None and w.up_b is None and _compiled_glu(k.act, arith, gu):
-            h = _glu_halves(gu, k.act == "gelu_tanh")[1]                  # one compiled call
-        elif arith is None and k.act in ("silu", "gelu_tanh"):
-            h = glu1(gate, up, k.act == "gelu_tanh")
+        if (w.gate_up is not None and w.gate_b is None and w.up_b is None and not fused_gate_up
+                and _compiled_glu(k.act, arith, gu)):
+            h = arith.glu(gu, k.act == "gelu_tanh")[1]                    # one compiled call
         else:
             h = _act(k.act, arith)(gate)
             h *= up                                                       # [d_ff] act(gate) * up

@@ -14,7 +14,7 @@ from ..ops.embedding import embedding_backward
 from ..ops.linear import ComposedWeight, linear_backward, linear_forward
 from ..quant import QuantTensor
 from ..threads import blas_single
-from .arith import F32
+from .arith import F32, fused
 from .block import block_backward, block_forward, norm_backward, norm_forward
 from .hooks import Hooks
 from .params import lm_head_name
@@ -61,6 +61,8 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     trim_last = last_only and not train and not hooks
     hooks = hooks or Hooks()
     hook = hooks.point(-1, pos)
+    # nothing observes or differentiates the nodes: the arithmetic's fused kernel set (model/arith.py)
+    ops = fused(arith) if kv is not None and not hooks and not train else arith
     # llama.cpp's build_inp_embd names its last step embd: the rows, or Granite's multiplier after them
     rows = "embd_rows" if cfg.embedding_multiplier else "embd"
     x = hook(rows, p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
@@ -87,7 +89,7 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
                 cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
-        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, arith,
+        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, ops,
                              last_only=trim_last and il == cfg.n_layer - 1)
         if train:
             block_caches.append(c)

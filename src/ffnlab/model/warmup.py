@@ -146,7 +146,8 @@ def _prompt_steps(model) -> list:
     on a few values: loaded here, not in the first timed prefill, and before release_code().
     Only in float32 arithmetic on float32 weights (the path those kernels serve)."""
     from .decode_kernels import attend_rows
-    from .ffn import FFN_KINDS, _glu_halves
+    from .arith import glu_halves
+    from .ffn import FFN_KINDS
     from ..ops import fastmath
     from ..ops.activations import ACTIVATIONS
     from ..ops.norms import rmsnorm_forward
@@ -184,7 +185,7 @@ def _prompt_steps(model) -> list:
                        False, np.float32(1.0), False, np.zeros((2, 1, 16), np.float32), 2)
 
     def gated():
-        _glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
+        glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
         fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
                                np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
 

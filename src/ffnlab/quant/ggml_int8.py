@@ -32,7 +32,8 @@ from numba import njit, prange
 from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, half_float
 from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
                         splat4, splat_f, store_v, to_f, zeros_v)
-from .packed import R
+from .packed import AHEAD, R
+from .simd import prefetch
 
 GG = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: every float step is written out as ggml's
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -207,6 +208,14 @@ def _nib_lanes(qs, o, xq, xo):
 
 
 @njit(**GG)
+def _ahead(qs, o, n):
+    """prefetch the n code bytes AHEAD past qs.flat[o:], a cache line at a time: a decode step
+    streams every matrix from memory once, as quant/packed.py's matrix-vector kernels do"""
+    for line in range(0, n, 64):
+        prefetch(qs, o + AHEAD + line)
+
+
+@njit(**GG)
 def _q4_1_chunk(qs, d, m, chunk, xq, dx, sx, y, yo):
     """CHUNK rows (chunk: g * R / CHUNK + c) of a Q4_1 matrix x one token: xq [n] int8 codes, dx,
     sx [nb] (Q8_1's d and s) -> y.flat[yo : yo + CHUNK] = hsum_float_8(acc) + sum m_w s_x"""
@@ -214,6 +223,7 @@ def _q4_1_chunk(qs, d, m, chunk, xq, dx, sx, y, yo):
     qo, do = chunk * nb * 4 * LANE, chunk * nb * CHUNK
     acc, summs = _zeros8(), zeros_v()
     for b in range(nb):
+        _ahead(qs, qo + b * 4 * LANE, 4 * LANE)
         dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))         # d_w d_x: two halves, exact
         summs = fma_v(load_v(m, do + b * CHUNK), splat_f(sx[b]), summs)   # an exact product: fused or not
         acc = _fma8(dd, _nib_lanes(qs, qo + b * 4 * LANE, xq, b * 32), acc)
@@ -228,6 +238,7 @@ def _q4_0_chunk(qs, d, chunk, xq, dx, zx, y, yo):
     qo, do = chunk * nb * 4 * LANE, chunk * nb * CHUNK
     acc = _zeros8()
     for b in range(nb):
+        _ahead(qs, qo + b * 4 * LANE, 4 * LANE)
         dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
         o, xo, z = qo + b * 4 * LANE, b * 32, b * 8
         w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
@@ -251,6 +262,7 @@ def _i8_chunk(qs, d, chunk, xq, dx, cx, y, yo):
     qo, do = chunk * nb * 8 * LANE, chunk * nb * CHUNK
     acc = _zeros8()
     for b in range(nb):
+        _ahead(qs, qo + b * 8 * LANE, 8 * LANE)
         dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
         o, xo, c = qo + b * 8 * LANE, b * 32, b * 8
         lanes = (dot_s8_biased(splat4(cx, c), load_b(qs, o), splat4(xq, xo)),
