@@ -60,6 +60,32 @@ def _probe(address, named):
         raise UsageError(f"{named}: nothing answers at {host}:{port} ({e.strerror or e})") from None
 
 
+def connect(address):
+    """ray.init for address: 'local' (a new instance on 127.0.0.1), None (Ray's own rule: RAY_ADDRESS,
+    else the cluster `ray start` made on this machine), or what ray.init takes."""
+    require_ray()
+    if address == "local":
+        # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
+        # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
+        # this process, which reads the flag now, and for the GCS, raylet and workers it starts
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
+        return
+    # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
+    # never None, which would start a new instance listening on every interface
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
+    if target != "auto":
+        _probe(target, named)
+    try:
+        ray.init(address=target, log_to_driver=False, configure_logging=False)
+    except ConnectionError as e:
+        raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
+                         f"a new one on this machine (docs/scale-out.md)") from None
+
+
 def _ship(path):
     """A file or a directory on the driver -> {relative path: (sha256, object ref)} in the object store."""
     if path is None:
@@ -133,29 +159,8 @@ class RayBackend:
 
     @classmethod
     def connect(cls, address, workers=None):
-        """address: 'local' (a new instance on 127.0.0.1), None (Ray's own rule: RAY_ADDRESS, else
-        the cluster `ray start` made on this machine), or what ray.init takes."""
-        require_ray()
-        if address == "local":
-            # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
-            # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
-            # this process, which reads the flag now, and for the GCS, raylet and workers it starts
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
-                     log_to_driver=False, configure_logging=False)
-            return cls(workers)
-        # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
-        # never None, which would start a new instance listening on every interface
-        target = address or os.environ.get("RAY_ADDRESS") or "auto"
-        named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
-        if target != "auto":
-            _probe(target, named)
-        try:
-            ray.init(address=target, log_to_driver=False, configure_logging=False)
-        except ConnectionError as e:
-            raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
-                             f"a new one on this machine (docs/scale-out.md)") from None
+        """address: as connect() takes it."""
+        connect(address)
         return cls(workers)
 
     # --- the actors --------------------------------------------------------------------------
