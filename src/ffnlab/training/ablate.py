@@ -338,7 +338,7 @@ def markdown_table(rows) -> str:
         lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r.get('params_active', r['params_nonembed']):,} | "
                      f"{r['flops_per_token'] / 1e6:.2f}M | "
                      f"{loss('train_loss')} | {loss('val_loss')} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['diverged']}/{r['seeds']} |" + (f" {r['stopped']}/{r['seeds']} |" if stops else ""))
+                     f"{r['diverged']}/{r['seeds']} |" + (f" {r.get('stopped', 0)}/{r['seeds']} |" if stops else ""))
     return "\n".join(lines)
 
 
