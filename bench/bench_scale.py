@@ -7,7 +7,11 @@ throughput follows from (compute per unit, the driver's dispatch and merge per u
     python bench/bench_scale.py --tokens 8192        # what a shared 2-core machine finishes in minutes
 
 Every configuration runs once, 1 thread per worker; the load average is printed with the figures
-(on a shared machine, 2 workers cannot get 2 idle cores: rerun the scaling on a quiet one).
+(on a shared machine, 2 workers cannot get 2 idle cores: rerun the scaling on a quiet one). Under
+each job come its per-unit costs -- a unit's compute inside the worker (wall and CPU time), the
+first result's arrival less that compute (the start: actors, version check, model shipped and
+loaded), units per worker, the driver's CPU per unit -- which tell the code's overhead from the
+load's: a worker whose wall time per unit exceeds its CPU time was waiting for a core.
 """
 import argparse
 import json
