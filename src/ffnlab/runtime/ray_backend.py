@@ -157,6 +157,7 @@ class RayBackend:
         self.actors = {}                   # node id -> actor handle
         self.infos = {}                    # node id -> info() of its actor
         self.lost = set()                  # nodes whose actor died: not used again in this job
+        self.shipped = None                # (model files, LoRA files) in the object store, once per job
 
     @classmethod
     def connect(cls, address, workers=None):
@@ -181,6 +182,8 @@ class RayBackend:
             a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
                              ).remote(cpus)
             pending[n["NodeID"]] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
+        if self.shipped is None:           # read, hashed and put while the actors' processes start
+            self.shipped = (_ship(task.model.path), _ship(task.model.lora)) if task.model is not None else (None, None)
         for node_id, (a, where) in pending.items():
             try:
                 info = ray.get(a.info.remote())
@@ -192,7 +195,7 @@ class RayBackend:
                                  f"{_version()}; install the same version on every node")
             self.infos[node_id] = info
         # every node checked: now the model goes out, once per node
-        loads = {node_id: a.load.remote(task.model, self.model_files, self.lora_files) for node_id, (a, _) in pending.items()}
+        loads = {node_id: a.load.remote(task.model, *self.shipped) for node_id, (a, _) in pending.items()}
         for node_id, ref in loads.items():
             try:
                 ray.get(ref)
@@ -213,8 +216,6 @@ class RayBackend:
     def _run(self, task, units, on_result, on_failure, on_retry):
         if not units:
             return
-        self.model_files = _ship(task.model.path) if task.model is not None else None
-        self.lora_files = _ship(task.model.lora) if task.model is not None else None
         self._start_actors(task)
         if not self.actors:
             raise UsageError("the Ray cluster has no live node with a CPU to run an ffnlab worker")
