@@ -82,3 +82,12 @@ def test_a_stopped_run_counts_as_finished_and_leaves_the_means(tmp_path):
     assert row["stopped"] == 1 and row["per_seed"][0]["stopped_at"] == 8
     assert row["val_loss_mean"] != row["val_loss_mean"]                   # NaN: no finished seed
     assert row["curves"][0]["eval"] == [[4, 3.1, 3.2], [8, 2.9, 3.0]]
+
+
+def test_early_stop_refuses_ray_client_addresses_in_one_line(tmp_path, capsys):
+    pytest.importorskip("ray.tune", reason="Ray Tune is an optional extra: pip install ffnlab[ray]")
+    data = write_text(tmp_path, TEXT)
+    assert main(["ablate", "--data", data, "--out", str(tmp_path / "out"), "--steps", "16", "--warmup", "1",
+                 "--early-stop", "--ray", "ray://127.0.0.1:10001"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--early-stop with --ray ray://127.0.0.1:10001: Ray Client runs Tune on the head" in err[-1]
