@@ -7,7 +7,11 @@ throughput follows from (compute per unit, the driver's dispatch and merge per u
     python bench/bench_scale.py --tokens 8192        # what a shared 2-core machine finishes in minutes
 
 Every configuration runs once, 1 thread per worker; the load average is printed with the figures
-(on a shared machine, 2 workers cannot get 2 idle cores: rerun the scaling on a quiet one).
+(on a shared machine, 2 workers cannot get 2 idle cores: rerun the scaling on a quiet one). Under
+each job come its per-unit costs -- a unit's compute inside the worker (wall and CPU time), the
+first result's arrival less that compute (the start: actors, version check, model shipped and
+loaded), units per worker, the driver's CPU per unit -- which tell the code's overhead from the
+load's: a worker whose wall time per unit exceeds its CPU time was waiting for a core.
 """
 import argparse
 import json
@@ -37,29 +41,63 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
+def timed_unit(fn):
+    """fn -> the same unit function, its result carrying the unit's compute time (wall and this
+    process's CPU) and the worker's pid: the per-unit costs beside the job's time."""
+    def run(model, params, payload):
+        import os
+        import time
+        t0, c0 = time.perf_counter(), os.times()
+        result = fn(model, params, payload)
+        c1 = os.times()
+        return {**result, "bench_wall": time.perf_counter() - t0, "bench_cpu": c1.user + c1.system - c0.user - c0.system,
+                "bench_pid": os.getpid()}
+    return run
+
+
+def run_job(spec, fn, params, units, merge, init, backend):
+    """-> (Outcome, costs): costs = the first result's time, per-unit compute medians, units per worker,
+    the driver's CPU seconds per unit, the load average before and after."""
+    from ffnlab.runtime.executor import Task, execute
+    landed, t0, c0, load0 = [], time.perf_counter(), time.process_time(), os.getloadavg()[0]
+    o = execute(Task(spec, timed_unit(fn), params), units, merge, init, backend=backend, progress=False,
+                on_unit=lambda u, r: landed.append((time.perf_counter() - t0, float(r["bench_wall"]),
+                                                    float(r["bench_cpu"]), int(r["bench_pid"]))))
+    pids = [p for _, _, _, p in landed]
+    first = landed[0]
+    costs = {"first_result_s": first[0], "startup_s": first[0] - first[1],
+             "unit_wall_s": float(np.median([w for _, w, _, _ in landed])),
+             "unit_cpu_s": float(np.median([c for _, _, c, _ in landed])),
+             "units_per_worker": sorted(pids.count(p) for p in set(pids)),
+             "driver_cpu_s_per_unit": (time.process_time() - c0) / len(units),
+             "load": [round(load0, 2), round(os.getloadavg()[0], 2)]}
+    return o, costs
+
+
 def run_corpus_jobs(model, spec, ids, backend_for, ctx, batch):
-    """-> {name: (seconds, tokens, merged figure)} for perplexity and neurons on one backend."""
+    """-> ({name: (seconds, tokens, merged figure, costs)}, worker infos) for perplexity and neurons on one
+    backend. Every configuration loads the model inside its time: a Ray worker after its start, the
+    in-process backend before its first unit."""
     from ffnlab.evaluation import DEFAULT_MIN_CONTEXT
     from ffnlab.evaluation.activations import context_windows
     from ffnlab.evaluation.perplexity import RunningNLL, make_chunks
     from ffnlab.evaluation.shards import (NeuronAccumulator, neuron_merge, neuron_shard, neuron_units, perplexity_merge,
                                        perplexity_shard, perplexity_units)
-    from ffnlab.runtime.executor import Task, execute
 
     chunks = make_chunks(ids, ctx)
     out, infos = {}, []
     b = backend_for()
-    o = execute(Task(spec, perplexity_shard, {"batch": batch}), perplexity_units(chunks, 4 * batch), perplexity_merge,
-                (RunningNLL(), 0), backend=b, progress=False)
-    out["perplexity"] = (o.seconds, o.tokens, o.merged[0].sum)
+    o, costs = run_job(spec, perplexity_shard, {"batch": batch}, perplexity_units(chunks, 4 * batch), perplexity_merge,
+                       (RunningNLL(), 0), b)
+    out["perplexity"] = (o.seconds, o.tokens, o.merged[0].sum, costs)
     infos += getattr(b, "worker_info", lambda: [])()
     cw = context_windows(ids, ctx, DEFAULT_MIN_CONTEXT)
     d_ff = model.config.d_ff
     params = {"layer": 10, "k": 5, "bins": 64, "batch": batch}
     b = backend_for()
-    o = execute(Task(spec, neuron_shard, params), neuron_units(cw, 4 * batch), neuron_merge,
-                NeuronAccumulator(d_ff, 5, 64), backend=b, progress=False)
-    out["neurons"] = (o.seconds, o.tokens, float(o.merged.stats.sum_abs.sum()))
+    o, costs = run_job(spec, neuron_shard, params, neuron_units(cw, 4 * batch), neuron_merge,
+                       NeuronAccumulator(d_ff, 5, 64), b)
+    out["neurons"] = (o.seconds, o.tokens, float(o.merged.stats.sum_abs.sum()), costs)
     infos += getattr(b, "worker_info", lambda: [])()
     return out, infos
 
@@ -101,7 +139,8 @@ def merge_cost(d_ff=1536, k=5, bins=64, n_batch=4, repeats=20):
              "top_pos": r.integers(0, 10 ** 6, (d_ff, k)), "top_ctx": r.random((d_ff, k, 17)).astype(np.float32),
              "n": np.full(n_batch, 512), "sum_abs": r.random((n_batch, d_ff)), "sum": r.random((n_batch, d_ff)),
              "sum2": r.random((n_batch, d_ff)), "min": -r.random(d_ff), "max": r.random(d_ff),
-             "hist_R": np.full(d_ff, 4.0), "hist_counts": r.integers(0, 100, (d_ff, bins)), "windows": 16}
+             "hist_R": np.full(d_ff, 4.0), "hist_counts": r.integers(0, 100, (d_ff, bins)).astype(np.uint16),
+             "windows": 16}
     acc = NeuronAccumulator(d_ff, k, bins)
     t0 = time.perf_counter()
     for _ in range(repeats):
@@ -133,9 +172,7 @@ def main():
     fig = {"cpu": cpu_model(), "tokens": a.tokens, "load_before": round(load0, 2)}
 
     def in_process():
-        b = InProcess()
-        b.model = model
-        return b
+        return InProcess()                                    # loads the model before its first unit, in the time
 
     fig["in_process"], _ = run_corpus_jobs(model, spec, ids, in_process, a.ctx, a.batch)
     c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
@@ -160,12 +197,18 @@ def main():
     print(f"{fig['cpu']}; {a.tokens} tokens of docs/data/calib.txt, ctx {a.ctx}, batch {a.batch}, 1 thread per worker; "
           f"load average {fig['load_before']} before, {fig['load_after']} after")
     for job in ("perplexity", "neurons"):
-        s0, n0, v0 = fig["in_process"][job]
-        s1, n1, v1 = fig["ray_1"][job]
-        s2, n2, v2 = fig["ray_2"][job]
+        s0, n0, v0, _ = fig["in_process"][job]
+        s1, n1, v1, _ = fig["ray_1"][job]
+        s2, n2, v2, _ = fig["ray_2"][job]
         print(f"{job:10s} in-process {n0 / s0:7.1f} tok/s | ray 1 worker {n1 / s1:7.1f} tok/s ({s1 / s0:.3f}x the time) | "
               f"ray 2 workers {n2 / s2:7.1f} tok/s ({(n2 / s2) / (n1 / s1):.2f}x 1 worker) | merged figures equal: "
               f"{v0 == v1 == v2}")
+        for name in ("in_process", "ray_1", "ray_2"):
+            s, _, _, c = fig[name][job]
+            print(f"    {name:10s} {s:7.1f} s: first result at {c['first_result_s']:.1f} s (start {c['startup_s']:.1f} s), "
+                  f"per unit {c['unit_wall_s']:.2f} s ({c['unit_cpu_s']:.2f} s CPU), units per worker "
+                  f"{c['units_per_worker']}, driver {c['driver_cpu_s_per_unit'] * 1e3:.0f} ms CPU per unit, "
+                  f"load {c['load'][0]} -> {c['load'][1]}")
     if "ablate_in_process_s" in fig:
         print(f"ablate 6 runs: in-process {fig['ablate_in_process_s']:.1f} s, ray 1 worker {fig['ablate_ray_1_s']:.1f} s "
               f"({fig['ablate_ray_1_s'] / fig['ablate_in_process_s']:.3f}x)")

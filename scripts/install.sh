@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install ffnlab and the real models it runs by default, and compile the default model's kernels.
 # Usage: bash scripts/install.sh [--test]
-#   --test   also the verification extras: Ray (the ray extra: tests/engines/test_ray_cluster.py starts a
+#   --test   also the verification extras: Ray with Tune (the ray extra: `ablate --early-stop`;
+#            tests/engines/test_ray_cluster.py starts a
 #            two-node cluster on 127.0.0.1), torch (CPU wheel, pinned), transformers, accelerate,
 #            pytest, transformer-lens, peft (the LoRA reference; in the test extra, so
 #            it resolves beside the pinned torch), and llama-cpp-python built without AMX (the default build segfaults in

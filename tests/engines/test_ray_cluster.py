@@ -282,3 +282,55 @@ def test_prompt_datasets_on_the_cluster_equal_the_in_process_run(cluster, tmp_pa
         mine, theirs = json.loads(here.stdout), json.loads(there.stdout)
         mine.pop("executor"), theirs.pop("executor")
         assert mine == theirs
+
+
+def _run_files(out, run):
+    """A run's trainer record, or its stopped.json: the numbers the table is made of."""
+    d = os.path.join(out, "runs", run)
+    name = "trainer.json" if os.path.isfile(os.path.join(d, "trainer.json")) else "stopped.json"
+    with open(os.path.join(d, name), encoding="utf-8") as f:
+        return name, json.load(f)
+
+
+def test_early_stop_stops_the_weak_config_and_the_finished_runs_equal_the_in_process_grid(cluster, tmp_path):
+    # d_ff = 1 (mult 1/16 of d_model 16) is the grid's weak config: at the one rung, step 8, its val loss is the
+    # highest of the three (checked below from the in-process runs). ASHA compares a run with those that reached
+    # the rung before it, and the first to reach a rung always goes on; the trials start in the grid's order, two at
+    # a time on the two 1-CPU nodes, so the weak run, third, starts only when one of the first two has passed the
+    # rung: it meets at least one recorded loss, all lower than its own, and is stopped whatever the interleaving.
+    data = os.path.join(os.path.dirname(SRC), "docs", "data", "calib.txt")
+    grid = ["ablate", "--data", data, "--ffn", "gelu", "--mult", "4,2,0.0625", "--seeds", "1", "--steps", "16",
+            "--batch", "2", "--seq-len", "16", "--eval-every", "4", "--eval-batches", "2", "--d-model", "16",
+            "--n-layer", "1", "--n-head", "2", "--warmup", "1", "--ckpt-every", "16", "-t", "1"]
+    runs, weak = ["gelu-x4-s0", "gelu-x2-s0", "gelu-x0.0625-s0"], "gelu-x0.0625-s0"
+    here, there = str(tmp_path / "here"), str(tmp_path / "there")
+    r = ffnlab(*grid, "--out", here)
+    assert r.returncode == 0, r.stderr
+    at_rung = {run: dict((e[0], e[2]) for e in _run_files(here, run)[1]["history"]["eval"])[8] for run in runs}
+    assert max(at_rung, key=at_rung.get) == weak, at_rung                  # the premise
+
+    r = ffnlab(*grid, "--out", there, "--ray", cluster.address, "--early-stop", "--grace-period", "8",
+               "--reduction-factor", "2")
+    assert r.returncode == 0, r.stderr
+    assert f"stopped {weak} at step 8" in r.stdout and "| stopped |" in r.stdout
+    name, stopped = _run_files(there, weak)
+    assert name == "stopped.json" and stopped["step"] == 8 and stopped["scheduler"]["rungs"] == [8]
+    history = _run_files(here, weak)[1]["history"]                         # its reports: the in-process run's prefix
+    assert stopped["eval"] == history["eval"][:2] and stopped["train"] == history["train"][:8]
+    finished = [run for run in runs if _run_files(there, run)[0] == "trainer.json"]
+    assert finished and finished[0] in ("gelu-x4-s0", "gelu-x2-s0")       # the first at the rung always goes on
+    for run in finished:                                                    # bit for bit: losses, curves, the finals
+        mine, theirs = _run_files(here, run)[1], _run_files(there, run)[1]
+        assert theirs["history"] == mine["history"] and theirs["final"] == mine["final"]
+    rows = {row["variant"]: row for row in _sweep_table(there)}
+    assert rows["gelu-x0.0625"]["stopped"] == 1 and rows["gelu-x0.0625"]["per_seed"][0]["stopped_at"] == 8
+    table_here = {row["variant"]: row for row in _sweep_table(here)}
+    for run in finished:
+        v = run[:-3]
+        assert rows[v]["val_loss_mean"] == table_here[v]["val_loss_mean"]
+
+    again = ffnlab(*grid, "--out", there, "--ray", cluster.address, "--early-stop", "--grace-period", "8",
+                   "--reduction-factor", "2")
+    assert again.returncode == 0 and "3 already finished, 0 to train" in again.stdout, again.stderr
+    other = ffnlab(*grid, "--out", there)                                    # stopped runs are not finished ones
+    assert other.returncode == 1 and "--early-stop is off, was on" in other.stderr.strip().splitlines()[-1]

@@ -14,7 +14,7 @@ def _list(kind):
 
 
 def add_arguments(p):
-    from .common import add_threads_argument, needs, positive, refuse_together
+    from .common import add_threads_argument, needs, positive, positive_float, refuse_together
     p.add_argument("--data", required=True, help="UTF-8 text file (byte-level tokens; the last --val-frac is held out)")
     p.add_argument("--out", required=True, help="results directory; rerunning the same command resumes it")
     p.add_argument("--ffn", type=_list(str), default=["gelu", "relu", "swiglu", "geglu"],
@@ -47,6 +47,19 @@ def add_arguments(p):
     from .scaleout import add_ray_arguments
     add_ray_arguments(p)
     refuse_together(p, "--ray", "--jobs", "--ray runs one run per worker node; --jobs is the local process pool")
+    p.add_argument("--early-stop", action="store_true",
+                   help="run the grid as Ray Tune trials under the ASHA scheduler, which stops the runs whose val loss "
+                        "is weak at a rung (pip install ffnlab[ray]); on --ray's cluster, else a new local instance "
+                        "on 127.0.0.1 (docs/scale-out.md)")
+    p.add_argument("--grace-period", type=positive("--grace-period"), default=None, metavar="STEPS",
+                   help="--early-stop: steps a run trains before it can be stopped, the first rung (default: the first "
+                        "evaluation at or past --steps/4)")
+    p.add_argument("--reduction-factor", type=positive_float("--reduction-factor"), default=None, metavar="F",
+                   help="--early-stop: the best 1/F of the runs at a rung go on; rungs at grace x F^k steps (default 3)")
+    refuse_together(p, "--early-stop", "--jobs", "--early-stop runs the grid as Ray Tune trials; --jobs is the local "
+                                                 "process pool")
+    for flag in ("--grace-period", "--reduction-factor"):
+        needs(p, flag, "--early-stop", "they set the early-stopping scheduler")
     for flag in ("--experts", "--top-k", "--moe-match"):
         needs(p, flag, "--ffn=moe", "only the mixture-of-experts variants have experts")
 
@@ -85,13 +98,25 @@ def run(args):
         if args.top_k > args.experts:
             raise UsageError(f"--top-k {args.top_k} exceeds --experts {args.experts}")
         moe = (args.experts, args.top_k, args.moe_match)
-    train_runs = None
-    if args.ray is not None:                                          # each run a unit on the cluster
+    train_runs, early_stop = None, None
+    if args.early_stop:                                               # Tune trials, ASHA stopping the weak
+        from ..training.tune_grid import DEFAULT_REDUCTION_FACTOR, default_grace_period, require_tune, train_runs_asha
+        require_tune()
+        rf = args.reduction_factor if args.reduction_factor is not None else DEFAULT_REDUCTION_FACTOR
+        if rf <= 1:
+            raise UsageError(f"--reduction-factor must exceed 1 (the share of runs that go on is 1/F), got {rf:g}")
+        grace = args.grace_period or default_grace_period(args.steps, args.eval_every)
+        if grace > args.steps:
+            raise UsageError(f"--grace-period {grace} exceeds --steps {args.steps}: no run could be stopped")
+        early_stop = {"scheduler": "asha", "grace_period": grace, "reduction_factor": rf}
+        trial_threads = args.threads if args.threads and args.threads > 0 else 1     # CPUs per trial
+        train_runs = train_runs_asha(args.ray, args.workers, args.data, trial_threads, early_stop)
+    elif args.ray is not None:                                        # each run a unit on the cluster
         from ..training.grid import train_runs_on
         from .scaleout import backend
         train_runs = train_runs_on(backend(args), args.data)
     rows = run_ablation(args.data, args.out, base, args.ffn, args.mult, args.seeds, args.match_params,
-                        jobs=args.jobs, threads=threads, moe=moe, train_runs=train_runs)
+                        jobs=args.jobs, threads=threads, moe=moe, train_runs=train_runs, early_stop=early_stop)
     from ..training.plots import plot_all
     tokens = args.steps * args.batch * args.seq_len
     budget = f"{tokens / 1e6:.2f}M" if tokens >= 1e5 else f"{tokens / 1e3:.1f}k"

@@ -39,6 +39,7 @@ except ImportError:                                   # the optional extra
     ray = None
 
 IN_FLIGHT = 2               # calls queued per actor: the next unit is there when one finishes
+                            # (while two rounds of units remain: send() says why)
 CONNECT_TIMEOUT_S = 10      # an address nothing listens on is one line, not a hang
 
 
@@ -58,6 +59,32 @@ def _probe(address, named):
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as e:
         raise UsageError(f"{named}: nothing answers at {host}:{port} ({e.strerror or e})") from None
+
+
+def connect(address):
+    """ray.init for address: 'local' (a new instance on 127.0.0.1), None (Ray's own rule: RAY_ADDRESS,
+    else the cluster `ray start` made on this machine), or what ray.init takes."""
+    require_ray()
+    if address == "local":
+        # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
+        # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
+        # this process, which reads the flag now, and for the GCS, raylet and workers it starts
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+        ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
+        return
+    # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
+    # never None, which would start a new instance listening on every interface
+    target = address or os.environ.get("RAY_ADDRESS") or "auto"
+    named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
+    if target != "auto":
+        _probe(target, named)
+    try:
+        ray.init(address=target, log_to_driver=False, configure_logging=False)
+    except ConnectionError as e:
+        raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
+                         f"a new one on this machine (docs/scale-out.md)") from None
 
 
 def _ship(path):
@@ -130,32 +157,12 @@ class RayBackend:
         self.actors = {}                   # node id -> actor handle
         self.infos = {}                    # node id -> info() of its actor
         self.lost = set()                  # nodes whose actor died: not used again in this job
+        self.shipped = None                # (model files, LoRA files) in the object store, once per job
 
     @classmethod
     def connect(cls, address, workers=None):
-        """address: 'local' (a new instance on 127.0.0.1), None (Ray's own rule: RAY_ADDRESS, else
-        the cluster `ray start` made on this machine), or what ray.init takes."""
-        require_ray()
-        if address == "local":
-            # Ray turns 127.0.0.1 into the machine's network address and listens on every interface,
-            # except where it believes multi-node clusters are off (its Windows/macOS rule): say so for
-            # this process, which reads the flag now, and for the GCS, raylet and workers it starts
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
-            ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1",
-                     log_to_driver=False, configure_logging=False)
-            return cls(workers)
-        # the flag alone: RAY_ADDRESS, as Ray reads it, else "auto" (a cluster `ray start` made here);
-        # never None, which would start a new instance listening on every interface
-        target = address or os.environ.get("RAY_ADDRESS") or "auto"
-        named = f"--ray {address}" if address else (f"RAY_ADDRESS={target}" if target != "auto" else "--ray")
-        if target != "auto":
-            _probe(target, named)
-        try:
-            ray.init(address=target, log_to_driver=False, configure_logging=False)
-        except ConnectionError as e:
-            raise UsageError(f"{named}: no Ray cluster found ({one_line(e)}); give its address, or --ray local for "
-                             f"a new one on this machine (docs/scale-out.md)") from None
+        """address: as connect() takes it."""
+        connect(address)
         return cls(workers)
 
     # --- the actors --------------------------------------------------------------------------
@@ -175,6 +182,8 @@ class RayBackend:
             a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
                              ).remote(cpus)
             pending[n["NodeID"]] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
+        if self.shipped is None:           # read, hashed and put while the actors' processes start
+            self.shipped = (_ship(task.model.path), _ship(task.model.lora)) if task.model is not None else (None, None)
         for node_id, (a, where) in pending.items():
             try:
                 info = ray.get(a.info.remote())
@@ -186,7 +195,7 @@ class RayBackend:
                                  f"{_version()}; install the same version on every node")
             self.infos[node_id] = info
         # every node checked: now the model goes out, once per node
-        loads = {node_id: a.load.remote(task.model, self.model_files, self.lora_files) for node_id, (a, _) in pending.items()}
+        loads = {node_id: a.load.remote(task.model, *self.shipped) for node_id, (a, _) in pending.items()}
         for node_id, ref in loads.items():
             try:
                 ray.get(ref)
@@ -207,21 +216,23 @@ class RayBackend:
     def _run(self, task, units, on_result, on_failure, on_retry):
         if not units:
             return
-        self.model_files = _ship(task.model.path) if task.model is not None else None
-        self.lora_files = _ship(task.model.lora) if task.model is not None else None
         self._start_actors(task)
         if not self.actors:
             raise UsageError("the Ray cluster has no live node with a CPU to run an ffnlab worker")
         queue, flight = deque(units), {}                             # ref -> (node id, unit)
 
         def send():
-            for node_id, a in list(self.actors.items()):
-                busy = sum(1 for nid, _ in flight.values() if nid == node_id)
-                for _ in range(IN_FLIGHT - busy):
-                    if not queue:
+            # every idle actor gets a unit first; an actor gets a second, queued behind its running one,
+            # only while two rounds of units remain: near the end a unit queued behind a running one
+            # waits there while another actor sits idle (8 units on 2 actors could end with one unit
+            # running alone), and there a dispatch's few milliseconds cost less than that wait
+            for depth in range(1, IN_FLIGHT + 1):
+                for node_id, a in list(self.actors.items()):
+                    if not queue or (depth > 1 and len(queue) < 2 * len(self.actors)):
                         return
-                    u = queue.popleft()
-                    flight[a.run.remote(task.fn, task.params, u.payload)] = (node_id, u)
+                    if sum(1 for nid, _ in flight.values() if nid == node_id) < depth:
+                        u = queue.popleft()
+                        flight[a.run.remote(task.fn, task.params, u.payload)] = (node_id, u)
 
         send()
         while flight:

@@ -2,7 +2,9 @@
 token budget, then tabulate and plot final losses against parameters and FLOPs.
 
   OUT/ablation.json              the base settings (a rerun with other settings is refused)
-  OUT/runs/<variant>-s<seed>/    one ordinary training checkpoint per run (+ train.log)
+  OUT/runs/<variant>-s<seed>/    one ordinary training checkpoint per run (+ train.log); a run an
+                                 early-stopping scheduler ended holds stopped.json instead
+                                 (the step, its evaluations; training/tune_grid.py)
   OUT/results.csv, results.json  one row per variant: mean +- std over seeds
   OUT/*.png                      plots (training/plots.py)
 
@@ -31,6 +33,7 @@ from .presets import default_d_ff
 from .trainer import TrainSettings
 
 DIVERGED_FILE = "diverged.json"
+STOPPED_FILE = "stopped.json"
 
 
 # --- sizes ----------------------------------------------------------------------------------
@@ -109,10 +112,12 @@ def run_dir(out, spec):
 
 
 def run_state(out, spec) -> str:
-    """'done' | 'diverged' | 'partial' (a checkpoint to resume) | 'new'"""
+    """'done' | 'diverged' | 'stopped' (by --early-stop's scheduler) | 'partial' (a checkpoint to resume) | 'new'"""
     d = run_dir(out, spec)
     if os.path.isfile(os.path.join(d, DIVERGED_FILE)):
         return "diverged"
+    if os.path.isfile(os.path.join(d, STOPPED_FILE)):
+        return "stopped"
     rec = read_trainer(d) if os.path.isdir(d) else None
     if rec is None:
         return "new"
@@ -120,9 +125,10 @@ def run_state(out, spec) -> str:
 
 
 # --- one run (in its own process) -------------------------------------------------------------
-def run_one(spec_path, text_path=None):
+def run_one(spec_path, text_path=None, on_eval=None):
     """Train one variant/seed from a spec file; a NaN/Inf is an outcome (diverged.json), not a failure.
-    text_path: a copy of spec["data"] to read instead (a Ray worker's, training/grid.py)."""
+    text_path: a copy of spec["data"] to read instead (a Ray worker's, training/grid.py);
+    on_eval: the trainer's hook after each evaluation (training/tune_grid.py reports there)."""
     from .data import TokenData, data_info, encode, make_tokenizer, read_text
     from .trainer import DivergedError, train
 
@@ -137,7 +143,7 @@ def run_one(spec_path, text_path=None):
     data = TokenData.from_ids(ids, settings.seq_len, settings.val_frac, path=spec["data"])
     try:
         train(cfg, settings, data, tok, tok_meta, out, resume=True, data_info=data_info(spec["data"], text, len(ids)),
-              progress=True)
+              progress=True, on_eval=on_eval)
     except DivergedError as e:
         atomic_write_json(os.path.join(out, DIVERGED_FILE), {"step": e.step, "message": str(e)})
         print(f"diverged: {e}", file=sys.stderr)
@@ -158,10 +164,12 @@ def _first_difference(old, new, prefix=""):
 
 
 def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, threads=1, log=print,
-                 moe=None, train_runs=None) -> list[dict]:
+                 moe=None, train_runs=None, early_stop=None) -> list[dict]:
     """Run (or finish) every run of the grid, `jobs` processes at a time; -> the result rows.
     train_runs(out, todo, log) -> [failed run names]: trains the unfinished runs elsewhere
-    (training/grid.py: on a Ray cluster) instead of in local processes."""
+    (training/grid.py: on a Ray cluster) instead of in local processes.
+    early_stop: {"scheduler", "grace_period", "reduction_factor"} when train_runs stops weak runs
+    (training/tune_grid.py): part of the settings, so a grid is not resumed under another rule."""
     runs = plan(base, ffns, mults, seeds, match_params, moe)         # bad --ffn / --mult fail before any write
     if not os.path.isfile(data):
         raise UsageError(f"--data {data}: no such file")
@@ -169,12 +177,16 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
     data = os.path.abspath(data)
     info_path = os.path.join(out, "ablation.json")
     setup = {"data": data, "base": base, "match_params": match_params}
+    if early_stop:
+        setup["early_stop"] = early_stop
     if moe:
         setup["moe"] = list(moe[:2]) + [list(moe[2])]
     if os.path.isfile(info_path):
         with open(info_path, encoding="utf-8") as f:
             old = json.load(f)
         diff = _first_difference(old, setup)
+        if not diff and ("early_stop" in old) != ("early_stop" in setup):   # a stopped run is not a finished one
+            diff = f"--early-stop is {'on' if 'early_stop' in setup else 'off'}, was {'on' if 'early_stop' in old else 'off'}"
         if diff:
             raise UsageError(f"--out {out} holds an ablation with other settings ({diff}); "
                              f"rerun with the same settings or choose another --out")
@@ -183,7 +195,7 @@ def run_ablation(data, out, base, ffns, mults, seeds, match_params, jobs=1, thre
     todo = []
     for spec in runs:
         state = run_state(out, spec)
-        if state in ("done", "diverged"):
+        if state in ("done", "diverged", "stopped"):
             continue
         d = run_dir(out, spec)
         os.makedirs(d, exist_ok=True)
@@ -238,11 +250,15 @@ def _train_in_processes(out, todo, jobs, threads, log):
 def run_result(out, spec) -> dict:
     d = run_dir(out, spec)
     cfg = ModelConfig.from_dict(spec["config"])
-    res = {"seed": spec["seed"], "diverged_at": None, "train_loss": float("nan"), "val_loss": float("nan"),
-           "tokens_per_s": float("nan"), "curve": [], "eval": []}
+    res = {"seed": spec["seed"], "diverged_at": None, "stopped_at": None, "train_loss": float("nan"),
+           "val_loss": float("nan"), "tokens_per_s": float("nan"), "curve": [], "eval": []}
     if os.path.isfile(os.path.join(d, DIVERGED_FILE)):
         with open(os.path.join(d, DIVERGED_FILE), encoding="utf-8") as f:
             res["diverged_at"] = json.load(f)["step"]
+    if os.path.isfile(os.path.join(d, STOPPED_FILE)):                # no final loss: it did not finish
+        with open(os.path.join(d, STOPPED_FILE), encoding="utf-8") as f:
+            stopped = json.load(f)
+        res.update(stopped_at=stopped["step"], curve=stopped["train"], eval=stopped["eval"])
     rec = read_trainer(d)
     if rec is not None:
         res["curve"], res["eval"] = rec["history"]["train"], rec["history"]["eval"]
@@ -279,8 +295,9 @@ def collect(out, runs, seq_len) -> list[dict]:
             "flops_per_token": flops_per_token(cfg, seq_len), "seeds": len(results),
             "train_loss_mean": tr, "train_loss_std": trs, "val_loss_mean": va, "val_loss_std": vas,
             "tokens_per_s": tps, "diverged": sum(r["diverged_at"] is not None for r in results),
-            "per_seed": [{k: r[k] for k in ("seed", "train_loss", "val_loss", "tokens_per_s", "diverged_at")}
-                         for r in results],
+            "stopped": sum(r["stopped_at"] is not None for r in results),
+            "per_seed": [{k: r[k] for k in ("seed", "train_loss", "val_loss", "tokens_per_s", "diverged_at",
+                                            "stopped_at")} for r in results],
             "curves": [{"seed": r["seed"], "train": r["curve"], "eval": r["eval"]} for r in results],
         })
     return rows
@@ -288,7 +305,8 @@ def collect(out, runs, seq_len) -> list[dict]:
 
 CSV_COLUMNS = ["variant", "ffn", "mult", "d_model", "d_ff", "params", "params_nonembed", "params_active",
                "flops_per_token", "seeds",
-               "train_loss_mean", "train_loss_std", "val_loss_mean", "val_loss_std", "tokens_per_s", "diverged"]
+               "train_loss_mean", "train_loss_std", "val_loss_mean", "val_loss_std", "tokens_per_s", "diverged",
+               "stopped"]
 
 
 def write_results(out, rows):
@@ -306,18 +324,21 @@ def write_results(out, rows):
 
 
 def markdown_table(rows) -> str:
-    """The results as a Markdown table (docs, `ffnlab ablate` output)."""
+    """The results as a Markdown table (docs, `ffnlab ablate` output); a `stopped` column when an
+    early-stopping scheduler ended some runs (their losses are left out of the means)."""
+    stops = any(r.get("stopped") for r in rows)
     lines = ["| variant | d_ff | params (non-emb) | active | train FLOPs/token | train loss | val loss | tokens/s | "
-             "diverged |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "diverged |" + (" stopped |" if stops else ""), "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+             + ("---:|" if stops else "")]
     for r in rows:
-        n = r["seeds"] - r["diverged"]             # a spread needs two finished seeds
+        n = r["seeds"] - r["diverged"] - r.get("stopped", 0)     # a spread needs two finished seeds
 
         def loss(key):
             return f"{r[key + '_mean']:.4f}" + (f" ± {r[key + '_std']:.4f}" if n > 1 else "")
         lines.append(f"| {r['variant']} | {r['d_ff']} | {r['params_nonembed']:,} | {r.get('params_active', r['params_nonembed']):,} | "
                      f"{r['flops_per_token'] / 1e6:.2f}M | "
                      f"{loss('train_loss')} | {loss('val_loss')} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['diverged']}/{r['seeds']} |")
+                     f"{r['diverged']}/{r['seeds']} |" + (f" {r.get('stopped', 0)}/{r['seeds']} |" if stops else ""))
     return "\n".join(lines)
 
 

@@ -31,12 +31,17 @@ def train_run(_model, params, spec):
         with open(os.path.join(run, "spec.json"), "w", encoding="utf-8") as f:
             json.dump({**spec, "data": params["data"]}, f)
         run_one(os.path.join(run, "spec.json"), text_path=data)
-        names = sorted(os.path.relpath(os.path.join(d, n), run) for d, _, ns in os.walk(run) for n in ns)
-        out = {"dir": run_id(spec), "files": names}
-        for i, name in enumerate(names):
-            with open(os.path.join(run, name), "rb") as f:
-                out[f"file{i}"] = np.frombuffer(f.read(), dtype=np.uint8)
-        return out
+        return pack_run(run, run_id(spec))
+
+
+def pack_run(run, name):
+    """A run's folder -> {dir: name, files: [relative paths], file<i>: bytes as uint8}."""
+    names = sorted(os.path.relpath(os.path.join(d, n), run) for d, _, ns in os.walk(run) for n in ns)
+    out = {"dir": name, "files": names}
+    for i, rel in enumerate(names):
+        with open(os.path.join(run, rel), "rb") as f:
+            out[f"file{i}"] = np.frombuffer(f.read(), dtype=np.uint8)
+    return out
 
 
 def write_run(out, result):

@@ -147,11 +147,13 @@ def extend_run(settings, saved, meta, out, step, meta_file=ckpt.META_FILE):
 
 
 def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, resume=False,
-          data_info=None, progress=True, init_hook=None) -> dict:
+          data_info=None, progress=True, init_hook=None, on_eval=None) -> dict:
     """Train (or resume) into checkpoint directory `out`; returns the final trainer record.
 
     data_info: {"path", "sha256", ...} recorded in ffnlab.json and checked on resume.
     init_hook(params): called once on freshly initialised weights (tests inject faults here).
+    on_eval(step, train_loss, val_loss, history): after each evaluation (an early-stopping scheduler
+    hears of the run there, training/tune_grid.py); it observes, the run is the same without it.
     """
     settings.validate()
     if settings.seq_len > cfg.n_ctx:
@@ -230,6 +232,8 @@ def train(cfg, settings: TrainSettings, data: TokenData, tok, tok_meta, out, res
             if step % settings.eval_every == 0 or step == settings.steps:
                 tl, vl = mean_loss(model, train_windows), mean_loss(model, val_windows)
                 history["eval"].append([step, tl, vl])
+                if on_eval is not None:
+                    on_eval(step, tl, vl, history)
                 bar.line(f"step {step}/{settings.steps}: train loss {tl:.4f}  val loss {vl:.4f}  "
                          f"lr {lr:.2e}  {step * tokens_per_step / seconds / 1e3:.1f}k tok/s")
             if step == settings.steps or (settings.ckpt_every and step % settings.ckpt_every == 0):
