@@ -8,7 +8,7 @@ costing more to dispatch than to compute. The f16 K/V cache is read through its 
 (round to nearest even, as F16C). tests/unit/test_ggml_packed.py holds decode_step to forward().
 """
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from ..quant.ggml_quants import f16_round_array
 from .ggml_math import _soft_max_row
@@ -55,7 +55,7 @@ def _scale_mask(kq, scale, lo, w):
         w[t] = kq[t] * scale if t >= lo else np.float32(-np.inf)
 
 
-@njit(**JIT)
+@njit(parallel=True, **JIT)
 def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     """q [H, hd] (roped, scaled where the graph scales q), kbits / vbits [Hkv, n_ctx, hd] uint16:
     the f16 cache with position n written, table: f16 bits -> float32; positions lo..n attended
@@ -72,29 +72,30 @@ def attend1(q, kbits, vbits, table, n, lo, scale, out, lanes):
     step = 4 * lanes if lanes > 1 else 1
     kbody = hd - hd % step if lanes > 1 else 0             # vec_dot_f16's vector part of a KQ dot
     vbody = S + (-S % 64) if lanes > 1 else 0              # of a KQV dot: n_kv cells, zeros past S
-    kt = np.empty((hd, S), np.float32)                     # this kv head's keys, transposed
-    vf = np.empty((S, hd), np.float32)                     # its values
-    qh = np.empty(hd, np.float32)
-    kq = np.empty(S, np.float32)
-    w = np.empty(S, np.float32)
-    p = np.empty(S, np.float32)
-    p16 = np.empty(S, np.float32)
-    acc_k = np.empty((step, S), np.float32)                # vec_dot_f16's accumulators, a column a key
-    acc_v = np.empty((step, hd), np.float32)               # a column an output dim
-    scratch = np.empty(3 * S, np.int32)                    # the softmax's
-    sc = np.float32(scale)
-    for g in range(Hkv):
+    kt = np.empty((Hkv, hd, S), np.float32)                # the keys, transposed
+    vf = np.empty((Hkv, S, hd), np.float32)                # the values
+    for g in prange(Hkv):
         for t in range(S):
             for j in range(hd):
-                kt[j, t] = table[kbits[g, t, j]]
-                vf[t, j] = table[vbits[g, t, j]]
-        for h in range(g * (H // Hkv), (g + 1) * (H // Hkv)):
-            f16_round_array(q[h], qh)                      # mul_mat converts src1 to f16
-            _dots(kt, qh, kbody, lanes, acc_k, kq)
-            _scale_mask(kq, sc, lo, w)
-            _soft_max_row(w, p, lanes, scratch)
-            f16_round_array(p, p16)
-            _dots(vf, p16, vbody, lanes, acc_v, out[h])
+                kt[g, j, t] = table[kbits[g, t, j]]
+                vf[g, t, j] = table[vbits[g, t, j]]
+    sc = np.float32(scale)
+    for h in prange(H):                                    # the heads apart: each one's own scratch
+        g = h // (H // Hkv)
+        qh = np.empty(hd, np.float32)
+        kq = np.empty(S, np.float32)
+        w = np.empty(S, np.float32)
+        p = np.empty(S, np.float32)
+        p16 = np.empty(S, np.float32)
+        acc_k = np.empty((step, S), np.float32)            # vec_dot_f16's accumulators, a column a key
+        acc_v = np.empty((step, hd), np.float32)           # a column an output dim
+        scratch = np.empty(3 * S, np.int32)                # the softmax's
+        f16_round_array(q[h], qh)                          # mul_mat converts src1 to f16
+        _dots(kt[g], qh, kbody, lanes, acc_k, kq)
+        _scale_mask(kq, sc, lo, w)
+        _soft_max_row(w, p, lanes, scratch)
+        f16_round_array(p, p16)
+        _dots(vf[g], p16, vbody, lanes, acc_v, out[h])
 
 
 @njit(**JIT)
