@@ -1,6 +1,6 @@
 """Compiled dequantization of one GGUF row: its blocks -> float32 weights.
 
-One function per ggml type, each a straight transcription of the block layout in blocks.py,
+One function per ggml type, each a straight transcription of the block layout in types.py,
 written with the same float32 operations in the same order as gguf-py's dequantize_blocks (so
 the values are the ones gguf.quants.dequantize gives, bit for bit; tests/unit/test_quant_kernels.py
 checks it). `row` is a 1-D uint8 array (one row's blocks), `out` a float32 array of the row's
@@ -12,7 +12,7 @@ for the commonest types.
 import numpy as np
 from numba import njit
 
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+from .types import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
 
 JIT = dict(cache=True, nogil=True, fastmath=False)   # compiled once, cached on disk next to this file; exact
 # values also when a fastmath kernel (quant/kernels.py _matvec_rows) is the first to call one
@@ -45,7 +45,7 @@ def _f16(row, table, out, half):             # F16 and BF16: the table says whic
 @njit(**JIT)
 def _q4_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 18, b * 32
+        o, y = b * QT[Q4_0].block_bytes, b * 32
         d = half_float(row, o, table)
         for j in range(half):
             q = np.int32(row[o + 2 + j])
@@ -56,7 +56,7 @@ def _q4_0(row, table, out, half):
 @njit(**JIT)
 def _q4_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 20, b * 32
+        o, y = b * QT[Q4_1].block_bytes, b * 32
         d, m = half_float(row, o, table), half_float(row, o + 2, table)
         for j in range(half):
             q = np.int32(row[o + 4 + j])
@@ -67,7 +67,7 @@ def _q4_1(row, table, out, half):
 @njit(**JIT)
 def _q5_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 22, b * 32
+        o, y = b * QT[Q5_0].block_bytes, b * 32
         d = half_float(row, o, table)
         h = np.int32(u32(row, o + 2))      # as int32: bit 31 may turn the sign, the shifts below mask it
         for j in range(half):
@@ -79,7 +79,7 @@ def _q5_0(row, table, out, half):
 @njit(**JIT)
 def _q5_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 24, b * 32
+        o, y = b * QT[Q5_1].block_bytes, b * 32
         d, m = half_float(row, o, table), half_float(row, o + 2, table)
         h = np.int32(u32(row, o + 4))
         for j in range(half):
@@ -91,7 +91,7 @@ def _q5_1(row, table, out, half):
 @njit(**JIT)
 def _q8_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 34, b * 32
+        o, y = b * QT[Q8_0].block_bytes, b * 32
         d = half_float(row, o, table)
         for j in range(2 * half):
             out[y + j] = d * np.float32((np.int32(row[o + 2 + j]) ^ 128) - 128)   # the byte as int8
@@ -100,7 +100,7 @@ def _q8_0(row, table, out, half):
 @njit(**JIT)
 def _q2_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 84, b * 256
+        o, y = b * QT[Q2_K].block_bytes, b * 256
         d, dmin = half_float(row, o + 80, table), half_float(row, o + 82, table)
         for g in range(16):                                             # 16 groups of 16 weights
             h, s = g // 8, (g // 2) % 4                                 # 128-weight half, 2-bit plane
@@ -123,7 +123,7 @@ def _k_scale(row, o, i):
 @njit(**JIT)
 def _q3_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 110, b * 256
+        o, y = b * QT[Q3_K].block_bytes, b * 256
         d = half_float(row, o + 108, table)
         for g in range(16):                                             # 16 groups of 16 weights
             h, s = g // 8, (g // 2) % 4
@@ -148,7 +148,7 @@ def _k_scale_min(row, o, j):
 @njit(**JIT)
 def _q4_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 144, b * 256
+        o, y = b * QT[Q4_K].block_bytes, b * 256
         d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):                                              # 8 sub-blocks of 32
             sc, m = _k_scale_min(row, o + 4, s)
@@ -161,7 +161,7 @@ def _q4_k(row, table, out, half):
 @njit(**JIT)
 def _q5_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 176, b * 256
+        o, y = b * QT[Q5_K].block_bytes, b * 256
         d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):
             sc, m = _k_scale_min(row, o + 4, s)
@@ -175,7 +175,7 @@ def _q5_k(row, table, out, half):
 @njit(**JIT)
 def _q6_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 210, b * 256
+        o, y = b * QT[Q6_K].block_bytes, b * 256
         d = half_float(row, o + 208, table)
         for h in range(2):                                              # two halves of 128 weights
             ql, qh, sc, y0 = o + 64 * h, o + 128 + 32 * h, o + 192 + 8 * h, y + 128 * h

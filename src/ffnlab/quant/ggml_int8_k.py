@@ -25,11 +25,12 @@ sub-blocks:
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_K, _k_scale_min, half_float
+from .dequant import _k_scale_min, half_float
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
 from .ggml_simd import (add_i, add_v, fma_v, high4, load_b, load_v, low4, madd, maddubs, mul_i, mul_v, pairs16,
                         splat4, splat_f, store_v, sub_i, to_f, widen, zeros_b, zeros_v)
 from .packed import R
+from .types import Q4_K, Q6_K, QT
 
 GG = dict(cache=True, nogil=True, fastmath=False)
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -86,7 +87,7 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
         g, c, r, src = row // R, (row % R) // CHUNK, row % CHUNK, data[row]
         for B in range(d.shape[2]):
             if qtype == Q4_K:
-                o = B * 144
+                o = B * QT[Q4_K].block_bytes
                 d[g, c, B, r], dmin[g, c, B, r] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
                     a, m = _k_scale_min(src, o + 4, s)
@@ -97,7 +98,7 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
                         hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
                         qs[g, c, 8 * B + s, k >> 2, r, k & 3] = np.uint8(lo | (hi << 4))
             else:                                                      # Q6_K: weight 128h + 32g4 + i
-                o = B * 210
+                o = B * QT[Q6_K].block_bytes
                 d[g, c, B, r] = half_float(src, o + 208, table)
                 for i in range(16):
                     sc[g, c, 16 * B + i, r] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)

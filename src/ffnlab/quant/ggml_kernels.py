@@ -26,7 +26,8 @@ and rounded to float32: it differs from a hardware FMA only by a double rounding
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale, _k_scale_min, half_float
+from .dequant import _k_scale, _k_scale_min, half_float
+from .types import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
 
 JIT = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: the float32 roundings are ggml's
 ROWS_PER_TASK = 16
@@ -76,7 +77,7 @@ def _dot_32(qtype, row, table, qx, dx, sx, acc):
     for b in range(dx.shape[0]):
         xo = b * 32
         if qtype == Q8_0:
-            o = b * 34
+            o = b * QT[Q8_0].block_bytes
             dd = half_float(row, o, table) * dx[b]
             for l in range(8):
                 s = 0
@@ -84,17 +85,17 @@ def _dot_32(qtype, row, table, qx, dx, sx, acc):
                     s += ((np.int32(row[o + 2 + 4 * l + k]) ^ 128) - 128) * np.int32(qx[xo + 4 * l + k])
                 acc[l] = _fma(dd, s, acc[l])
         elif qtype == Q4_0:
-            o = b * 18
+            o = b * QT[Q4_0].block_bytes
             _nibble_lanes(row, o + 2, qx, xo, 8, acc, half_float(row, o, table) * dx[b], 0, 4)
         elif qtype == Q5_0:
-            o = b * 22
+            o = b * QT[Q5_0].block_bytes
             _nibble_lanes(row, o + 6, qx, xo, 16, acc, half_float(row, o, table) * dx[b], _u32(row, o + 2), 4)
         elif qtype == Q4_1:
-            o = b * 20
+            o = b * QT[Q4_1].block_bytes
             summs += half_float(row, o + 2, table) * sx[b]
             _nibble_lanes(row, o + 4, qx, xo, 0, acc, half_float(row, o, table) * dx[b], 0, 4)
         else:                                                          # Q5_1
-            o = b * 24
+            o = b * QT[Q5_1].block_bytes
             summs += half_float(row, o + 2, table) * sx[b]
             _nibble_lanes(row, o + 8, qx, xo, 0, acc, half_float(row, o, table) * dx[b], _u32(row, o + 4), 4)
     return _hsum8(acc) + summs
@@ -156,7 +157,7 @@ def _dot_q4_k(row, table, qx, dx, bsums, acc):
     acc[:] = 0
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(dx.shape[0]):
-        o, xo = b * 144, b * 256
+        o, xo = b * QT[Q4_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o, table)
         dmin = -dx[b] * half_float(row, o + 2, table)
         lanes = np.zeros(8, np.int32)
@@ -190,7 +191,7 @@ def _dot_q5_k(row, table, qx, dx, bsums, acc):
     acc[:] = 0
     summs = np.float32(0.0)
     for b in range(dx.shape[0]):
-        o, xo = b * 176, b * 256
+        o, xo = b * QT[Q5_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o, table)
         dmin = -dx[b] * half_float(row, o + 2, table)
         lanes = np.zeros(8, np.int32)
@@ -220,7 +221,7 @@ def _dot_q2_k(row, table, qx, dx, bsums, acc):
     16-wide sub-blocks: lanes 0-3 and 4-7); the result hsum_float_8(acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 84, b * 256
+        o, xo = b * QT[Q2_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 80, table)
         dmin = -dx[b] * half_float(row, o + 82, table)
         lanes = np.zeros(8, np.int32)
@@ -248,7 +249,7 @@ def _dot_q3_k(row, table, qx, dx, bsums, acc):
     in _dot_q2_k (scales: the 6-bit values - 32); acc = fma(d, lane, acc); hsum_float_8(acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 110, b * 256
+        o, xo = b * QT[Q3_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 108, table)
         lanes = np.zeros(8, np.int32)
         for j in range(2):                                           # 128-wide halves
@@ -274,7 +275,7 @@ def _dot_q6_k(row, table, qx, dx, bsums, acc):
     + scale_2i+1 bsum_2i+1) (the -32 offset folded in per lane); acc = fma(d, lane, acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 210, b * 256
+        o, xo = b * QT[Q6_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 208, table)
         lanes = np.zeros(8, np.int32)
         for h in range(2):
@@ -338,22 +339,26 @@ def _unpack_32(qtype, row, table, w, dw, mw):
     """One row of a 32-block type -> integer weights w [n] (offsets applied), d [nb], m [nb]"""
     for b in range(dw.shape[0]):
         if qtype == Q8_0:
-            o = b * 34
+            o = b * QT[Q8_0].block_bytes
             dw[b] = half_float(row, o, table)
             for e in range(32):
                 w[b * 32 + e] = (np.int32(row[o + 2 + e]) ^ 128) - 128
             continue
         hb = 0
         if qtype == Q4_0:
-            o, qo, off = b * 18, b * 18 + 2, 8
+            o = b * QT[Q4_0].block_bytes
+            qo, off = o + QT[Q4_0].qs_at, QT[Q4_0].zero
         elif qtype == Q5_0:
-            o, qo, off = b * 22, b * 22 + 6, 16
+            o = b * QT[Q5_0].block_bytes
+            qo, off = o + QT[Q5_0].qs_at, QT[Q5_0].zero
             hb = _u32(row, o + 2)
         elif qtype == Q4_1:
-            o, qo, off = b * 20, b * 20 + 4, 0
+            o = b * QT[Q4_1].block_bytes
+            qo, off = o + QT[Q4_1].qs_at, QT[Q4_1].zero
             mw[b] = half_float(row, o + 2, table)
         else:                                                          # Q5_1
-            o, qo, off = b * 24, b * 24 + 8, 0
+            o = b * QT[Q5_1].block_bytes
+            qo, off = o + QT[Q5_1].qs_at, QT[Q5_1].zero
             mw[b] = half_float(row, o + 2, table)
             hb = _u32(row, o + 4)
         dw[b] = half_float(row, o, table)
@@ -481,17 +486,7 @@ def gemm(qtype, data, table, qs, d, e, y):
     (quant/ggml_quants.py's Q8Rows: [N, n] int8, block scales, Q8_1's s or Q8_K's bsums)
     -> y: [N, rows] float32"""
     rows, N = data.shape[0], qs.shape[0]
-    kbytes = 0
-    if qtype == Q2_K:
-        kbytes = 84
-    elif qtype == Q3_K:
-        kbytes = 110
-    elif qtype == Q4_K:
-        kbytes = 144
-    elif qtype == Q5_K:
-        kbytes = 176
-    elif qtype == Q6_K:
-        kbytes = 210
+    kbytes = QT[qtype].block_bytes if QT[qtype].block_weights == 256 else 0   # a K-quant's block: tiled batches
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         acc = np.zeros(8, np.float32)
         q = np.zeros(256, np.int32)

@@ -6,8 +6,9 @@ without AVX2."""
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_K, _k_scale_min, half_float
+from .dequant import _k_scale_min, half_float
 from .packed import R
+from .types import Q4_K, Q6_K, QT
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})   # ggml_packed.py says why
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -64,7 +65,7 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
         g, l, src = row // R, row % R, data[row]
         for B in range(d.shape[1]):
             if qtype == Q4_K:
-                o = B * 144
+                o = B * QT[Q4_K].block_bytes
                 d[g, B, l], dmin[g, B, l] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
                     a, m = _k_scale_min(src, o + 4, s)
@@ -75,7 +76,7 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
                         hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
                         qs[g, 8 * B + s, k, l] = np.uint8(lo | (hi << 4))
             else:                                                      # Q6_K: weight 128h + 32g4 + i
-                o = B * 210
+                o = B * QT[Q6_K].block_bytes
                 d[g, B, l] = half_float(src, o + 208, table)
                 for i in range(16):
                     sc[g, 16 * B + i, l] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)

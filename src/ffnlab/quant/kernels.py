@@ -16,8 +16,8 @@ the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/unit/test_qua
 import numpy as np
 from numba import njit, prange
 
-from .dequant import (BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _f16, _f32, _q2_k,
-                      _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0)
+from .dequant import _f16, _f32, _q2_k, _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0
+from .types import BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
 
 ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
 FAST = dict(cache=True, nogil=True, fastmath=True)
@@ -40,7 +40,7 @@ def _rows4_q4_0(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 18 + 2, b * 32
+        o, xo = b * QT[Q4_0].block_bytes + QT[Q4_0].qs_at, b * 32
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
             xl, xh = x[xo + j], x[xo + half + j]
@@ -66,7 +66,7 @@ def _rows4_q4_1(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 20 + 4, b * 32
+        o, xo = b * QT[Q4_1].block_bytes + QT[Q4_1].qs_at, b * 32
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
             xl, xh = x[xo + j], x[xo + half + j]
@@ -92,7 +92,7 @@ def _rows4_q5_0(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 22 + 6, b * 32
+        o, xo = b * QT[Q5_0].block_bytes + QT[Q5_0].qs_at, b * 32
         h0, h1, h2, h3 = _u32(q0, o - 4), _u32(q1, o - 4), _u32(q2, o - 4), _u32(q3, o - 4)
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
@@ -119,7 +119,7 @@ def _rows4_q8_0(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 34 + 2, b * 32
+        o, xo = b * QT[Q8_0].block_bytes + QT[Q8_0].qs_at, b * 32
         s0 = s1 = s2 = s3 = np.float32(0.0)
         for j in range(2 * half):
             xj = x[xo + j]
