@@ -29,11 +29,11 @@ unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: ggml_simd.dot_s8_biased forms
 import numpy as np
 from numba import njit, prange
 
-from .dequant import half_float
 from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
                         splat4, splat_f, store_v, to_f, zeros_v)
 from .packed import R
 from .types import Q4_0, Q4_1, Q5_0, Q8_0, QT, TYPES
+from .unpack import fifth_bit, half_float, u32
 
 GG = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: every float step is written out as ggml's
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -129,13 +129,12 @@ def _pack(qtype, data, table, qs, d, m):
             else:                                                        # Q5_0: 4 + 1 bits, minus 16
                 o = b * QT[Q5_0].block_bytes
                 d[g, c, b, r] = half_float(src, o, table)
-                hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
-                    | (np.int64(src[o + 5]) << 24)
+                hb = u32(src, o + 2)
                 for k in range(16):
                     v = np.int64(src[o + 6 + k])
                     lo, hi = k, 16 + k
-                    qs[g, c, b, lo >> 2, r, lo & 3] = np.int8(((v & 15) | (((hb >> k) & 1) << 4)) - 16)
-                    qs[g, c, b, hi >> 2, r, hi & 3] = np.int8(((v >> 4) | (((hb >> (k + 16)) & 1) << 4)) - 16)
+                    qs[g, c, b, lo >> 2, r, lo & 3] = np.int8(((v & 15) | fifth_bit(hb, k)) - 16)
+                    qs[g, c, b, hi >> 2, r, hi & 3] = np.int8(((v >> 4) | fifth_bit(hb, k + 16)) - 16)
 
 
 # ---- dequantization (lookups, dequantize()) ---------------------------------------------------

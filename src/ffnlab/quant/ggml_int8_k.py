@@ -25,12 +25,12 @@ sub-blocks:
 import numpy as np
 from numba import njit, prange
 
-from .dequant import _k_scale_min, half_float
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
 from .ggml_simd import (add_i, add_v, fma_v, high4, load_b, load_v, low4, madd, maddubs, mul_i, mul_v, pairs16,
                         splat4, splat_f, store_v, sub_i, to_f, widen, zeros_b, zeros_v)
 from .packed import R
 from .types import Q4_K, Q6_K, QT
+from .unpack import half_float, k_scale_min, q6_code
 
 GG = dict(cache=True, nogil=True, fastmath=False)
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -90,7 +90,7 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
                 o = B * QT[Q4_K].block_bytes
                 d[g, c, B, r], dmin[g, c, B, r] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
-                    a, m = _k_scale_min(src, o + 4, s)
+                    a, m = k_scale_min(src, o + 4, s)
                     sc[g, c, 8 * B + s, r], mn[g, c, 8 * B + s, r] = a, m
                     q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
                     for k in range(16):
@@ -107,10 +107,10 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
                     for i in range(32):
                         a, e, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
                         j, k = i >> 2, i & 3
-                        qs[g, c, b, j, r, k] = np.uint8((a & 15) | ((hh & 3) << 4))
-                        qs[g, c, b + 1, j, r, k] = np.uint8((e & 15) | (((hh >> 2) & 3) << 4))
-                        qs[g, c, b + 2, j, r, k] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
-                        qs[g, c, b + 3, j, r, k] = np.uint8((e >> 4) | (((hh >> 6) & 3) << 4))
+                        qs[g, c, b, j, r, k] = np.uint8(q6_code(a, hh, 0))
+                        qs[g, c, b + 1, j, r, k] = np.uint8(q6_code(e, hh, 1))
+                        qs[g, c, b + 2, j, r, k] = np.uint8(q6_code(a, hh, 2))
+                        qs[g, c, b + 3, j, r, k] = np.uint8(q6_code(e, hh, 3))
 
 
 # ---- dequantization (lookups, dequantize()) ---------------------------------------------------

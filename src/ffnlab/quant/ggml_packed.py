@@ -32,11 +32,11 @@ import numpy as np
 from numba import njit, prange
 
 from . import ggml_int8, ggml_int8_k, packed
-from .dequant import half_float
 from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
 from .packed import R
 from .simd import HAS_AVX2
 from .types import Q5_0, QT, TYPES
+from .unpack import fifth_bit, half_float, u32
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -288,12 +288,11 @@ def _pack_q5_0(data, table, qs, d):
         for b in range(qs.shape[1]):
             o = b * QT[Q5_0].block_bytes
             d[g, b, l] = half_float(src, o, table)
-            hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
-                | (np.int64(src[o + 5]) << 24)
+            hb = u32(src, o + 2)
             for j in range(16):
                 v = np.int64(src[o + 6 + j])
-                qs[g, b, j, l] = np.int8(((v & 15) | (((hb >> j) & 1) << 4)) - 16)
-                qs[g, b, 16 + j, l] = np.int8(((v >> 4) | (((hb >> (j + 16)) & 1) << 4)) - 16)
+                qs[g, b, j, l] = np.int8(((v & 15) | fifth_bit(hb, j)) - 16)
+                qs[g, b, 16 + j, l] = np.int8(((v >> 4) | fifth_bit(hb, j + 16)) - 16)
 
 
 # ---- the product ------------------------------------------------------------------------------

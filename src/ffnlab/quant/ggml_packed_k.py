@@ -6,9 +6,9 @@ without AVX2."""
 import numpy as np
 from numba import njit, prange
 
-from .dequant import _k_scale_min, half_float
 from .packed import R
 from .types import Q4_K, Q6_K, QT
+from .unpack import half_float, k_scale_min, q6_code
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})   # ggml_packed.py says why
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -68,7 +68,7 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
                 o = B * QT[Q4_K].block_bytes
                 d[g, B, l], dmin[g, B, l] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
-                    a, m = _k_scale_min(src, o + 4, s)
+                    a, m = k_scale_min(src, o + 4, s)
                     sc[g, 8 * B + s, l], mn[g, 8 * B + s, l] = a, m
                     q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
                     for k in range(16):
@@ -85,10 +85,10 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
                     for i in range(32):
                         a, c, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
                         b = 8 * B + 4 * h
-                        qs[g, b, i, l] = np.uint8((a & 15) | ((hh & 3) << 4))
-                        qs[g, b + 1, i, l] = np.uint8((c & 15) | (((hh >> 2) & 3) << 4))
-                        qs[g, b + 2, i, l] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
-                        qs[g, b + 3, i, l] = np.uint8((c >> 4) | (((hh >> 6) & 3) << 4))
+                        qs[g, b, i, l] = np.uint8(q6_code(a, hh, 0))
+                        qs[g, b + 1, i, l] = np.uint8(q6_code(c, hh, 1))
+                        qs[g, b + 2, i, l] = np.uint8(q6_code(a, hh, 2))
+                        qs[g, b + 3, i, l] = np.uint8(q6_code(c, hh, 3))
 
 
 @njit(**EXACT)

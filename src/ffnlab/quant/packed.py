@@ -43,8 +43,8 @@ from numba import njit, prange
 from . import simd
 from ..threads import threads
 from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, token_tiles
-from .dequant import _k_scale_min, half_float, u32
 from .types import HALF_SCALES, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT, TYPES
+from .unpack import fifth_bit, half_float, k_scale_min, q6_code, u32
 
 R = 64                                  # rows interleaved per group
 AHEAD = 4096                            # bytes: how far ahead the matrix-vector kernels prefetch their codes
@@ -194,7 +194,7 @@ def _pack_nib(qtype, data, table, qs, qh, d, m):
             else:                                         # Q4_K / Q5_K: sub-block s of super-block sb
                 sb, s = b // 8, b % 8
                 o = sb * size
-                sc, mn = _k_scale_min(src, o + scales_at, s)
+                sc, mn = k_scale_min(src, o + scales_at, s)
                 d[g, b, l] = half_float(src, o + d_at, table) * np.float32(sc)
                 m[g, b, l] = -(half_float(src, o + m_at, table) * np.float32(mn))
                 q0, shift = o + qs_at + (s // 2) * 32, 4 * (s % 2)
@@ -241,10 +241,10 @@ def _pack_i8(qtype, data, table, qs, d):
                     for l32 in range(32):
                         a, c, hh = np.int32(src[ql + l32]), np.int32(src[ql + l32 + 32]), np.int32(src[qhb + l32])
                         gi, k = sb * 16 + 8 * h + l32 // 16, l32 % 16      # weight 128h + l32 (+32, +64, +96)
-                        qs[g, gi, k, l] = np.int8(((a & 15) | ((hh & 3) << 4)) - 32)
-                        qs[g, gi + 2, k, l] = np.int8(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
-                        qs[g, gi + 4, k, l] = np.int8(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
-                        qs[g, gi + 6, k, l] = np.int8(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+                        qs[g, gi, k, l] = np.int8(q6_code(a, hh, 0) - 32)
+                        qs[g, gi + 2, k, l] = np.int8(q6_code(c, hh, 1) - 32)
+                        qs[g, gi + 4, k, l] = np.int8(q6_code(a, hh, 2) - 32)
+                        qs[g, gi + 6, k, l] = np.int8(q6_code(c, hh, 3) - 32)
 
 
 # ---- products (decode) ------------------------------------------------------------------------
@@ -644,7 +644,7 @@ def _rows_nib(qs, qh, d, m, zero, ids, out):
                 v = np.int32(qs[g, b, k % 16, r])
                 code = (v & 15) if k < 16 else (v >> 4)
                 if qh.shape[0]:
-                    code |= ((np.int32(qh[g, b, k >> 3, r]) >> (k & 7)) & 1) << 4
+                    code |= fifth_bit(np.int32(qh[g, b, k >> 3, r]), k & 7)
                 if m.shape[0]:
                     out[i, b * 32 + k] = simd.scale_at(d, (g * nb + b) * width + r) * np.float32(code) \
                         + simd.scale_at(m, (g * nb + b) * width + r)
