@@ -26,9 +26,8 @@ for a weight's `vec_dot` (type_traits_cpu's vec_dot_type: Q4_0 -> Q8_0, Q4_1 -> 
 ggml_kernels.py's row kernels). Type ids are gguf-py's GGMLQuantizationType, sizes its
 GGML_QUANT_SIZES: the table is checked against them when it is made.
 
-The records are NamedTuples of numbers and strings, so compiled kernels read them too: QT[Q6_K]
-.block_bytes in an njit function is the constant 210 (numba freezes a global tuple), and QT[qtype]
-with a run-time qtype indexes a tuple.
+Compiled kernels read the records' numbers through QT: QT[Q6_K].block_bytes in an njit function
+is the constant 210 (numba freezes a global tuple), and QT[qtype] with a run-time qtype indexes it.
 """
 from typing import NamedTuple
 
@@ -99,9 +98,12 @@ TYPES = {r.id: r for r in (
     _record(T.Q8_K, "d:4 qs:256 bsums:32", 256, 8),                   # activations: d float32, bsums int16 per 16
 )}
 
-# every type id up to the largest, as a tuple the compiled kernels index (ids ffnlab has no row for: NONE)
+# every type id up to the largest, as a tuple the compiled kernels index (ids ffnlab has no row for:
+# NONE): each record's numbers only. A string in a global numba freezes keeps LLVM from folding the
+# record into constants: the dequantizers' inner loops then ran scalar, 4x slower (Q4_0, one core).
 NONE = QType(-1, "", 0, 0, "", 0, 0, 0, False, 0, -1, "", "", -1, -1, -1, 0, -1)
-QT = tuple(TYPES.get(i, NONE) for i in range(max(TYPES) + 1))
+Block = NamedTuple("Block", [(f, t) for f, t in QType.__annotations__.items() if t in (int, bool)])
+QT = tuple(Block(*(getattr(TYPES.get(i, NONE), f) for f in Block._fields)) for i in range(max(TYPES) + 1))
 
 # the types only activations take (vec_dot types), and the weight types with compiled kernels
 # (quant/kernels.py; other weight types are dequantized at load)
