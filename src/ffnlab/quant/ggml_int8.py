@@ -31,7 +31,7 @@ from numba import njit, prange
 
 from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
                         splat4, splat_f, store_v, to_f, zeros_v)
-from .packed import R
+from .layout import R, Layout
 from .types import Q4_0, Q4_1, Q5_0, Q8_0, QT, TYPES
 from .unpack import fifth_bit, half_float, u32
 
@@ -45,23 +45,13 @@ LANE_TYPES = {t: ("nib" if r.code_bits == 4 else "i8", r.zero if r.code_bits == 
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
 
-class LanePacked:
-    """A [rows, n] matrix of a type in TYPES in the lane layout (module docstring). Rows past
-    `rows` in the last group are zeros. The same interface as packed.Packed for what a model
-    loaded with arith "ggml" asks besides products: groups (views), lookup, dequant_t."""
+class LanePacked(Layout):
+    """A [rows, n] matrix of a type in LANE_TYPES in the lane layout (module docstring). Rows past
+    `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "d", "m")
 
     def __init__(self, kind, rows, n, qs, d, m, zero):
         self.kind, self.rows, self.n, self.qs, self.d, self.m, self.zero = kind, rows, n, qs, d, m, zero
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a LanePacked (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        return LanePacked(self.kind, rows, self.n, self.qs[g0:g1], self.d[g0:g1],
-                          self.m[g0:g1] if self.m.shape[0] else self.m, self.zero)
 
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (gguf-py's values: an embedding lookup)."""

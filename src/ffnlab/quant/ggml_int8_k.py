@@ -28,7 +28,7 @@ from numba import njit, prange
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
 from .ggml_simd import (add_i, add_v, fma_v, high4, load_b, load_v, low4, madd, maddubs, mul_i, mul_v, pairs16,
                         splat4, splat_f, store_v, sub_i, to_f, widen, zeros_b, zeros_v)
-from .packed import R
+from .layout import R, Layout
 from .types import Q4_K, Q6_K, QT
 from .unpack import half_float, k_scale_min, q6_code
 
@@ -39,23 +39,14 @@ _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
 
-class LaneKPacked:
+class LaneKPacked(Layout):
     """A [rows, n] Q4_K or Q6_K matrix in the lane layout (module docstring); rows past `rows` in
-    the last group are zeros. groups / lookup / dequant_t as packed.Packed's."""
+    the last group are zeros."""
+    ARRAYS = ("qs", "sc", "mn", "d", "dmin")
 
     def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
         self.kind, self.qtype, self.rows, self.n = "lane_k", qtype, rows, n
         self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a LaneKPacked (views, no copy)."""
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return LaneKPacked(self.qtype, min(self.rows, g1 * R) - g0 * R, self.n, sl(self.qs), sl(self.sc), sl(self.mn),
-                           sl(self.d), sl(self.dmin))
 
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (gguf-py's values)."""

@@ -6,7 +6,7 @@ without AVX2."""
 import numpy as np
 from numba import njit, prange
 
-from .packed import R
+from .layout import R, Layout
 from .types import Q4_K, Q6_K, QT
 from .unpack import half_float, k_scale_min, q6_code
 
@@ -16,26 +16,17 @@ SIXTEENTH = np.float32(0.0625)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 
 
-class KPacked:
+class KPacked(Layout):
     """Q4_K / Q6_K in R-row groups, the integer sub-block scales kept apart from the halves.
     Q4_K: qs [G, n/32, 16, R] uint8 (byte k: weight k of a 32-weight sub-block low, k + 16 high),
           sc, mn [G, n/32, R] uint8 (6-bit scale and min), d, dmin [G, n/256, R] float32.
     Q6_K: qs [G, n/32, 32, R] uint8 (the 6-bit weights, unsigned), sc [G, n/16, R] int8,
           d [G, n/256, R] float32, dmin empty. Rows past `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "sc", "mn", "d", "dmin")
 
     def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
         self.kind, self.qtype, self.rows, self.n = "k", qtype, rows, n
         self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a KPacked (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return KPacked(self.qtype, rows, self.n, sl(self.qs), sl(self.sc), sl(self.mn), sl(self.d), sl(self.dmin))
 
     def dequant_t(self, g0, g1, out):
         """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R] float32."""

@@ -42,11 +42,11 @@ from numba import njit, prange
 
 from . import simd
 from ..threads import threads
-from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, token_tiles
+from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, strips_to_rows, token_tiles
+from .layout import R, Layout
 from .types import HALF_SCALES, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT, TYPES
 from .unpack import fifth_bit, half_float, k_scale_min, q6_code, u32
 
-R = 64                                  # rows interleaved per group
 AHEAD = 4096                            # bytes: how far ahead the matrix-vector kernels prefetch their codes
 # the types of each family (types.py's layout), with what their kernels need: NIB (zero, fifth bit, m),
 # I8 codes per scale; HALF_SCALES' d (and m) are the file's halves: kept as their 16 bits
@@ -59,24 +59,15 @@ _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 
 
-class Packed:
+class Packed(Layout):
     """A [rows, n] matrix in R-row groups. NIB: qs [G, n/32, 16, R] uint8, qh [G, n/32, 4, R] uint8
     (fifth bits) or empty, d / m [G, n/32, R] float32 (m empty when absent). I8: qs [G, n/B, B, R]
     int8, d [G, n/B, R]. Rows past `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "qh", "d", "m")
 
     def __init__(self, kind, rows, n, qs, qh, d, m, zero):
         self.kind, self.rows, self.n = kind, rows, n
         self.qs, self.qh, self.d, self.m, self.zero = qs, qh, d, m, zero
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.qh.nbytes + self.d.nbytes + self.m.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a Packed (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return Packed(self.kind, rows, self.n, sl(self.qs), sl(self.qh), sl(self.d), sl(self.m), self.zero)
 
     def matvec(self, x, y):
         """x: [n] float32 -> y: [G * R] float32 (rows past self.rows are zeros)"""
@@ -110,6 +101,17 @@ class Packed:
         workers = min(-(-self.qs.shape[0] // per) * chunks, threads())
         _matmul(self.qs, self.qh, self.d, self.m, np.float32(self.zero), self.kind == "nib", x, y, per, chunks, step,
                 scratch, workers, simd.HAS_AVX512)
+
+    def dequant_rows(self, g0, g1, scratch):
+        """Groups g0..g1 dequantized -> [(g1 - g0) R, n] (Layout's), by way of dequant_strips."""
+        S = (g1 - g0) * (R // STRIP)
+        buf = scratch(S * self.n * STRIP).reshape(S, self.n, STRIP)
+        self.dequant_strips(g0, g1, buf)
+        return strips_to_rows(buf)
+
+    def dequant_t(self, g0, g1, out):
+        """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) R] float32."""
+        out[:] = self.dequant_rows(g0, g1, lambda size: np.empty(size, np.float32)).T
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,

@@ -141,7 +141,7 @@ class QuantTensor:
 
     def _tile_groups(self):
         """Row groups per tile at most: ~PACKED_TILE_BYTES of float32 (the GEMM reads it from L2)"""
-        return max(1, min(PACKED_TILE_BYTES // (4 * self.shape[1] * packed.R), self.packed.qs.shape[0]))
+        return max(1, min(PACKED_TILE_BYTES // (4 * self.shape[1] * packed.R), self.packed.n_groups))
 
     def _strips(self, g0, g1):
         """row groups g0..g1 of the packed weights dequantized as quant/gemm.py's strips
@@ -154,16 +154,11 @@ class QuantTensor:
 
     def _row_tiles(self):
         """every tile of rows in turn: yields (first row, [rows, in] float32), for dequantize() and
-        rmatmul() (whichever layout the packing has: the f32 strips or ggml's transposed tiles)"""
-        G, per, n = self.packed.qs.shape[0], self._tile_groups(), self.shape[1]
+        rmatmul(), in a scratch buffer of this thread's (quant/layout.py: any layout)"""
+        G, per = self.packed.n_groups, self._tile_groups()
         for g0 in range(0, G, per):
             g1 = min(G, g0 + per)
-            if hasattr(self.packed, "dequant_strips"):
-                rows = gemm.strips_to_rows(self._strips(g0, g1))
-            else:
-                buf = _scratch(n * (g1 - g0) * packed.R).reshape(n, -1)
-                self.packed.dequant_t(g0, g1, buf)
-                rows = buf.T
+            rows = self.packed.dequant_rows(g0, g1, _scratch)
             yield g0 * packed.R, rows[:min(self.shape[0], g1 * packed.R) - g0 * packed.R]
 
     def __getitem__(self, key):
@@ -199,7 +194,7 @@ class QuantTensor:
         if self.arith == "ggml":
             return self.matmul(x[None])[0]
         if self.packed is not None:
-            y = np.empty(self.packed.qs.shape[0] * packed.R, np.float32)
+            y = np.empty(self.packed.n_groups * packed.R, np.float32)
             self.packed.matvec(np.ascontiguousarray(x, np.float32), y)
             return y[:self.shape[0]]
         y = np.empty(self.shape[0], np.float32)
@@ -215,7 +210,7 @@ class QuantTensor:
             return self._ggml_matmul(x)
         if self.packed is not None:
             n_threads = threads.threads()
-            G = self.packed.qs.shape[0]
+            G = self.packed.n_groups
             per, chunks = tiling(G, self._tile_groups(), x.shape[0], n_threads)
             n_tiles = -(-G // per)
             width = gemm.tile_tokens()
