@@ -146,7 +146,7 @@ def test_stacked_ggml_matrix_equals_its_parts(qtype):
 
 
 def test_packed_types_are_the_ones_with_a_layout():
-    assert set(ggml_packed.TYPES) == {int(t) for t in TYPES}
+    assert set(ggml_packed.PACKED_TYPES) == {int(t) for t in TYPES}
 
 
 def test_one_vector_ops_equal_the_general_ones():

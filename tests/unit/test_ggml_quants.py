@@ -122,13 +122,13 @@ def test_quanttensor_fast_kernels_equal_the_reference_order(qtype, tokens):
 
 
 def test_tiled_batch_kernel_equals_its_reference_order():
-    from ffnlab.quant.tensor import K_BYTES
+    from ffnlab.quant.types import TYPES
     rng = np.random.default_rng(6)
     for qtype in (T.Q4_K, T.Q6_K, T.Q2_K, T.Q3_K, T.Q5_K):
         data = random_blocks(qtype, 24, 512, rng)
         a = Q8Rows("q8_k", activations(rng, 9, 512))
         ref, y = np.empty((9, 24), np.float32), np.empty((9, 24), np.float32)
         ggml_kernels.gemm(int(qtype), data, F16_TABLE, a.qs, a.d, a.e, ref)             # 9 tokens: _dot_k_tiled
-        ggml_kernels.gemmk_batch(int(qtype), K_BYTES[qtype], data, F16_TABLE, np.ascontiguousarray(a.qs.T, np.int32),
+        ggml_kernels.gemmk_batch(int(qtype), TYPES[qtype].block_bytes, data, F16_TABLE, np.ascontiguousarray(a.qs.T, np.int32),
                                  np.ascontiguousarray(a.d.T), np.ascontiguousarray(a.e.T), y)
         np.testing.assert_array_equal(y, ref)

@@ -1,6 +1,9 @@
 """Quantized-resident weights: GGUF blocks, the QuantTensor that holds them, compiled kernels.
 
-  blocks.py   the block layouts and which ggml types have kernels
+  types.py    one record per ggml type: block sizes, fields, scales, vec-dot type, layout family
+  blocks.py   a row's bytes and the 16-bit float tables of the block scales
+  unpack.py   the bit tricks of the blocks (Q6_K's code, the Q5 fifth bit, K-quant scales), one helper each
+  layout.py   what every row-interleaved layout offers: groups, dequantized tiles and rows, its size
   dequant.py  one compiled dequantizer per type (a row of blocks -> float32)
   kernels.py  the products on the blocks as they lie in the file: matrix-vector, row tiles for BLAS
   packed.py   the layout a loaded model multiplies by: 64 rows interleaved, and its kernels

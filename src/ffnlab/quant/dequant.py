@@ -1,6 +1,6 @@
 """Compiled dequantization of one GGUF row: its blocks -> float32 weights.
 
-One function per ggml type, each a straight transcription of the block layout in blocks.py,
+One function per ggml type, each a straight transcription of the block layout in types.py,
 written with the same float32 operations in the same order as gguf-py's dequantize_blocks (so
 the values are the ones gguf.quants.dequantize gives, bit for bit; tests/unit/test_quant_kernels.py
 checks it). `row` is a 1-D uint8 array (one row's blocks), `out` a float32 array of the row's
@@ -12,21 +12,11 @@ for the commonest types.
 import numpy as np
 from numba import njit
 
-F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30
+from .types import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
+from .unpack import fifth_bit, half_float, k_scale_min, q3_scale, q6_code, u32
 
 JIT = dict(cache=True, nogil=True, fastmath=False)   # compiled once, cached on disk next to this file; exact
 # values also when a fastmath kernel (quant/kernels.py _matvec_rows) is the first to call one
-
-
-@njit(**JIT)
-def half_float(row, o, table):
-    """The 16-bit float stored little-endian at row[o:o+2], as float32."""
-    return table[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
-
-
-@njit(**JIT)
-def u32(row, o):
-    return np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16) | (np.int64(row[o + 3]) << 24)
 
 
 @njit(**JIT)
@@ -45,7 +35,7 @@ def _f16(row, table, out, half):             # F16 and BF16: the table says whic
 @njit(**JIT)
 def _q4_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 18, b * 32
+        o, y = b * QT[Q4_0].block_bytes, b * 32
         d = half_float(row, o, table)
         for j in range(half):
             q = np.int32(row[o + 2 + j])
@@ -56,7 +46,7 @@ def _q4_0(row, table, out, half):
 @njit(**JIT)
 def _q4_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 20, b * 32
+        o, y = b * QT[Q4_1].block_bytes, b * 32
         d, m = half_float(row, o, table), half_float(row, o + 2, table)
         for j in range(half):
             q = np.int32(row[o + 4 + j])
@@ -67,31 +57,31 @@ def _q4_1(row, table, out, half):
 @njit(**JIT)
 def _q5_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 22, b * 32
+        o, y = b * QT[Q5_0].block_bytes, b * 32
         d = half_float(row, o, table)
         h = np.int32(u32(row, o + 2))      # as int32: bit 31 may turn the sign, the shifts below mask it
         for j in range(half):
             q = np.int32(row[o + 6 + j])
-            out[y + j] = d * np.float32(np.int32((q & 15) | (((h >> j) & 1) << 4)) - 16)
-            out[y + half + j] = d * np.float32(np.int32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) - 16)
+            out[y + j] = d * np.float32(np.int32((q & 15) | fifth_bit(h, j)) - 16)
+            out[y + half + j] = d * np.float32(np.int32((q >> 4) | fifth_bit(h, j + 16)) - 16)
 
 
 @njit(**JIT)
 def _q5_1(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 24, b * 32
+        o, y = b * QT[Q5_1].block_bytes, b * 32
         d, m = half_float(row, o, table), half_float(row, o + 2, table)
         h = np.int32(u32(row, o + 4))
         for j in range(half):
             q = np.int32(row[o + 8 + j])
-            out[y + j] = d * np.float32((q & 15) | (((h >> j) & 1) << 4)) + m
-            out[y + half + j] = d * np.float32((q >> 4) | (((h >> (j + 16)) & 1) << 4)) + m
+            out[y + j] = d * np.float32((q & 15) | fifth_bit(h, j)) + m
+            out[y + half + j] = d * np.float32((q >> 4) | fifth_bit(h, j + 16)) + m
 
 
 @njit(**JIT)
 def _q8_0(row, table, out, half):
     for b in range(out.shape[0] // 32):
-        o, y = b * 34, b * 32
+        o, y = b * QT[Q8_0].block_bytes, b * 32
         d = half_float(row, o, table)
         for j in range(2 * half):
             out[y + j] = d * np.float32((np.int32(row[o + 2 + j]) ^ 128) - 128)   # the byte as int8
@@ -100,7 +90,7 @@ def _q8_0(row, table, out, half):
 @njit(**JIT)
 def _q2_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 84, b * 256
+        o, y = b * QT[Q2_K].block_bytes, b * 256
         d, dmin = half_float(row, o + 80, table), half_float(row, o + 82, table)
         for g in range(16):                                             # 16 groups of 16 weights
             h, s = g // 8, (g // 2) % 4                                 # 128-weight half, 2-bit plane
@@ -112,22 +102,13 @@ def _q2_k(row, table, out, half):
 
 
 @njit(**JIT)
-def _k_scale(row, o, i):
-    """Q3_K's i-th 6-bit scale (of 16) from the 12 bytes at row[o:]: low 4 bits from byte i % 8
-    (low nibble for i < 8, high for i >= 8), high 2 bits from byte 8 + i % 4, pair i // 4."""
-    lo = (row[o + i % 8] >> (4 * (i // 8))) & 15
-    hi = (row[o + 8 + i % 4] >> (2 * (i // 4))) & 3
-    return np.int32(lo | (hi << 4)) - 32
-
-
-@njit(**JIT)
 def _q3_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 110, b * 256
+        o, y = b * QT[Q3_K].block_bytes, b * 256
         d = half_float(row, o + 108, table)
         for g in range(16):                                             # 16 groups of 16 weights
             h, s = g // 8, (g // 2) % 4
-            dl = d * np.float32(_k_scale(row, o + 96, g))
+            dl = d * np.float32(q3_scale(row, o + 96, g))
             qo, mo = o + 32 + h * 32 + (g % 2) * 16, o + (g % 2) * 16
             for l in range(half):
                 q = (np.int32(row[qo + l]) >> (2 * s)) & 3
@@ -136,22 +117,12 @@ def _q3_k(row, table, out, half):
 
 
 @njit(**JIT)
-def _k_scale_min(row, o, j):
-    """Q4_K / Q5_K: the j-th (of 8) 6-bit scale and min from the 12 bytes at row[o:]."""
-    if j < 4:
-        return row[o + j] & 63, row[o + j + 4] & 63
-    sc = (row[o + j + 4] & 15) | ((row[o + j - 4] >> 6) << 4)
-    m = (row[o + j + 4] >> 4) | ((row[o + j] >> 6) << 4)
-    return sc, m
-
-
-@njit(**JIT)
 def _q4_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 144, b * 256
+        o, y = b * QT[Q4_K].block_bytes, b * 256
         d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):                                              # 8 sub-blocks of 32
-            sc, m = _k_scale_min(row, o + 4, s)
+            sc, m = k_scale_min(row, o + 4, s)
             ds, ms = d * np.float32(sc), dmin * np.float32(m)
             qo, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
             for l in range(2 * half):
@@ -161,21 +132,21 @@ def _q4_k(row, table, out, half):
 @njit(**JIT)
 def _q5_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 176, b * 256
+        o, y = b * QT[Q5_K].block_bytes, b * 256
         d, dmin = half_float(row, o, table), half_float(row, o + 2, table)
         for s in range(8):
-            sc, m = _k_scale_min(row, o + 4, s)
+            sc, m = k_scale_min(row, o + 4, s)
             ds, ms = d * np.float32(sc), dmin * np.float32(m)
             qo, shift = o + 48 + (s // 2) * 32, 4 * (s % 2)
             for l in range(2 * half):
-                q = ((np.int32(row[qo + l]) >> shift) & 15) | (((np.int32(row[o + 16 + l]) >> s) & 1) << 4)
+                q = ((np.int32(row[qo + l]) >> shift) & 15) | fifth_bit(np.int32(row[o + 16 + l]), s)
                 out[y + s * 32 + l] = ds * np.float32(q) - ms
 
 
 @njit(**JIT)
 def _q6_k(row, table, out, half):
     for b in range(out.shape[0] // 256):
-        o, y = b * 210, b * 256
+        o, y = b * QT[Q6_K].block_bytes, b * 256
         d = half_float(row, o + 208, table)
         for h in range(2):                                              # two halves of 128 weights
             ql, qh, sc, y0 = o + 64 * h, o + 128 + 32 * h, o + 192 + 8 * h, y + 128 * h
@@ -188,7 +159,7 @@ def _q6_k(row, table, out, half):
                 for k in range(half):
                     l = g * 16 + k
                     a, c, hh = np.int32(row[ql + l]), np.int32(row[ql + l + 32]), np.int32(row[qh + l])
-                    out[y0 + l] = d1 * np.float32(((a & 15) | ((hh & 3) << 4)) - 32)
-                    out[y0 + l + 32] = d2 * np.float32(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
-                    out[y0 + l + 64] = d3 * np.float32(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
-                    out[y0 + l + 96] = d4 * np.float32(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+                    out[y0 + l] = d1 * np.float32(q6_code(a, hh, 0) - 32)
+                    out[y0 + l + 32] = d2 * np.float32(q6_code(c, hh, 1) - 32)
+                    out[y0 + l + 64] = d3 * np.float32(q6_code(a, hh, 2) - 32)
+                    out[y0 + l + 96] = d4 * np.float32(q6_code(c, hh, 3) - 32)

@@ -29,37 +29,31 @@ unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: ggml_simd.dot_s8_biased forms
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_0, Q4_1, Q5_0, Q8_0, half_float
 from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
                         splat4, splat_f, store_v, to_f, zeros_v)
-from .packed import AHEAD, R
+from .layout import R, Layout
+from .packed import AHEAD
 from .simd import prefetch
+from .types import Q4_0, Q4_1, Q5_0, Q8_0, QT, TYPES
+from .unpack import fifth_bit, half_float, u32
 
 GG = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: every float step is written out as ggml's
 EXACT = dict(cache=True, nogil=True, fastmath=False)
 CHUNK = ROWS                             # rows per vector: 16 int32 / float32 lanes of 512 bits, or 8 of 256
 LANE = 4 * CHUNK                         # bytes of one lane's 4 codes for CHUNK rows
-TYPES = {Q4_0: ("nib", 8), Q4_1: ("nib", 0), Q5_0: ("i8", 0), Q8_0: ("i8", 0)}   # kind, zero
+# ggml_packed.py's "block32" types -> (kind, zero): 4-bit codes kept as nibbles, Q5_0 and Q8_0 as int8
+LANE_TYPES = {t: ("nib" if r.code_bits == 4 else "i8", r.zero if r.code_bits == 4 else 0)
+              for t, r in TYPES.items() if r.ggml_layout == "block32"}
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
 
-class LanePacked:
-    """A [rows, n] matrix of a type in TYPES in the lane layout (module docstring). Rows past
-    `rows` in the last group are zeros. The same interface as packed.Packed for what a model
-    loaded with arith "ggml" asks besides products: groups (views), lookup, dequant_t."""
+class LanePacked(Layout):
+    """A [rows, n] matrix of a type in LANE_TYPES in the lane layout (module docstring). Rows past
+    `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "d", "m")
 
     def __init__(self, kind, rows, n, qs, d, m, zero):
         self.kind, self.rows, self.n, self.qs, self.d, self.m, self.zero = kind, rows, n, qs, d, m, zero
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.d.nbytes + self.m.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a LanePacked (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        return LanePacked(self.kind, rows, self.n, self.qs[g0:g1], self.d[g0:g1],
-                          self.m[g0:g1] if self.m.shape[0] else self.m, self.zero)
 
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (gguf-py's values: an embedding lookup)."""
@@ -75,7 +69,7 @@ class LanePacked:
 def empty(qtype, rows, n) -> LanePacked:
     """A LanePacked of rows x n weights of ggml type qtype (in TYPES), to fill(); the last group's
     rows past `rows` are zeros (fill() writes the others)."""
-    kind, zero = TYPES[qtype]
+    kind, zero = LANE_TYPES[qtype]
     G, nb = -(-rows // R), n // 32
     qs = np.empty((G, R // CHUNK, nb, 4 if kind == "nib" else 8, CHUNK, 4), np.uint8 if kind == "nib" else np.int8)
     d = np.empty((G, R // CHUNK, nb, CHUNK), np.float32)
@@ -112,7 +106,7 @@ def _pack(qtype, data, table, qs, d, m):
         g, c, r, src = row // R, (row % R) // CHUNK, row % CHUNK, data[row]
         for b in range(nb):
             if qtype == Q4_0 or qtype == Q4_1:
-                size = 18 if qtype == Q4_0 else 20
+                size = QT[Q4_0].block_bytes if qtype == Q4_0 else QT[Q4_1].block_bytes
                 o = b * size
                 d[g, c, b, r] = half_float(src, o, table)
                 if qtype == Q4_1:
@@ -120,20 +114,19 @@ def _pack(qtype, data, table, qs, d, m):
                 for k in range(16):                                      # the file's bytes, 4 per lane
                     qs[g, c, b, k >> 2, r, k & 3] = src[o + size - 16 + k]
             elif qtype == Q8_0:
-                o = b * 34
+                o = b * QT[Q8_0].block_bytes
                 d[g, c, b, r] = half_float(src, o, table)
                 for k in range(32):
                     qs[g, c, b, k >> 2, r, k & 3] = np.int8((np.int32(src[o + 2 + k]) ^ 128) - 128)
             else:                                                        # Q5_0: 4 + 1 bits, minus 16
-                o = b * 22
+                o = b * QT[Q5_0].block_bytes
                 d[g, c, b, r] = half_float(src, o, table)
-                hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
-                    | (np.int64(src[o + 5]) << 24)
+                hb = u32(src, o + 2)
                 for k in range(16):
                     v = np.int64(src[o + 6 + k])
                     lo, hi = k, 16 + k
-                    qs[g, c, b, lo >> 2, r, lo & 3] = np.int8(((v & 15) | (((hb >> k) & 1) << 4)) - 16)
-                    qs[g, c, b, hi >> 2, r, hi & 3] = np.int8(((v >> 4) | (((hb >> (k + 16)) & 1) << 4)) - 16)
+                    qs[g, c, b, lo >> 2, r, lo & 3] = np.int8(((v & 15) | fifth_bit(hb, k)) - 16)
+                    qs[g, c, b, hi >> 2, r, hi & 3] = np.int8(((v >> 4) | fifth_bit(hb, k + 16)) - 16)
 
 
 # ---- dequantization (lookups, dequantize()) ---------------------------------------------------

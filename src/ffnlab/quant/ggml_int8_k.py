@@ -25,11 +25,12 @@ sub-blocks:
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_K, _k_scale_min, half_float
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
 from .ggml_simd import (add_i, add_v, fma_v, high4, load_b, load_v, low4, madd, maddubs, mul_i, mul_v, pairs16,
                         splat4, splat_f, store_v, sub_i, to_f, widen, zeros_b, zeros_v)
-from .packed import R
+from .layout import R, Layout
+from .types import Q4_K, Q6_K, QT
+from .unpack import half_float, k_scale_min, q6_code
 
 GG = dict(cache=True, nogil=True, fastmath=False)
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -38,23 +39,14 @@ _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
 
-class LaneKPacked:
+class LaneKPacked(Layout):
     """A [rows, n] Q4_K or Q6_K matrix in the lane layout (module docstring); rows past `rows` in
-    the last group are zeros. groups / lookup / dequant_t as packed.Packed's."""
+    the last group are zeros."""
+    ARRAYS = ("qs", "sc", "mn", "d", "dmin")
 
     def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
         self.kind, self.qtype, self.rows, self.n = "lane_k", qtype, rows, n
         self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a LaneKPacked (views, no copy)."""
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return LaneKPacked(self.qtype, min(self.rows, g1 * R) - g0 * R, self.n, sl(self.qs), sl(self.sc), sl(self.mn),
-                           sl(self.d), sl(self.dmin))
 
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (gguf-py's values)."""
@@ -86,10 +78,10 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
         g, c, r, src = row // R, (row % R) // CHUNK, row % CHUNK, data[row]
         for B in range(d.shape[2]):
             if qtype == Q4_K:
-                o = B * 144
+                o = B * QT[Q4_K].block_bytes
                 d[g, c, B, r], dmin[g, c, B, r] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
-                    a, m = _k_scale_min(src, o + 4, s)
+                    a, m = k_scale_min(src, o + 4, s)
                     sc[g, c, 8 * B + s, r], mn[g, c, 8 * B + s, r] = a, m
                     q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
                     for k in range(16):
@@ -97,7 +89,7 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
                         hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
                         qs[g, c, 8 * B + s, k >> 2, r, k & 3] = np.uint8(lo | (hi << 4))
             else:                                                      # Q6_K: weight 128h + 32g4 + i
-                o = B * 210
+                o = B * QT[Q6_K].block_bytes
                 d[g, c, B, r] = half_float(src, o + 208, table)
                 for i in range(16):
                     sc[g, c, 16 * B + i, r] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)
@@ -106,10 +98,10 @@ def _pack(qtype, data, table, qs, sc, mn, d, dmin):
                     for i in range(32):
                         a, e, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
                         j, k = i >> 2, i & 3
-                        qs[g, c, b, j, r, k] = np.uint8((a & 15) | ((hh & 3) << 4))
-                        qs[g, c, b + 1, j, r, k] = np.uint8((e & 15) | (((hh >> 2) & 3) << 4))
-                        qs[g, c, b + 2, j, r, k] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
-                        qs[g, c, b + 3, j, r, k] = np.uint8((e >> 4) | (((hh >> 6) & 3) << 4))
+                        qs[g, c, b, j, r, k] = np.uint8(q6_code(a, hh, 0))
+                        qs[g, c, b + 1, j, r, k] = np.uint8(q6_code(e, hh, 1))
+                        qs[g, c, b + 2, j, r, k] = np.uint8(q6_code(a, hh, 2))
+                        qs[g, c, b + 3, j, r, k] = np.uint8(q6_code(e, hh, 3))
 
 
 # ---- dequantization (lookups, dequantize()) ---------------------------------------------------

@@ -26,7 +26,8 @@ and rounded to float32: it differs from a hardware FMA only by a double rounding
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale, _k_scale_min, half_float
+from .types import Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
+from .unpack import fifth_bit, half_float, k_scale_min, q3_scale, q6_code, u32
 
 JIT = dict(cache=True, nogil=True, fastmath=False)   # no fastmath: the float32 roundings are ggml's
 ROWS_PER_TASK = 16
@@ -46,7 +47,7 @@ def _hsum8(acc):
 
 
 @njit(**JIT)
-def _nibble_lanes(row, qo, qx, xo, lo_off, acc, dd, hb, h_shift):
+def _nibble_lanes(row, qo, qx, xo, lo_off, acc, dd, hb):
     """The 4-bit types: elements 0-15 are the low nibbles of 16 bytes, 16-31 the high ones;
     hb: Q5's 32 high bits (0 for Q4), lo_off: the offset subtracted from each weight (8, 16 or 0)."""
     for l in range(4):
@@ -55,17 +56,12 @@ def _nibble_lanes(row, qo, qx, xo, lo_off, acc, dd, hb, h_shift):
         for k in range(4):
             j = 4 * l + k
             byte = np.int32(row[qo + j])
-            w_lo = (byte & 15) | (((hb >> j) & 1) << h_shift)
-            w_hi = (byte >> 4) | (((hb >> (j + 16)) & 1) << h_shift)
+            w_lo = (byte & 15) | fifth_bit(hb, j)
+            w_hi = (byte >> 4) | fifth_bit(hb, j + 16)
             s_lo += (w_lo - lo_off) * np.int32(qx[xo + j])
             s_hi += (w_hi - lo_off) * np.int32(qx[xo + 16 + j])
         acc[l] = _fma(dd, s_lo, acc[l])
         acc[4 + l] = _fma(dd, s_hi, acc[4 + l])
-
-
-@njit(**JIT)
-def _u32(row, o):
-    return np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16) | (np.int64(row[o + 3]) << 24)
 
 
 @njit(**JIT)
@@ -76,7 +72,7 @@ def _dot_32(qtype, row, table, qx, dx, sx, acc):
     for b in range(dx.shape[0]):
         xo = b * 32
         if qtype == Q8_0:
-            o = b * 34
+            o = b * QT[Q8_0].block_bytes
             dd = half_float(row, o, table) * dx[b]
             for l in range(8):
                 s = 0
@@ -84,19 +80,19 @@ def _dot_32(qtype, row, table, qx, dx, sx, acc):
                     s += ((np.int32(row[o + 2 + 4 * l + k]) ^ 128) - 128) * np.int32(qx[xo + 4 * l + k])
                 acc[l] = _fma(dd, s, acc[l])
         elif qtype == Q4_0:
-            o = b * 18
-            _nibble_lanes(row, o + 2, qx, xo, 8, acc, half_float(row, o, table) * dx[b], 0, 4)
+            o = b * QT[Q4_0].block_bytes
+            _nibble_lanes(row, o + 2, qx, xo, 8, acc, half_float(row, o, table) * dx[b], 0)
         elif qtype == Q5_0:
-            o = b * 22
-            _nibble_lanes(row, o + 6, qx, xo, 16, acc, half_float(row, o, table) * dx[b], _u32(row, o + 2), 4)
+            o = b * QT[Q5_0].block_bytes
+            _nibble_lanes(row, o + 6, qx, xo, 16, acc, half_float(row, o, table) * dx[b], u32(row, o + 2))
         elif qtype == Q4_1:
-            o = b * 20
+            o = b * QT[Q4_1].block_bytes
             summs += half_float(row, o + 2, table) * sx[b]
-            _nibble_lanes(row, o + 4, qx, xo, 0, acc, half_float(row, o, table) * dx[b], 0, 4)
+            _nibble_lanes(row, o + 4, qx, xo, 0, acc, half_float(row, o, table) * dx[b], 0)
         else:                                                          # Q5_1
-            o = b * 24
+            o = b * QT[Q5_1].block_bytes
             summs += half_float(row, o + 2, table) * sx[b]
-            _nibble_lanes(row, o + 8, qx, xo, 0, acc, half_float(row, o, table) * dx[b], _u32(row, o + 4), 4)
+            _nibble_lanes(row, o + 8, qx, xo, 0, acc, half_float(row, o, table) * dx[b], u32(row, o + 4))
     return _hsum8(acc) + summs
 
 
@@ -106,13 +102,13 @@ def _unpack_k(qtype, row, o, table, q, sc, mn):
     sc and mins mn ([16] for 16-wide sub-blocks, [8] for 32-wide), -> (d, dmin, sub-block width)"""
     if qtype == Q4_K or qtype == Q5_K:
         for s in range(8):
-            a, m = _k_scale_min(row, o + 4, s)
+            a, m = k_scale_min(row, o + 4, s)
             sc[s], mn[s] = np.int32(a), np.int32(m)
             qo, shift = o + (16 if qtype == Q4_K else 48) + (s // 2) * 32, 4 * (s % 2)
             for l in range(32):
                 v = (np.int32(row[qo + l]) >> shift) & 15
                 if qtype == Q5_K:
-                    v |= ((np.int32(row[o + 16 + l]) >> s) & 1) << 4
+                    v |= fifth_bit(np.int32(row[o + 16 + l]), s)
                 q[s * 32 + l] = v
         return half_float(row, o, table), half_float(row, o + 2, table), 32
     if qtype == Q6_K:
@@ -120,10 +116,10 @@ def _unpack_k(qtype, row, o, table, q, sc, mn):
             ql, qh, so = o + 64 * h, o + 128 + 32 * h, o + 192 + 8 * h
             for l in range(32):
                 a, c, hh = np.int32(row[ql + l]), np.int32(row[ql + l + 32]), np.int32(row[qh + l])
-                q[128 * h + l] = ((a & 15) | ((hh & 3) << 4)) - 32
-                q[128 * h + l + 32] = ((c & 15) | (((hh >> 2) & 3) << 4)) - 32
-                q[128 * h + l + 64] = ((a >> 4) | (((hh >> 4) & 3) << 4)) - 32
-                q[128 * h + l + 96] = ((c >> 4) | (((hh >> 6) & 3) << 4)) - 32
+                q[128 * h + l] = q6_code(a, hh, 0) - 32
+                q[128 * h + l + 32] = q6_code(c, hh, 1) - 32
+                q[128 * h + l + 64] = q6_code(a, hh, 2) - 32
+                q[128 * h + l + 96] = q6_code(c, hh, 3) - 32
             for g in range(8):                                         # int8 scales, one per 16 weights
                 sc[8 * h + g] = (np.int32(row[so + g]) ^ 128) - 128
                 mn[8 * h + g] = 0
@@ -131,7 +127,7 @@ def _unpack_k(qtype, row, o, table, q, sc, mn):
     if qtype == Q3_K:
         for g in range(16):
             h, s = g // 8, (g // 2) % 4
-            sc[g], mn[g] = _k_scale(row, o + 96, g), 0
+            sc[g], mn[g] = q3_scale(row, o + 96, g), 0
             qo, mo = o + 32 + h * 32 + (g % 2) * 16, o + (g % 2) * 16
             for l in range(16):
                 v = (np.int32(row[qo + l]) >> (2 * s)) & 3
@@ -156,13 +152,13 @@ def _dot_q4_k(row, table, qx, dx, bsums, acc):
     acc[:] = 0
     m0 = m1 = m2 = m3 = np.float32(0.0)
     for b in range(dx.shape[0]):
-        o, xo = b * 144, b * 256
+        o, xo = b * QT[Q4_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o, table)
         dmin = -dx[b] * half_float(row, o + 2, table)
         lanes = np.zeros(8, np.int32)
         mins = np.zeros(4, np.int32)
         for s in range(8):
-            sc, m = _k_scale_min(row, o + 4, s)
+            sc, m = k_scale_min(row, o + 4, s)
             bs = np.int32(bsums[b * 16 + 2 * s]) + np.int32(bsums[b * 16 + 2 * s + 1])
             mins[s // 2] += np.int32(m) * bs
             qo, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
@@ -190,20 +186,20 @@ def _dot_q5_k(row, table, qx, dx, bsums, acc):
     acc[:] = 0
     summs = np.float32(0.0)
     for b in range(dx.shape[0]):
-        o, xo = b * 176, b * 256
+        o, xo = b * QT[Q5_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o, table)
         dmin = -dx[b] * half_float(row, o + 2, table)
         lanes = np.zeros(8, np.int32)
         mins = np.int32(0)
         for s in range(8):
-            sc, m = _k_scale_min(row, o + 4, s)
+            sc, m = k_scale_min(row, o + 4, s)
             mins += np.int32(m) * (np.int32(bsums[b * 16 + 2 * s]) + np.int32(bsums[b * 16 + 2 * s + 1]))
             qo, shift = o + 48 + (s // 2) * 32, 4 * (s % 2)
             for i in range(8):
                 t = 0
                 for k in range(4):
                     e = 4 * i + k
-                    q = ((np.int32(row[qo + e]) >> shift) & 15) | (((np.int32(row[o + 16 + e]) >> s) & 1) << 4)
+                    q = ((np.int32(row[qo + e]) >> shift) & 15) | fifth_bit(np.int32(row[o + 16 + e]), s)
                     t += q * np.int32(qx[xo + s * 32 + e])
                 lanes[i] += np.int32(sc) * t
         summs = _fma(dmin, np.float32(mins), summs)
@@ -220,7 +216,7 @@ def _dot_q2_k(row, table, qx, dx, bsums, acc):
     16-wide sub-blocks: lanes 0-3 and 4-7); the result hsum_float_8(acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 84, b * 256
+        o, xo = b * QT[Q2_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 80, table)
         dmin = -dx[b] * half_float(row, o + 82, table)
         lanes = np.zeros(8, np.int32)
@@ -248,7 +244,7 @@ def _dot_q3_k(row, table, qx, dx, bsums, acc):
     in _dot_q2_k (scales: the 6-bit values - 32); acc = fma(d, lane, acc); hsum_float_8(acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 110, b * 256
+        o, xo = b * QT[Q3_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 108, table)
         lanes = np.zeros(8, np.int32)
         for j in range(2):                                           # 128-wide halves
@@ -261,7 +257,7 @@ def _dot_q3_k(row, table, qx, dx, bsums, acc):
                         if not (np.int32(row[o + e]) >> (4 * j + k)) & 1:
                             q -= 4
                         t += q * np.int32(qx[xo + 128 * j + 32 * k + e])
-                    lanes[i] += _k_scale(row, o + 96, 8 * j + 2 * k + i // 4) * t
+                    lanes[i] += q3_scale(row, o + 96, 8 * j + 2 * k + i // 4) * t
         for i in range(8):
             acc[i] = _fma(d, np.float32(lanes[i]), acc[i])
     return _hsum8(acc)
@@ -274,7 +270,7 @@ def _dot_q6_k(row, table, qx, dx, bsums, acc):
     + scale_2i+1 bsum_2i+1) (the -32 offset folded in per lane); acc = fma(d, lane, acc)."""
     acc[:] = 0
     for b in range(dx.shape[0]):
-        o, xo = b * 210, b * 256
+        o, xo = b * QT[Q6_K].block_bytes, b * 256
         d = dx[b] * half_float(row, o + 208, table)
         lanes = np.zeros(8, np.int32)
         for h in range(2):
@@ -284,9 +280,7 @@ def _dot_q6_k(row, table, qx, dx, bsums, acc):
                     t = 0
                     for k in range(4):
                         l = 4 * i + k
-                        a = np.int32(row[ql + l + (32 if g4 % 2 else 0)])
-                        hh = (np.int32(row[qh + l]) >> (2 * g4)) & 3
-                        q = ((a >> 4) if g4 >= 2 else (a & 15)) | (hh << 4)
+                        q = q6_code(np.int32(row[ql + l + (32 if g4 % 2 else 0)]), np.int32(row[qh + l]), g4)
                         t += q * np.int32(qx[xo + 128 * h + 32 * g4 + l])
                     sc = (np.int32(row[so + 2 * g4 + i // 4]) ^ 128) - 128
                     lanes[i] += sc * t
@@ -338,29 +332,33 @@ def _unpack_32(qtype, row, table, w, dw, mw):
     """One row of a 32-block type -> integer weights w [n] (offsets applied), d [nb], m [nb]"""
     for b in range(dw.shape[0]):
         if qtype == Q8_0:
-            o = b * 34
+            o = b * QT[Q8_0].block_bytes
             dw[b] = half_float(row, o, table)
             for e in range(32):
                 w[b * 32 + e] = (np.int32(row[o + 2 + e]) ^ 128) - 128
             continue
         hb = 0
         if qtype == Q4_0:
-            o, qo, off = b * 18, b * 18 + 2, 8
+            o = b * QT[Q4_0].block_bytes
+            qo, off = o + QT[Q4_0].qs_at, QT[Q4_0].zero
         elif qtype == Q5_0:
-            o, qo, off = b * 22, b * 22 + 6, 16
-            hb = _u32(row, o + 2)
+            o = b * QT[Q5_0].block_bytes
+            qo, off = o + QT[Q5_0].qs_at, QT[Q5_0].zero
+            hb = u32(row, o + 2)
         elif qtype == Q4_1:
-            o, qo, off = b * 20, b * 20 + 4, 0
+            o = b * QT[Q4_1].block_bytes
+            qo, off = o + QT[Q4_1].qs_at, QT[Q4_1].zero
             mw[b] = half_float(row, o + 2, table)
         else:                                                          # Q5_1
-            o, qo, off = b * 24, b * 24 + 8, 0
+            o = b * QT[Q5_1].block_bytes
+            qo, off = o + QT[Q5_1].qs_at, QT[Q5_1].zero
             mw[b] = half_float(row, o + 2, table)
-            hb = _u32(row, o + 4)
+            hb = u32(row, o + 4)
         dw[b] = half_float(row, o, table)
         for j in range(16):
             byte = np.int32(row[qo + j])
-            w[b * 32 + j] = ((byte & 15) | (((hb >> j) & 1) << 4)) - off
-            w[b * 32 + 16 + j] = ((byte >> 4) | (((hb >> (j + 16)) & 1) << 4)) - off
+            w[b * 32 + j] = ((byte & 15) | fifth_bit(hb, j)) - off
+            w[b * 32 + 16 + j] = ((byte >> 4) | fifth_bit(hb, j + 16)) - off
 
 
 @njit(parallel=True, **BATCH)
@@ -481,17 +479,7 @@ def gemm(qtype, data, table, qs, d, e, y):
     (quant/ggml_quants.py's Q8Rows: [N, n] int8, block scales, Q8_1's s or Q8_K's bsums)
     -> y: [N, rows] float32"""
     rows, N = data.shape[0], qs.shape[0]
-    kbytes = 0
-    if qtype == Q2_K:
-        kbytes = 84
-    elif qtype == Q3_K:
-        kbytes = 110
-    elif qtype == Q4_K:
-        kbytes = 144
-    elif qtype == Q5_K:
-        kbytes = 176
-    elif qtype == Q6_K:
-        kbytes = 210
+    kbytes = QT[qtype].block_bytes if QT[qtype].block_weights == 256 else 0   # a K-quant's block: tiled batches
     for task in prange((rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK):
         acc = np.zeros(8, np.float32)
         q = np.zeros(256, np.int32)

@@ -32,19 +32,23 @@ import numpy as np
 from numba import njit, prange
 
 from . import ggml_int8, ggml_int8_k, packed
-from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0, half_float
 from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
 from .packed import R
 from .simd import HAS_AVX2
+from .types import Q5_0, QT, TYPES
+from .unpack import fifth_bit, half_float, u32
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})
 EXACT = dict(cache=True, nogil=True, fastmath=False)
-BLOCK32_TYPES = (Q4_0, Q4_1, Q5_0, Q8_0)            # AVX2: ggml_int8.LanePacked; else packed.Packed ("nib", "i8")
-K_TYPES = (Q4_K, Q6_K)                               # AVX2: ggml_int8_k.LaneKPacked; else ggml_packed_k.KPacked
-TYPES = BLOCK32_TYPES + K_TYPES
+# types.py's ggml_layout: "block32" with AVX2 ggml_int8.LanePacked, else packed.Packed ("nib", "i8");
+# "k" with AVX2 ggml_int8_k.LaneKPacked, else ggml_packed_k.KPacked
+BLOCK32_TYPES = tuple(t for t, r in TYPES.items() if r.ggml_layout == "block32")
+K_TYPES = tuple(t for t, r in TYPES.items() if r.ggml_layout == "k")
+PACKED_TYPES = BLOCK32_TYPES + K_TYPES
 INT8 = HAS_AVX2                                      # byte multiplies for every type (ggml_int8.py, ggml_int8_k.py)
-# the types stacked() can stack: those whose layout empty() / fill() make
-STACKABLE = BLOCK32_TYPES if INT8 else (Q4_0, Q4_1, Q8_0)
+# the types stacked() can stack: those whose layout empty() / fill() make (without AVX2, packed.py's:
+# not Q5_0's, which pack() makes of its own)
+STACKABLE = BLOCK32_TYPES if INT8 else tuple(t for t in BLOCK32_TYPES if TYPES[t].code_bits != 5)
 TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled
 SIXTEENTH = np.float32(0.0625)                       # a high nibble kept as (byte & 0xF0): x / 16 is exact
 
@@ -245,7 +249,7 @@ def gemm_block32(qs, d, m, zero, xq, dx, sx, y):
 # ---- packing (once, at load) ------------------------------------------------------------------
 
 def pack(qtype, data, table, n, int8=INT8):
-    """data: [rows, row_bytes] uint8 blocks of a type in TYPES -> the layout its products read.
+    """data: [rows, row_bytes] uint8 blocks of a type in PACKED_TYPES -> the layout its products read.
     With int8 (AVX2 hosts), the 32-weight types: ggml_int8.LanePacked. Without (the float
     kernels here): Q4_0, Q4_1, Q8_0 in packed.pack's (the f32 mode's) layout; Q5_0 "i8", its
     5-bit weights minus 16 as int8 codes (36 bytes per 32 weights against the file's 22): the
@@ -253,7 +257,7 @@ def pack(qtype, data, table, n, int8=INT8):
     product is then Q8_0's. Q4_K, Q6_K: ggml_int8_k.LaneKPacked with int8, else KPacked."""
     if int8 and qtype in BLOCK32_TYPES:
         return ggml_int8.pack(qtype, data, table, n)
-    if qtype in (Q4_0, Q4_1, Q8_0):
+    if qtype in BLOCK32_TYPES and qtype != Q5_0:
         return packed.pack(qtype, data, table, n, half=False)           # float32 scales: the float kernels
     if qtype == Q5_0:
         G = -(-data.shape[0] // R)
@@ -282,14 +286,13 @@ def _pack_q5_0(data, table, qs, d):
     for row in range(data.shape[0]):
         g, l, src = row // R, row % R, data[row]
         for b in range(qs.shape[1]):
-            o = b * 22
+            o = b * QT[Q5_0].block_bytes
             d[g, b, l] = half_float(src, o, table)
-            hb = np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8) | (np.int64(src[o + 4]) << 16) \
-                | (np.int64(src[o + 5]) << 24)
+            hb = u32(src, o + 2)
             for j in range(16):
                 v = np.int64(src[o + 6 + j])
-                qs[g, b, j, l] = np.int8(((v & 15) | (((hb >> j) & 1) << 4)) - 16)
-                qs[g, b, 16 + j, l] = np.int8(((v >> 4) | (((hb >> (j + 16)) & 1) << 4)) - 16)
+                qs[g, b, j, l] = np.int8(((v & 15) | fifth_bit(hb, j)) - 16)
+                qs[g, b, 16 + j, l] = np.int8(((v >> 4) | fifth_bit(hb, j + 16)) - 16)
 
 
 # ---- the product ------------------------------------------------------------------------------

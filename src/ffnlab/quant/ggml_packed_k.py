@@ -6,8 +6,9 @@ without AVX2."""
 import numpy as np
 from numba import njit, prange
 
-from .dequant import Q4_K, _k_scale_min, half_float
-from .packed import R
+from .layout import R, Layout
+from .types import Q4_K, Q6_K, QT
+from .unpack import half_float, k_scale_min, q6_code
 
 GG = dict(cache=True, nogil=True, fastmath={"contract"})   # ggml_packed.py says why
 EXACT = dict(cache=True, nogil=True, fastmath=False)
@@ -15,26 +16,17 @@ SIXTEENTH = np.float32(0.0625)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 
 
-class KPacked:
+class KPacked(Layout):
     """Q4_K / Q6_K in R-row groups, the integer sub-block scales kept apart from the halves.
     Q4_K: qs [G, n/32, 16, R] uint8 (byte k: weight k of a 32-weight sub-block low, k + 16 high),
           sc, mn [G, n/32, R] uint8 (6-bit scale and min), d, dmin [G, n/256, R] float32.
     Q6_K: qs [G, n/32, 32, R] uint8 (the 6-bit weights, unsigned), sc [G, n/16, R] int8,
           d [G, n/256, R] float32, dmin empty. Rows past `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "sc", "mn", "d", "dmin")
 
     def __init__(self, qtype, rows, n, qs, sc, mn, d, dmin):
         self.kind, self.qtype, self.rows, self.n = "k", qtype, rows, n
         self.qs, self.sc, self.mn, self.d, self.dmin = qs, sc, mn, d, dmin
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.sc.nbytes + self.mn.nbytes + self.d.nbytes + self.dmin.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a KPacked (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return KPacked(self.qtype, rows, self.n, sl(self.qs), sl(self.sc), sl(self.mn), sl(self.d), sl(self.dmin))
 
     def dequant_t(self, g0, g1, out):
         """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R] float32."""
@@ -64,10 +56,10 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
         g, l, src = row // R, row % R, data[row]
         for B in range(d.shape[1]):
             if qtype == Q4_K:
-                o = B * 144
+                o = B * QT[Q4_K].block_bytes
                 d[g, B, l], dmin[g, B, l] = half_float(src, o, table), half_float(src, o + 2, table)
                 for s in range(8):
-                    a, m = _k_scale_min(src, o + 4, s)
+                    a, m = k_scale_min(src, o + 4, s)
                     sc[g, 8 * B + s, l], mn[g, 8 * B + s, l] = a, m
                     q0, shift = o + 16 + (s // 2) * 32, 4 * (s % 2)
                     for k in range(16):
@@ -75,7 +67,7 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
                         hi = (np.int32(src[q0 + 16 + k]) >> shift) & 15
                         qs[g, 8 * B + s, k, l] = np.uint8(lo | (hi << 4))
             else:                                                      # Q6_K: weight 128h + 32g4 + i
-                o = B * 210
+                o = B * QT[Q6_K].block_bytes
                 d[g, B, l] = half_float(src, o + 208, table)
                 for i in range(16):
                     sc[g, 16 * B + i, l] = np.int8((np.int32(src[o + 192 + i]) ^ 128) - 128)
@@ -84,10 +76,10 @@ def _pack_k(qtype, data, table, qs, sc, mn, d, dmin):
                     for i in range(32):
                         a, c, hh = np.int32(src[ql + i]), np.int32(src[ql + i + 32]), np.int32(src[qh + i])
                         b = 8 * B + 4 * h
-                        qs[g, b, i, l] = np.uint8((a & 15) | ((hh & 3) << 4))
-                        qs[g, b + 1, i, l] = np.uint8((c & 15) | (((hh >> 2) & 3) << 4))
-                        qs[g, b + 2, i, l] = np.uint8((a >> 4) | (((hh >> 4) & 3) << 4))
-                        qs[g, b + 3, i, l] = np.uint8((c >> 4) | (((hh >> 6) & 3) << 4))
+                        qs[g, b, i, l] = np.uint8(q6_code(a, hh, 0))
+                        qs[g, b + 1, i, l] = np.uint8(q6_code(c, hh, 1))
+                        qs[g, b + 2, i, l] = np.uint8(q6_code(a, hh, 2))
+                        qs[g, b + 3, i, l] = np.uint8(q6_code(c, hh, 3))
 
 
 @njit(**EXACT)

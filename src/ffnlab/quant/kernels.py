@@ -16,8 +16,9 @@ the float64 one by at most ~ n * eps32 * sum|w x|, the bound tests/unit/test_qua
 import numpy as np
 from numba import njit, prange
 
-from .dequant import (BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _f16, _f32, _q2_k,
-                      _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0)
+from .dequant import _f16, _f32, _q2_k, _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0
+from .types import BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
+from .unpack import fifth_bit, half_float, u32
 
 ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
 FAST = dict(cache=True, nogil=True, fastmath=True)
@@ -30,17 +31,12 @@ FAST = dict(cache=True, nogil=True, fastmath=True)
 
 
 @njit(**FAST)
-def _scale(row, o, table):
-    return table[np.int64(row[o]) | (np.int64(row[o + 1]) << 8)]
-
-
-@njit(**FAST)
 def _rows4_q4_0(data, r, table, x, xsum, y, half):
     """y[r:r+4] for Q4_0: w = d (q - 8), so w.x = d (sum q x - 8 sum x) per block"""
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 18 + 2, b * 32
+        o, xo = b * QT[Q4_0].block_bytes + QT[Q4_0].qs_at, b * 32
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
             xl, xh = x[xo + j], x[xo + half + j]
@@ -53,10 +49,10 @@ def _rows4_q4_0(data, r, table, x, xsum, y, half):
             s3 += np.float32(q3[o + j] & 15) * xl
             t3 += np.float32(q3[o + j] & 240) * xh
         c, m = np.float32(0.0625), np.float32(8.0) * xsum[b]
-        a0 += _scale(q0, o - 2, table) * (s0 + t0 * c - m)
-        a1 += _scale(q1, o - 2, table) * (s1 + t1 * c - m)
-        a2 += _scale(q2, o - 2, table) * (s2 + t2 * c - m)
-        a3 += _scale(q3, o - 2, table) * (s3 + t3 * c - m)
+        a0 += half_float(q0, o - 2, table) * (s0 + t0 * c - m)
+        a1 += half_float(q1, o - 2, table) * (s1 + t1 * c - m)
+        a2 += half_float(q2, o - 2, table) * (s2 + t2 * c - m)
+        a3 += half_float(q3, o - 2, table) * (s3 + t3 * c - m)
     y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
 
 
@@ -66,7 +62,7 @@ def _rows4_q4_1(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 20 + 4, b * 32
+        o, xo = b * QT[Q4_1].block_bytes + QT[Q4_1].qs_at, b * 32
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
             xl, xh = x[xo + j], x[xo + half + j]
@@ -79,10 +75,10 @@ def _rows4_q4_1(data, r, table, x, xsum, y, half):
             s3 += np.float32(q3[o + j] & 15) * xl
             t3 += np.float32(q3[o + j] & 240) * xh
         c, xs = np.float32(0.0625), xsum[b]
-        a0 += _scale(q0, o - 4, table) * (s0 + t0 * c) + _scale(q0, o - 2, table) * xs
-        a1 += _scale(q1, o - 4, table) * (s1 + t1 * c) + _scale(q1, o - 2, table) * xs
-        a2 += _scale(q2, o - 4, table) * (s2 + t2 * c) + _scale(q2, o - 2, table) * xs
-        a3 += _scale(q3, o - 4, table) * (s3 + t3 * c) + _scale(q3, o - 2, table) * xs
+        a0 += half_float(q0, o - 4, table) * (s0 + t0 * c) + half_float(q0, o - 2, table) * xs
+        a1 += half_float(q1, o - 4, table) * (s1 + t1 * c) + half_float(q1, o - 2, table) * xs
+        a2 += half_float(q2, o - 4, table) * (s2 + t2 * c) + half_float(q2, o - 2, table) * xs
+        a3 += half_float(q3, o - 4, table) * (s3 + t3 * c) + half_float(q3, o - 2, table) * xs
     y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
 
 
@@ -92,24 +88,24 @@ def _rows4_q5_0(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 22 + 6, b * 32
-        h0, h1, h2, h3 = _u32(q0, o - 4), _u32(q1, o - 4), _u32(q2, o - 4), _u32(q3, o - 4)
+        o, xo = b * QT[Q5_0].block_bytes + QT[Q5_0].qs_at, b * 32
+        h0, h1, h2, h3 = u32(q0, o - 4), u32(q1, o - 4), u32(q2, o - 4), u32(q3, o - 4)
         s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
         for j in range(half):
             xl, xh = x[xo + j], x[xo + half + j]
-            s0 += np.float32((q0[o + j] & 15) | (((h0 >> j) & 1) << 4)) * xl
-            t0 += np.float32((q0[o + j] & 240) | (((h0 >> (j + 16)) & 1) << 8)) * xh
-            s1 += np.float32((q1[o + j] & 15) | (((h1 >> j) & 1) << 4)) * xl
-            t1 += np.float32((q1[o + j] & 240) | (((h1 >> (j + 16)) & 1) << 8)) * xh
-            s2 += np.float32((q2[o + j] & 15) | (((h2 >> j) & 1) << 4)) * xl
-            t2 += np.float32((q2[o + j] & 240) | (((h2 >> (j + 16)) & 1) << 8)) * xh
-            s3 += np.float32((q3[o + j] & 15) | (((h3 >> j) & 1) << 4)) * xl
-            t3 += np.float32((q3[o + j] & 240) | (((h3 >> (j + 16)) & 1) << 8)) * xh
+            s0 += np.float32((q0[o + j] & 15) | fifth_bit(h0, j)) * xl
+            t0 += np.float32((q0[o + j] & 240) | (fifth_bit(h0, j + 16) << 4)) * xh
+            s1 += np.float32((q1[o + j] & 15) | fifth_bit(h1, j)) * xl
+            t1 += np.float32((q1[o + j] & 240) | (fifth_bit(h1, j + 16) << 4)) * xh
+            s2 += np.float32((q2[o + j] & 15) | fifth_bit(h2, j)) * xl
+            t2 += np.float32((q2[o + j] & 240) | (fifth_bit(h2, j + 16) << 4)) * xh
+            s3 += np.float32((q3[o + j] & 15) | fifth_bit(h3, j)) * xl
+            t3 += np.float32((q3[o + j] & 240) | (fifth_bit(h3, j + 16) << 4)) * xh
         c, m = np.float32(0.0625), np.float32(16.0) * xsum[b]
-        a0 += _scale(q0, o - 6, table) * (s0 + t0 * c - m)
-        a1 += _scale(q1, o - 6, table) * (s1 + t1 * c - m)
-        a2 += _scale(q2, o - 6, table) * (s2 + t2 * c - m)
-        a3 += _scale(q3, o - 6, table) * (s3 + t3 * c - m)
+        a0 += half_float(q0, o - 6, table) * (s0 + t0 * c - m)
+        a1 += half_float(q1, o - 6, table) * (s1 + t1 * c - m)
+        a2 += half_float(q2, o - 6, table) * (s2 + t2 * c - m)
+        a3 += half_float(q3, o - 6, table) * (s3 + t3 * c - m)
     y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
 
 
@@ -119,7 +115,7 @@ def _rows4_q8_0(data, r, table, x, xsum, y, half):
     q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
     a0 = a1 = a2 = a3 = np.float32(0.0)
     for b in range(xsum.shape[0]):
-        o, xo = b * 34 + 2, b * 32
+        o, xo = b * QT[Q8_0].block_bytes + QT[Q8_0].qs_at, b * 32
         s0 = s1 = s2 = s3 = np.float32(0.0)
         for j in range(2 * half):
             xj = x[xo + j]
@@ -127,16 +123,11 @@ def _rows4_q8_0(data, r, table, x, xsum, y, half):
             s1 += np.float32((np.int32(q1[o + j]) ^ 128) - 128) * xj
             s2 += np.float32((np.int32(q2[o + j]) ^ 128) - 128) * xj
             s3 += np.float32((np.int32(q3[o + j]) ^ 128) - 128) * xj
-        a0 += _scale(q0, o - 2, table) * s0
-        a1 += _scale(q1, o - 2, table) * s1
-        a2 += _scale(q2, o - 2, table) * s2
-        a3 += _scale(q3, o - 2, table) * s3
+        a0 += half_float(q0, o - 2, table) * s0
+        a1 += half_float(q1, o - 2, table) * s1
+        a2 += half_float(q2, o - 2, table) * s2
+        a3 += half_float(q3, o - 2, table) * s3
     y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
-
-
-@njit(**FAST)
-def _u32(row, o):
-    return np.int64(row[o]) | (np.int64(row[o + 1]) << 8) | (np.int64(row[o + 2]) << 16) | (np.int64(row[o + 3]) << 24)
 
 
 @njit(**FAST)

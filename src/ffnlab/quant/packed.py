@@ -13,7 +13,7 @@ has no horizontal sums at all and one broadcast of x per position for 64 rows. M
 [11008, 4096] Q4_1 matrix (AMD EPYC, one thread): 8.1 G weights/s against 3.8 G for the
 row-at-a-time kernels of kernels.py (bench/bench_quant_kernels.py).
 
-Two families cover the types (blocks.py has their GGUF layouts):
+Two families cover the types (types.py has their GGUF layouts, and each type's family):
 
   NIB  4-bit codes, two per byte as in Q4_0 (byte k: weight k low, weight k + 16 high), an
        optional fifth bit per weight (4 bytes per block: bit i of byte j for weight 8j + i), a
@@ -42,15 +42,16 @@ from numba import njit, prange
 
 from . import simd
 from ..threads import threads
-from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, token_tiles
-from .dequant import Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, _k_scale_min, half_float, u32
+from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, strips_to_rows, token_tiles
+from .layout import R, Layout
+from .types import HALF_SCALES, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT, TYPES
+from .unpack import fifth_bit, half_float, k_scale_min, q6_code, u32
 
-R = 64                                  # rows interleaved per group
 AHEAD = 4096                            # bytes: how far ahead the matrix-vector kernels prefetch their codes
-NIB_TYPES = {Q4_0: (8, False, False), Q4_1: (0, False, True), Q5_0: (16, True, False),
-             Q5_1: (0, True, True), Q4_K: (0, False, True), Q5_K: (0, True, True)}   # zero, fifth bit, m
-I8_TYPES = {Q8_0: 32, Q6_K: 16}        # codes per scale
-HALF_SCALES = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)   # d (and m) are the file's halves: kept as their 16 bits
+# the types of each family (types.py's layout), with what their kernels need: NIB (zero, fifth bit, m),
+# I8 codes per scale; HALF_SCALES' d (and m) are the file's halves: kept as their 16 bits
+NIB_TYPES = {t: (r.zero, r.code_bits == 5, r.has_mins) for t, r in TYPES.items() if r.layout == "nib"}
+I8_TYPES = {t: r.sub_block for t, r in TYPES.items() if r.layout == "i8"}
 PACKED_TYPES = tuple(NIB_TYPES) + tuple(I8_TYPES)
 FAST = dict(cache=True, nogil=True, fastmath=True)
 EXACT = dict(cache=True, nogil=True)    # no fastmath: dequantized values exactly as gguf-py's
@@ -58,24 +59,15 @@ _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0), np.float32)
 
 
-class Packed:
+class Packed(Layout):
     """A [rows, n] matrix in R-row groups. NIB: qs [G, n/32, 16, R] uint8, qh [G, n/32, 4, R] uint8
     (fifth bits) or empty, d / m [G, n/32, R] float32 (m empty when absent). I8: qs [G, n/B, B, R]
     int8, d [G, n/B, R]. Rows past `rows` in the last group are zeros."""
+    ARRAYS = ("qs", "qh", "d", "m")
 
     def __init__(self, kind, rows, n, qs, qh, d, m, zero):
         self.kind, self.rows, self.n = kind, rows, n
         self.qs, self.qh, self.d, self.m, self.zero = qs, qh, d, m, zero
-
-    @property
-    def nbytes(self):
-        return self.qs.nbytes + self.qh.nbytes + self.d.nbytes + self.m.nbytes
-
-    def groups(self, g0, g1):
-        """Groups g0..g1 as a Packed (views, no copy)."""
-        rows = min(self.rows, g1 * R) - g0 * R
-        sl = (lambda a: a[g0:g1] if a.shape[0] else a)
-        return Packed(self.kind, rows, self.n, sl(self.qs), sl(self.qh), sl(self.d), sl(self.m), self.zero)
 
     def matvec(self, x, y):
         """x: [n] float32 -> y: [G * R] float32 (rows past self.rows are zeros)"""
@@ -109,6 +101,17 @@ class Packed:
         workers = min(-(-self.qs.shape[0] // per) * chunks, threads())
         _matmul(self.qs, self.qh, self.d, self.m, np.float32(self.zero), self.kind == "nib", x, y, per, chunks, step,
                 scratch, workers, simd.HAS_AVX512)
+
+    def dequant_rows(self, g0, g1, scratch):
+        """Groups g0..g1 dequantized -> [(g1 - g0) R, n] (Layout's), by way of dequant_strips."""
+        S = (g1 - g0) * (R // STRIP)
+        buf = scratch(S * self.n * STRIP).reshape(S, self.n, STRIP)
+        self.dequant_strips(g0, g1, buf)
+        return strips_to_rows(buf)
+
+    def dequant_t(self, g0, g1, out):
+        """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) R] float32."""
+        out[:] = self.dequant_rows(g0, g1, lambda size: np.empty(size, np.float32)).T
 
     def dequant_strips(self, g0, g1, out):
         """Groups g0..g1 dequantized as strips of 16 rows: out [4 (g1 - g0), n, 16] float32,
@@ -173,36 +176,35 @@ def fill(P, qtype, data, table):
 @njit(parallel=True, **EXACT)
 def _pack_nib(qtype, data, table, qs, qh, d, m):
     nb = qs.shape[1]
+    t = QT[qtype]
+    size, d_at, m_at, qh_at, qs_at, scales_at = t.block_bytes, t.d_at, t.m_at, t.qh_at, t.qs_at, t.scales_at
     for row in prange(data.shape[0]):                     # rows are independent: both cores
         code = np.empty(32, np.int32)                     # one 32-weight block's codes
         g, l, src = row // R, row % R, data[row]
         for b in range(nb):
             if qtype == Q4_0 or qtype == Q4_1 or qtype == Q5_0 or qtype == Q5_1:
-                size = 18 if qtype == Q4_0 else 20 if qtype == Q4_1 else 22 if qtype == Q5_0 else 24
                 o = b * size
-                _put_half(d, g, b, l, src, o, table)
-                if qtype == Q4_1 or qtype == Q5_1:
-                    _put_half(m, g, b, l, src, o + 2, table)
-                q0 = o + size - 16
+                _put_half(d, g, b, l, src, o + d_at, table)
+                if m_at >= 0:
+                    _put_half(m, g, b, l, src, o + m_at, table)
                 for k in range(16):
-                    qs[g, b, k, l] = src[q0 + k]
-                if qtype == Q5_0 or qtype == Q5_1:
-                    h = u32(src, o + 2 if qtype == Q5_0 else o + 4)
+                    qs[g, b, k, l] = src[o + qs_at + k]
+                if qh_at >= 0:
+                    h = u32(src, o + qh_at)
                     for j in range(4):
                         qh[g, b, j, l] = np.uint8((h >> (8 * j)) & 255)
             else:                                         # Q4_K / Q5_K: sub-block s of super-block sb
                 sb, s = b // 8, b % 8
-                size = 144 if qtype == Q4_K else 176
                 o = sb * size
-                sc, mn = _k_scale_min(src, o + 4, s)
-                d[g, b, l] = half_float(src, o, table) * np.float32(sc)
-                m[g, b, l] = -(half_float(src, o + 2, table) * np.float32(mn))
-                q0, shift = o + size - 128 + (s // 2) * 32, 4 * (s % 2)
+                sc, mn = k_scale_min(src, o + scales_at, s)
+                d[g, b, l] = half_float(src, o + d_at, table) * np.float32(sc)
+                m[g, b, l] = -(half_float(src, o + m_at, table) * np.float32(mn))
+                q0, shift = o + qs_at + (s // 2) * 32, 4 * (s % 2)
                 bits = np.int64(0)
                 for j in range(32):
                     code[j] = (np.int32(src[q0 + j]) >> shift) & 15
                     if qtype == Q5_K:
-                        bits |= np.int64((np.int32(src[o + 16 + j]) >> s) & 1) << j
+                        bits |= np.int64((np.int32(src[o + qh_at + j]) >> s) & 1) << j
                 for k in range(16):
                     qs[g, b, k, l] = np.uint8(code[k] | (code[k + 16] << 4))
                 if qtype == Q5_K:
@@ -226,13 +228,13 @@ def _pack_i8(qtype, data, table, qs, d):
         g, l, src = row // R, row % R, data[row]
         if qtype == Q8_0:
             for b in range(nb):
-                o = b * 34
+                o = b * QT[Q8_0].block_bytes
                 _put_half(d, g, b, l, src, o, table)
                 for k in range(32):
                     qs[g, b, k, l] = np.int8((np.int32(src[o + 2 + k]) ^ 128) - 128)
         else:                                             # Q6_K: 16 groups of 16 per 256-weight block
             for sb in range(nb // 16):
-                o = sb * 210
+                o = sb * QT[Q6_K].block_bytes
                 dd = half_float(src, o + 208, table)
                 for i in range(16):                       # group i: scale byte i (see dequant._q6_k)
                     d[g, sb * 16 + i, l] = dd * np.float32((np.int32(src[o + 192 + i]) ^ 128) - 128)
@@ -241,10 +243,10 @@ def _pack_i8(qtype, data, table, qs, d):
                     for l32 in range(32):
                         a, c, hh = np.int32(src[ql + l32]), np.int32(src[ql + l32 + 32]), np.int32(src[qhb + l32])
                         gi, k = sb * 16 + 8 * h + l32 // 16, l32 % 16      # weight 128h + l32 (+32, +64, +96)
-                        qs[g, gi, k, l] = np.int8(((a & 15) | ((hh & 3) << 4)) - 32)
-                        qs[g, gi + 2, k, l] = np.int8(((c & 15) | (((hh >> 2) & 3) << 4)) - 32)
-                        qs[g, gi + 4, k, l] = np.int8(((a >> 4) | (((hh >> 4) & 3) << 4)) - 32)
-                        qs[g, gi + 6, k, l] = np.int8(((c >> 4) | (((hh >> 6) & 3) << 4)) - 32)
+                        qs[g, gi, k, l] = np.int8(q6_code(a, hh, 0) - 32)
+                        qs[g, gi + 2, k, l] = np.int8(q6_code(c, hh, 1) - 32)
+                        qs[g, gi + 4, k, l] = np.int8(q6_code(a, hh, 2) - 32)
+                        qs[g, gi + 6, k, l] = np.int8(q6_code(c, hh, 3) - 32)
 
 
 # ---- products (decode) ------------------------------------------------------------------------
@@ -644,7 +646,7 @@ def _rows_nib(qs, qh, d, m, zero, ids, out):
                 v = np.int32(qs[g, b, k % 16, r])
                 code = (v & 15) if k < 16 else (v >> 4)
                 if qh.shape[0]:
-                    code |= ((np.int32(qh[g, b, k >> 3, r]) >> (k & 7)) & 1) << 4
+                    code |= fifth_bit(np.int32(qh[g, b, k >> 3, r]), k & 7)
                 if m.shape[0]:
                     out[i, b * 32 + k] = simd.scale_at(d, (g * nb + b) * width + r) * np.float32(code) \
                         + simd.scale_at(m, (g * nb + b) * width + r)

@@ -19,22 +19,18 @@ from . import gemm, ggml_kernels, ggml_packed, kernels, packed, simd
 from .blocks import KERNEL_TYPES, row_bytes, table_for
 from .ggml_quants import Q8Rows
 from .pages import release_pages
+from .types import TYPES
 from .. import threads
 
 TILE_BYTES = 1 << 20                 # a prefill tile of float32 weights (blocks as in the file): fits in L2
 PACKED_TILE_BYTES = 1 << 20          # packed weights: whole 64-row groups, in L2 (4 MB tiles ran prefill 30% slower)
 HALF_BLOCK = 16                      # the fused kernels' lane count, passed at run time (kernels.py says why)
 T = GGMLQuantizationType
-# arith="ggml": the 8-bit blocks ggml quantizes the activation into for each weight type (the
-# vec_dot_type of ggml-cpu.c's type_traits_cpu); F16 / BF16 weights round it to their own type
-K_BYTES = {T.Q2_K: 84, T.Q3_K: 110, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
-VEC_DOT_TYPE = {T.Q4_0: "q8_0", T.Q5_0: "q8_0", T.Q8_0: "q8_0", T.Q4_1: "q8_1", T.Q5_1: "q8_1",
-                T.Q2_K: "q8_k", T.Q3_K: "q8_k", T.Q4_K: "q8_k", T.Q5_K: "q8_k", T.Q6_K: "q8_k"}
 
 
 # arith -> (the types pack() lays out, the packing function); the types stacked() can stack, with
 # the empty() / fill() that make their layout (ggml's K-quants have layouts of their own)
-_PACKS = {"f32": (packed.PACKED_TYPES, packed.pack), "ggml": (ggml_packed.TYPES, ggml_packed.pack)}
+_PACKS = {"f32": (packed.PACKED_TYPES, packed.pack), "ggml": (ggml_packed.PACKED_TYPES, ggml_packed.pack)}
 _STACKS = {"f32": (packed.PACKED_TYPES, packed.empty, packed.fill),
            "ggml": (ggml_packed.STACKABLE, ggml_packed.empty, ggml_packed.fill)}
 
@@ -145,7 +141,7 @@ class QuantTensor:
 
     def _tile_groups(self):
         """Row groups per tile at most: ~PACKED_TILE_BYTES of float32 (the GEMM reads it from L2)"""
-        return max(1, min(PACKED_TILE_BYTES // (4 * self.shape[1] * packed.R), self.packed.qs.shape[0]))
+        return max(1, min(PACKED_TILE_BYTES // (4 * self.shape[1] * packed.R), self.packed.n_groups))
 
     def _strips(self, g0, g1):
         """row groups g0..g1 of the packed weights dequantized as quant/gemm.py's strips
@@ -158,16 +154,11 @@ class QuantTensor:
 
     def _row_tiles(self):
         """every tile of rows in turn: yields (first row, [rows, in] float32), for dequantize() and
-        rmatmul() (whichever layout the packing has: the f32 strips or ggml's transposed tiles)"""
-        G, per, n = self.packed.qs.shape[0], self._tile_groups(), self.shape[1]
+        rmatmul(), in a scratch buffer of this thread's (quant/layout.py: any layout)"""
+        G, per = self.packed.n_groups, self._tile_groups()
         for g0 in range(0, G, per):
             g1 = min(G, g0 + per)
-            if hasattr(self.packed, "dequant_strips"):
-                rows = gemm.strips_to_rows(self._strips(g0, g1))
-            else:
-                buf = _scratch(n * (g1 - g0) * packed.R).reshape(n, -1)
-                self.packed.dequant_t(g0, g1, buf)
-                rows = buf.T
+            rows = self.packed.dequant_rows(g0, g1, _scratch)
             yield g0 * packed.R, rows[:min(self.shape[0], g1 * packed.R) - g0 * packed.R]
 
     def __getitem__(self, key):
@@ -203,7 +194,7 @@ class QuantTensor:
         if self.arith == "ggml":
             return self.matmul(x[None])[0]
         if self.packed is not None:
-            y = np.empty(self.packed.qs.shape[0] * packed.R, np.float32)
+            y = np.empty(self.packed.n_groups * packed.R, np.float32)
             self.packed.matvec(np.ascontiguousarray(x, np.float32), y)
             return y[:self.shape[0]]
         y = np.empty(self.shape[0], np.float32)
@@ -219,7 +210,7 @@ class QuantTensor:
             return self._ggml_matmul(x)
         if self.packed is not None:
             n_threads = threads.threads()
-            G = self.packed.qs.shape[0]
+            G = self.packed.n_groups
             per, chunks = tiling(G, self._tile_groups(), x.shape[0], n_threads)
             n_tiles = -(-G // per)
             width = gemm.tile_tokens()
@@ -266,10 +257,11 @@ class QuantTensor:
     def _ggml_matmul(self, x):
         """x: [N, in] -> [N, out] as ggml's mul_mat: x converted to the weight's vec_dot_type, then
         one dot product per (token, row)"""
-        kind = VEC_DOT_TYPE.get(self.qtype)
-        if kind is None:                                            # F16 / BF16: x rounded to the same type
+        vec_dot = TYPES[TYPES[self.qtype].vec_dot]                  # ggml's vec_dot_type (type_traits_cpu)
+        if vec_dot.block_weights == 1:                              # F16 / BF16: x rounded to the same type
             x = _round_to(x, self.qtype)
             return QuantTensor(self.data, self.qtype, self.shape).matmul(x)
+        kind = vec_dot.name.lower()                                 # the 8-bit blocks: "q8_0", "q8_1", "q8_k"
         a = Q8Rows(kind, x)
         if self.packed is not None:                                 # the row-interleaved layout (ggml_packed.py)
             return ggml_packed.product(self.packed, a, self.shape[0])
@@ -278,7 +270,7 @@ class QuantTensor:
         if batch:                                                   # vectorized over the tokens, same order
             qxt = np.ascontiguousarray(a.qs.T, np.int32)            # [in, N]
             f = ggml_kernels.gemm32_batch if kind != "q8_k" else ggml_kernels.gemmk_batch
-            args = () if kind != "q8_k" else (K_BYTES[self.qtype],)
+            args = () if kind != "q8_k" else (TYPES[self.qtype].block_bytes,)
             f(int(self.qtype), *args, self.data, self.table, qxt, np.ascontiguousarray(a.d.T),
               np.ascontiguousarray(a.e.T), y)
         elif kind != "q8_k":                                        # one token: the FMA kernel
