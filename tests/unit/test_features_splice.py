@@ -9,39 +9,22 @@ arithmetic; in float32 the two differ by the rounding of two sums of products, b
 """
 import numpy as np
 import pytest
+from block_checks import random_params
 
 import ffnlab
 from ffnlab.config import ModelConfig
 from ffnlab.evaluation.activations import context_windows
 from ffnlab.features.dictionary import DictConfig
 from ffnlab.features.evaluate import evaluate_dictionary, splice
-from ffnlab.model.params import param_shapes
 
 D_MODEL, LAYER = 16, 1
 EPS32 = np.finfo(np.float32).eps / 2                       # unit roundoff of float32, 2^-24
 
 
-def lively(cfg, seed):
-    """matrices N(0, 1/fan_in), norms 1 + N(0, 0.2^2), biases N(0, 0.2^2), embeddings N(0, 0.3^2)"""
-    r = np.random.default_rng(seed)
-    p = {}
-    for name, shape in param_shapes(cfg).items():
-        if name.endswith(".bias"):
-            a = 0.2 * r.normal(size=shape)
-        elif "norm" in name:
-            a = 1.0 + 0.2 * r.normal(size=shape)
-        elif name == "token_embd.weight":
-            a = 0.3 * r.normal(size=shape)
-        else:
-            a = r.normal(size=shape) / np.sqrt(shape[1])
-        p[name] = a.astype(np.float32)
-    return p
-
-
 def relu_model(d_ff, ffn_bias, seed=0):
     cfg = ModelConfig(arch="llama", n_layer=3, d_model=D_MODEL, n_head=2, d_ff=d_ff, ffn="relu", ffn_bias=ffn_bias,
                       vocab_size=64, n_ctx=32, tie_embeddings=True)
-    return ffnlab.Model(cfg, lively(cfg, seed))
+    return ffnlab.Model(cfg, random_params(cfg, seed=seed))
 
 
 def linear_mlp_model(seed=0):
