@@ -334,3 +334,51 @@ def test_early_stop_stops_the_weak_config_and_the_finished_runs_equal_the_in_pro
     assert again.returncode == 0 and "3 already finished, 0 to train" in again.stdout, again.stderr
     other = ffnlab(*grid, "--out", there)                                    # stopped runs are not finished ones
     assert other.returncode == 1 and "--early-stop is off, was on" in other.stderr.strip().splitlines()[-1]
+
+
+def _wait_until_every_cpu_is_taken(address, timeout=300):
+    """Returns once the cluster has no free CPU (every trial placed), polling from a driver of its own."""
+    code = ("import sys, time, ray\n"
+            "ray.init(address=sys.argv[1], logging_level='ERROR')\n"
+            "end = time.time() + float(sys.argv[2])\n"
+            "while ray.available_resources().get('CPU', 0) > 0 and time.time() < end:\n"
+            "    time.sleep(0.2)\n"
+            "print(ray.available_resources().get('CPU', 0))\n")
+    r = subprocess.run([sys.executable, "-c", code, address, str(timeout)], capture_output=True, text=True,
+                       timeout=timeout + 60)
+    assert r.returncode == 0 and float(r.stdout.split()[-1]) == 0, r.stderr
+
+
+def test_a_node_killed_during_tune_trials_restarts_its_trial_and_the_runs_equal_the_in_process_grid(cluster, tmp_path):
+    # two runs of ~10-30 s each, one per 1-CPU node; no rung (--grace-period = --steps), so no run is stopped
+    # whatever order the restarted run comes back in
+    data = os.path.join(os.path.dirname(SRC), "docs", "data", "calib.txt")
+    grid = ["ablate", "--data", data, "--ffn", "gelu", "--mult", "4,3", "--seeds", "1", "--steps", "300",
+            "--batch", "4", "--seq-len", "32", "--eval-every", "100", "--eval-batches", "2", "--d-model", "32",
+            "--n-layer", "2", "--n-head", "2", "--warmup", "1", "--ckpt-every", "300", "-t", "1"]
+    runs = ["gelu-x4-s0", "gelu-x3-s0"]
+    here, there = str(tmp_path / "here"), str(tmp_path / "there")
+    r = ffnlab(*grid, "--out", here)
+    assert r.returncode == 0, r.stderr
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main", *grid, "--out", there, "--ray", cluster.address,
+                          "--early-stop", "--grace-period", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _wait_until_every_cpu_is_taken(cluster.address)                  # both trials placed, one on each node
+        time.sleep(3)
+        cluster.remove_node(cluster.second, allow_graceful=False)        # the second node's trial, killed mid-run
+        stdout, stderr = p.communicate(timeout=900)
+        assert p.returncode == 0, stderr
+        assert "1 started again after a lost worker" in stdout, stdout
+        assert sum("starts again from its first step" in line for line in stdout.splitlines()) == 1, stdout
+        for run in runs:                                                 # bit for bit: losses, curves, the finals
+            name, theirs = _run_files(there, run)
+            assert name == "trainer.json"
+            mine = _run_files(here, run)[1]
+            assert theirs["history"] == mine["history"] and theirs["final"] == mine["final"]
+        assert _sweep_table(there) == _sweep_table(here)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        cluster.second = cluster.add_node(num_cpus=1)                   # the next test has two nodes again
+        cluster.wait_for_nodes()

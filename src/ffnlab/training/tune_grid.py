@@ -118,7 +118,7 @@ class _Reports(tune.Callback if tune is not None else object):
 
     def __init__(self, out, specs, scheduler, log):
         self.out, self.specs, self.scheduler, self.log = out, specs, scheduler, log
-        self.evals, self.train, self.failed, self.stopped = {}, {}, [], []
+        self.evals, self.train, self.failed, self.stopped, self.restarted = {}, {}, [], [], []
 
     def __getstate__(self):
         """Tune pickles its callbacks into its state folder (a temporary one here, never restored
@@ -147,6 +147,13 @@ class _Reports(tune.Callback if tune is not None else object):
                            "train": self.train.get(run, []), "scheduler": self.scheduler})
         self.stopped.append(run)
         self.log(f"  stopped {run} at step {step} (val loss {val_loss:.4f})")
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        from ..runtime.ray_backend import _cause
+        err = trial.get_error()
+        reason = _cause(err) if err is not None else "its worker was lost"
+        self.restarted.append(trial.config["run"])
+        self.log(f"  {trial.config['run']} starts again from its first step: {reason}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         from ..runtime.ray_backend import _cause
@@ -210,7 +217,8 @@ def train_runs_asha(address, workers, data, threads, early_stop):
                 shutil.rmtree(storage, ignore_errors=True)
                 ray.shutdown()
         say(f"  early stopping: {len(reports.stopped)} of {len(todo)} runs stopped, "
-            f"{len(todo) - len(reports.stopped) - len(reports.failed)} finished")
+            f"{len(todo) - len(reports.stopped) - len(reports.failed)} finished"
+            + (f", {len(reports.restarted)} started again after a lost worker" if reports.restarted else ""))
         return reports.failed
     return train_runs
 
