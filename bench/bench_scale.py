@@ -74,7 +74,7 @@ def run_job(spec, fn, params, units, merge, init, backend):
     return o, costs
 
 
-def run_corpus_jobs(model, spec, ids, backend_for, ctx, batch):
+def run_corpus_jobs(model, spec, ids, backend_for, ctx, batch, jobs=("perplexity", "neurons")):
     """-> ({name: (seconds, tokens, merged figure, costs)}, worker infos) for perplexity and neurons on one
     backend. Every configuration loads the model inside its time: a Ray worker after its start, the
     in-process backend before its first unit."""
@@ -86,11 +86,14 @@ def run_corpus_jobs(model, spec, ids, backend_for, ctx, batch):
 
     chunks = make_chunks(ids, ctx)
     out, infos = {}, []
-    b = backend_for()
-    o, costs = run_job(spec, perplexity_shard, {"batch": batch}, perplexity_units(chunks, 4 * batch), perplexity_merge,
-                       (RunningNLL(), 0), b)
-    out["perplexity"] = (o.seconds, o.tokens, o.merged[0].sum, costs)
-    infos += getattr(b, "worker_info", lambda: [])()
+    if "perplexity" in jobs:
+        b = backend_for()
+        o, costs = run_job(spec, perplexity_shard, {"batch": batch}, perplexity_units(chunks, 4 * batch),
+                           perplexity_merge, (RunningNLL(), 0), b)
+        out["perplexity"] = (o.seconds, o.tokens, o.merged[0].sum, costs)
+        infos += getattr(b, "worker_info", lambda: [])()
+    if "neurons" not in jobs:
+        return out, infos
     cw = context_windows(ids, ctx, DEFAULT_MIN_CONTEXT)
     d_ff = model.config.d_ff
     params = {"layer": 10, "k": 5, "bins": 64, "batch": batch}
@@ -154,6 +157,7 @@ def main():
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--skip-ablate", action="store_true")
+    ap.add_argument("--jobs", default="perplexity,neurons", help="corpus jobs to run (default perplexity,neurons)")
     ap.add_argument("--json", metavar="OUT.json", help="also write the figures here")
     a = ap.parse_args()
 
@@ -174,13 +178,15 @@ def main():
     def in_process():
         return InProcess()                                    # loads the model before its first unit, in the time
 
-    fig["in_process"], _ = run_corpus_jobs(model, spec, ids, in_process, a.ctx, a.batch)
+    jobs = a.jobs.split(",")
+    fig["in_process"], _ = run_corpus_jobs(model, spec, ids, in_process, a.ctx, a.batch, jobs)
     c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
     try:
-        fig["ray_1"], infos1 = run_corpus_jobs(model, spec, ids, lambda: RayBackend.connect(c.address, 1), a.ctx, a.batch)
+        fig["ray_1"], infos1 = run_corpus_jobs(model, spec, ids, lambda: RayBackend.connect(c.address, 1), a.ctx, a.batch,
+                                                  jobs)
         c.add_node(num_cpus=1)
         c.wait_for_nodes()
-        fig["ray_2"], infos2 = run_corpus_jobs(model, spec, ids, lambda: RayBackend.connect(c.address), a.ctx, a.batch)
+        fig["ray_2"], infos2 = run_corpus_jobs(model, spec, ids, lambda: RayBackend.connect(c.address), a.ctx, a.batch, jobs)
         fig["rss_mib_per_worker"] = sorted({round(i["rss_mib"]) for i in infos1 + infos2})
         fig["dispatch_s_per_unit"] = driver_costs(c.address)
         if not a.skip_ablate:
@@ -196,7 +202,7 @@ def main():
 
     print(f"{fig['cpu']}; {a.tokens} tokens of docs/data/calib.txt, ctx {a.ctx}, batch {a.batch}, 1 thread per worker; "
           f"load average {fig['load_before']} before, {fig['load_after']} after")
-    for job in ("perplexity", "neurons"):
+    for job in jobs:
         s0, n0, v0, _ = fig["in_process"][job]
         s1, n1, v1, _ = fig["ray_1"][job]
         s2, n2, v2, _ = fig["ray_2"][job]
