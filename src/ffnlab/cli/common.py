@@ -165,6 +165,13 @@ def add_lora_arguments(p):
     needs(p, "--lora-scale", "--lora", "it scales the adapter's update")
 
 
+def add_prompt_arguments(p):
+    """-p TEXT / -f FILE: the prompt (read_prompt reads it)."""
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+
+
 def load_model(args, quiet=False):
     """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model
     (with --lora's adapter applied, for the commands that have the flag)."""
@@ -188,6 +195,18 @@ def read_prompt(args):
     if args.prompt is None:
         raise UsageError("no prompt: give -p TEXT or -f FILE")
     return args.prompt
+
+
+def model_and_prompt(args):
+    """-p/-f and -m -> (prompt, Model, token ids); a model without a tokenizer or a prompt of no tokens is one line"""
+    prompt = read_prompt(args)
+    model = load_model(args, quiet=True)
+    if model.tokenizer is None:
+        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
+    ids = model.tokenizer.encode(prompt)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    return prompt, model, ids
 
 
 # --- argparse types that check a number's range and name the flag (UsageError: one line) --------
