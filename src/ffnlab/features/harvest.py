@@ -69,25 +69,36 @@ def dictionary_for(model, dirpath, loaded=None):
     return p, cfg, d, in_node, out_node
 
 
+def blocks_for(node):
+    """-> the blocks a forward runs to reach node: L + 1 for NAME-L, None (all) for a node outside the blocks"""
+    m = re.search(r"-(\d+)$", node)
+    return int(m.group(1)) + 1 if m else None
+
+
+def capture(model, ids, nodes, copy=False, **forward):
+    """ids [B, T] through model.forward(ids, **forward) -> ({node: its value [B, T, d]}, the forward's output).
+    A Tracer hands each named node over and drops it, so nothing else of the forward is kept; copy: a copy
+    of each value rather than the traced array."""
+    from ..tracing import Tracer
+    B, T = ids.shape
+    got = {}
+
+    def take(n):
+        got[n.name] = n.array.reshape(B, T, -1).copy() if copy else n.array.reshape(B, T, -1)
+        n.array = None
+    pattern = re.compile("^(" + "|".join(re.escape(n) for n in nodes) + ")$")
+    out = model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), **forward)
+    return got, out
+
+
 def stream_rows(model, windows, in_node, out_node, batch, first=0):
     """Runs windows[first:] through the model `batch` windows at a time ->
     yields (next window index, x [R, d_in] float32, y [R, d_out] float32): the scored positions' rows."""
     from ..evaluation.activations import batches
-    from ..tracing import Tracer
-    wanted = {in_node, out_node}
-    pattern = re.compile("^(" + "|".join(re.escape(n) for n in wanted) + ")$")
-    m = re.search(r"-(\d+)$", out_node)
-    n_layer = int(m.group(1)) + 1 if m else None
     ws = windows.windows[first:]
     for i, ids in batches(ws, batch):
         B, T = ids.shape
-        got = {}
-
-        def take(n, B=B, T=T):
-            got[n.name] = n.array.reshape(B, T, -1)
-            n.array = None
-
-        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True, n_layer=n_layer)
+        got, _ = capture(model, ids, (in_node, out_node), last_only=True, n_layer=blocks_for(out_node))
         _, scored = windows.positions(first + i, B, T)                         # [B, T] bool
         x = np.ascontiguousarray(got[in_node][scored], dtype=np.float32)
         y = np.ascontiguousarray(got[out_node][scored], dtype=np.float32)
