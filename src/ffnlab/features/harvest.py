@@ -153,7 +153,37 @@ class ActivationBuffer:
         self.rng.bit_generator.state = scalars["rng"]
 
 
-class Harvest:
+class ArrayHarvest:
+    """Rows already in memory (x [R, d_in], y [R, d_out]) as a source of shuffled batches: the buffer, its draws
+    and its state, for training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
+
+    def __init__(self, x, y, buffer):
+        self.x, self.y, self.buffer = x, y, buffer
+        self.cursor, self.epoch = 0, 0
+
+    def fill(self):
+        while self.buffer.room() > 0:
+            if self.cursor >= len(self.x):
+                self.cursor, self.epoch = 0, self.epoch + 1
+            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
+            self.cursor += r
+
+    def next_batch(self, B):
+        """-> (x [B, d_in], y [B, d_out]), refilling first, so each draw sees a full buffer"""
+        self.fill()
+        return self.buffer.draw(B)
+
+    def state(self):
+        arrays, scalars = self.buffer.state()
+        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
+                                                                    "epoch": self.epoch}
+
+    def load(self, arrays, scalars):
+        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
+
+
+class Harvest(ArrayHarvest):
     """The corpus as an endless, resumable source of shuffled batches: window cursor + epoch + buffer.
     Rows that did not fit in the buffer wait in `pending` (part of the state, bounded by one forward's rows)."""
 
@@ -177,47 +207,10 @@ class Harvest:
             self.cursor = nxt
             self.pending = (x, y)
 
-    def next_batch(self, B):
-        """-> (x [B, d_in], y [B, d_out]), refilling first, so each draw sees a full buffer"""
-        self.fill()
-        return self.buffer.draw(B)
-
     def state(self):
-        arrays, scalars = self.buffer.state()
-        arrays = {"buffer.x": arrays["x"], "buffer.y": arrays["y"],
-                  "pending.x": self.pending[0], "pending.y": self.pending[1]}
-        return arrays, {**scalars, "cursor": self.cursor, "epoch": self.epoch}
+        arrays, scalars = super().state()
+        return {**arrays, "pending.x": self.pending[0], "pending.y": self.pending[1]}, scalars
 
     def load(self, arrays, scalars):
-        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        super().load(arrays, scalars)
         self.pending = (np.array(arrays["pending.x"]), np.array(arrays["pending.y"]))
-        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
-
-
-class ArrayHarvest:
-    """Rows already in memory (x [R, d_in], y [R, d_out]) as a Harvest: the same buffer, draws and state, for
-    training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
-
-    def __init__(self, x, y, buffer):
-        self.x, self.y, self.buffer = x, y, buffer
-        self.cursor, self.epoch = 0, 0
-
-    def fill(self):
-        while self.buffer.room() > 0:
-            if self.cursor >= len(self.x):
-                self.cursor, self.epoch = 0, self.epoch + 1
-            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
-            self.cursor += r
-
-    def next_batch(self, B):
-        self.fill()
-        return self.buffer.draw(B)
-
-    def state(self):
-        arrays, scalars = self.buffer.state()
-        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
-                                                                    "epoch": self.epoch}
-
-    def load(self, arrays, scalars):
-        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
-        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
