@@ -16,8 +16,8 @@ INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
 def _compiled(kernel, *xs, consts=()):
-    """kernel(each of xs flat, out flat, *consts) on C-contiguous float32 copies -> out, shaped as xs[-1]
-    (the gate half of a [gate, up] product is a strided view)"""
+    """kernel(each of xs flat, out flat, *consts) -> out, shaped as xs[-1]; a strided x (the gate half of a
+    [gate, up] product) is copied to C order first"""
     xs = [np.ascontiguousarray(x) for x in xs]
     out = np.empty_like(xs[-1])
     kernel(*(x.reshape(-1) for x in xs), out.reshape(-1), *consts)
