@@ -268,11 +268,12 @@ def test_split_products_give_numpys_bits():
 
 
 # --- LayerNorm forward: NumPy's pairwise sums, bit for bit -------------------------------------
-@pytest.mark.parametrize("D", [1, 7, 8, 9, 100, 127, 128, 129, 256, 383, 384, 768, 1000, 2048, 5000, 8192, 8193])
+@pytest.mark.parametrize("D", [1, 7, 8, 9, 100, 127, 128, 129, 256, 383, 384, 768, 1000, 2048, 5000, 7689, 8191, 8192,
+                               8193])
 @pytest.mark.parametrize("bias", [True, False])
 def test_layernorm_forward_bit_for_bit(D, bias):
-    """the pairwise sums' every branch (under 8 terms, one block of <= 128, up to six levels of halves
-    with tails; 8193 = PAIRWISE_MAX + 1: NumPy's code)"""
+    """the pairwise sums' every branch (under 8 terms, one block of <= 128, up to seven levels of halves
+    with tails: 7689 is the first width to need seven, 8191 the last; 8193 = PAIRWISE_MAX + 1: NumPy's code)"""
     x = f32(3, 41, D, scale=float(rng.uniform(0.01, 100))) + np.float32(rng.uniform(-50, 50))
     x[0, 0] = 0.0                                            # a constant row: var 0, rstd 1/sqrt(eps)
     w, b = f32(D) + 1.0, (f32(D) if bias else None)

@@ -7,7 +7,7 @@ HELP = "causal tracing (ROME): noise the subject, restore hidden / MLP / attenti
 
 
 def add_arguments(p):
-    from .common import add_model_argument, needs, nonneg, positive, refuse_together
+    from .common import add_model_argument, nonneg, positive, refuse_together
     add_model_argument(p)
     p.add_argument("-p", "--prompt", default=None, help="the prompt, e.g. 'The Eiffel Tower is located in the city of'")
     p.add_argument("--subject", default=None, help="the subject, a substring of the prompt (its tokens get the noise)")
@@ -20,43 +20,29 @@ def add_arguments(p):
     p.add_argument("--out", default="causal-trace.png", metavar="PNG", help="the three-panel figure (default causal-trace.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
     refuse_together(p, "--out", "--json", "--json draws no figure")
-    p.add_argument("--prompts", metavar="FILE.jsonl", default=None,
-                   help='a dataset, one {"prompt", "subject", "target"} per line (target optional): every prompt traced '
-                        "as a work unit, and --out draws ROME's average indirect effect over them")
-    p.add_argument("--results", metavar="DIR", default=None,
-                   help="with --prompts: keep each prompt's trace in DIR as it finishes; the same command resumes it")
-    from .scaleout import add_ray_arguments
-    add_ray_arguments(p)
-    for flag in ("-p", "--subject", "--target"):
-        refuse_together(p, flag, "--prompts", "each line of --prompts gives its own")
-    needs(p, "--results", "--prompts", "a single prompt is one unit")
+    from .scaleout import add_prompts_arguments
+    add_prompts_arguments(p, 'a dataset, one {"prompt", "subject", "target"} per line (target optional): every prompt '
+                             "traced as a work unit, and --out draws ROME's average indirect effect over them",
+                          "prompt's trace", "prompt", ("-p", "--subject", "--target"))
 
 
 def run_dataset(args):
     """--prompts: one unit per line (interventions/datasets.py) -> per-prompt traces and their average indirect effect."""
     from ..interventions.datasets import average_indirect_effect, causal_trace_unit
-    from .scaleout import run_prompts
+    from .scaleout import largest, run_prompts
 
-    if not args.json:
-        from ..pictures import check_png
-        check_png(args.out, "--out")                   # before the work, not after it
-    code, traces, summary = run_prompts(args, "causal-trace", causal_trace_unit,
-                                        {"noise": args.noise, "samples": args.samples, "window": args.window,
-                                         "seed": args.seed})
-    if code:
+    code, traces, avg = run_prompts(args, "causal-trace", causal_trace_unit,
+                                    {"noise": args.noise, "samples": args.samples, "window": args.window,
+                                     "seed": args.seed}, args.out, average_indirect_effect, "average_indirect_effect")
+    if code is not None:
         return code
-    avg = average_indirect_effect(traces)
-    if args.json:
-        print(json.dumps({"prompts": traces, "average_indirect_effect": avg, "executor": summary}))
-        return 0
     from ..interventions.plots import causal_trace_figure
     figure = {"tokens": avg["groups"], "subject": [0, 2], "target": "average indirect effect", "corrupt_p": 0.0,
               "hidden": avg["hidden"], "mlp": avg["mlp"], "attn": avg["attn"]}
     causal_trace_figure(args.out, figure, args.window)
     for kind in ("hidden", "mlp", "attn"):
         g = avg[kind]
-        il, k = max(((i, j) for i in range(len(g)) for j in range(len(g[0])) if g[i][j] == g[i][j]),
-                    key=lambda ij: g[ij[0]][ij[1]])
+        il, k = largest(g)
         print(f"{kind:>6}: largest average indirect effect {g[il][k]:.4f} at layer {il}, {avg['groups'][k]}")
     print(f"{len(traces)} prompts; figure: {args.out}", file=sys.stderr)
     return 0

@@ -165,6 +165,27 @@ def add_lora_arguments(p):
     needs(p, "--lora-scale", "--lora", "it scales the adapter's update")
 
 
+def add_flag_table(p, table):
+    """A command's flags from its table {flag: (settings field, type, help)}, each defaulting to None so that
+    flag_values() tells what the command line gave; a type "positive", "nonneg" or "positive_float" is that
+    range check, naming the flag."""
+    kinds = {"positive": positive, "nonneg": nonneg, "positive_float": positive_float}
+    for flag, (_, typ, hlp) in table.items():
+        p.add_argument(flag, type=kinds[typ](flag) if isinstance(typ, str) else typ, default=None, help=hlp)
+
+
+def flag_values(args, table):
+    """-> {settings field: its flag's value, None where not given}"""
+    return {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in table.items()}
+
+
+def add_prompt_arguments(p):
+    """-p TEXT / -f FILE: the prompt (read_prompt reads it)."""
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
+
+
 def load_model(args, quiet=False):
     """-m's file, directory, short name (smollm2, gemma3) or the default model -> Model
     (with --lora's adapter applied, for the commands that have the flag)."""
@@ -190,6 +211,18 @@ def read_prompt(args):
     return args.prompt
 
 
+def model_and_prompt(args):
+    """-p/-f and -m -> (prompt, Model, token ids); a model without a tokenizer or a prompt of no tokens is one line"""
+    prompt = read_prompt(args)
+    model = load_model(args, quiet=True)
+    if model.tokenizer is None:
+        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
+    ids = model.tokenizer.encode(prompt)
+    if not ids:
+        raise UsageError("the prompt encodes to no tokens")
+    return prompt, model, ids
+
+
 # --- argparse types that check a number's range and name the flag (UsageError: one line) --------
 def _number(name, s, kind):
     try:
@@ -199,40 +232,30 @@ def _number(name, s, kind):
         raise UsageError(f"{name} must be {what}, got {s!r}") from None
 
 
-def positive(name):
-    """> 0 (a count or a size)."""
+def _checked(name, kind, ok, rule, show_text=False):
+    """an argparse type: s -> kind(s), refused in one line unless ok(value): `NAME must be RULE, got VALUE`"""
     def parse(s):
-        v = _number(name, s, int)
-        if v <= 0:
-            raise UsageError(f"{name} must be > 0, got {v}")
+        v = _number(name, s, kind)
+        if not ok(v):
+            raise UsageError(f"{name} must be {rule}, got {s if show_text else v}")
         return v
     return parse
+
+
+def positive(name):
+    """> 0 (a count or a size)."""
+    return _checked(name, int, lambda v: v > 0, "> 0")
 
 
 def nonneg(name, kind=int):
     """>= 0"""
-    def parse(s):
-        v = _number(name, s, kind)
-        if not v >= 0:
-            raise UsageError(f"{name} must be >= 0, got {v}")
-        return v
-    return parse
+    return _checked(name, kind, lambda v: v >= 0, ">= 0")
 
 
 def count_or_all(name):
     """> 0, or -1 for all (llama.cpp's convention for --chunks)."""
-    def parse(s):
-        v = _number(name, s, int)
-        if v <= 0 and v != -1:
-            raise UsageError(f"{name} must be > 0, or -1 for all, got {v}")
-        return v
-    return parse
+    return _checked(name, int, lambda v: v > 0 or v == -1, "> 0, or -1 for all")
 
 
 def positive_float(name):
-    def parse(s):
-        v = _number(name, s, float)
-        if not (v > 0 and v < float("inf")):
-            raise UsageError(f"{name} must be a positive number, got {s}")
-        return v
-    return parse
+    return _checked(name, float, lambda v: 0 < v < float("inf"), "a positive number", show_text=True)

@@ -25,14 +25,13 @@ SETTING_FLAGS = {  # flag -> (FinetuneSettings field, type, help)
 
 
 def add_arguments(p):
-    from .common import add_model_argument
+    from .common import add_flag_table, add_model_argument, positive
     add_model_argument(p)
     p.add_argument("--data", required=True, help="UTF-8 text file to fine-tune on")
     p.add_argument("--out", required=True, help="adapter directory (PEFT's adapter_config.json + "
                                                 "adapter_model.safetensors, and the resume state)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out (same settings; --steps may grow)")
-    for flag, (_, typ, hlp) in SETTING_FLAGS.items():
-        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
+    add_flag_table(p, SETTING_FLAGS)
     p.add_argument("--no-train-eval", dest="eval_train", action="store_false", default=None,
                    help="evaluate on the held-out windows only (half the evaluation cost)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -43,16 +42,10 @@ def add_arguments(p):
     p.add_argument("--grid-ranks", default=None, metavar="R1,R2", help="grid ranks, e.g. 2,8 (default: --lora-r)")
     p.add_argument("--grid-train-tokens", default=None, metavar="N1,N2",
                    help="grid training-data sizes (--train-tokens values, 0 = all; default: --train-tokens)")
-    p.add_argument("--seeds", type=_flag_type("--seeds", "positive"), default=None,
+    p.add_argument("--seeds", type=positive("--seeds"), default=None,
                    help="grid: seeds 0..N-1 per configuration (default 1)")
     from .scaleout import add_ray_arguments
     add_ray_arguments(p)
-
-
-def _flag_type(flag, typ):
-    from .common import nonneg, positive, positive_float
-    return {"positive": positive, "nonneg": nonneg, "positive_float": positive_float}[typ](flag) \
-        if isinstance(typ, str) else typ
 
 
 def run(args):
@@ -62,11 +55,11 @@ def run(args):
     from ..formats.load import load
     from ..training.data import TokenData, data_info, read_text
     from ..training.finetune import FINETUNE_FILE, FinetuneSettings, finetune
+    from .common import flag_values
 
     if args.grid_targets is not None or args.grid_ranks or args.grid_train_tokens or args.seeds or args.ray is not None:
         return run_grid(args)
-    given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
-    given["eval_train"] = args.eval_train
+    given = {**flag_values(args, SETTING_FLAGS), "eval_train": args.eval_train}
     given = {k: v for k, v in given.items() if v is not None}
     saved = {}
     if args.resume and os.path.isfile(os.path.join(args.out, FINETUNE_FILE)):
@@ -132,12 +125,12 @@ def run_grid(args):
     from ..training.finetune_grid import grid_units, run_grid as grid, table
     from ..training.finetune import FinetuneSettings
     from ..runtime.executor import file_digest
+    from .common import flag_values
     from .scaleout import backend
 
     if args.resume:
         raise UsageError("--resume: a grid resumes by itself (rerun the same command with the same --out)")
-    given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
-    given["eval_train"] = args.eval_train
+    given = {**flag_values(args, SETTING_FLAGS), "eval_train": args.eval_train}
     settings = FinetuneSettings.from_dict({k: v for k, v in given.items() if v is not None})
     targets = [t.strip() for t in (args.grid_targets or settings.targets).split(";") if t.strip()]
     ranks = _ints(args.grid_ranks, "--grid-ranks") if args.grid_ranks else [settings.r]

@@ -10,7 +10,7 @@ PAIR = ("--clean", "--corrupt", "--target", "--foil")
 
 
 def add_arguments(p):
-    from .common import add_model_argument, needs, refuse_together
+    from .common import add_model_argument, refuse_together
     add_model_argument(p)
     p.add_argument("--clean", default=None, help="the prompt whose answer is the target")
     p.add_argument("--corrupt", default=None, help="a prompt of the same token count whose answer differs")
@@ -21,40 +21,26 @@ def add_arguments(p):
     p.add_argument("--out", default=None, metavar="PNG", help="heat map file (default patch-NODE.png)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table or picture")
     refuse_together(p, "--out", "--json", "--json draws no heat map")
-    p.add_argument("--prompts", metavar="FILE.jsonl", default=None,
-                   help='a dataset, one {"clean", "corrupt", "target", "foil"} per line: every pair patched as a '
-                        "work unit, and --out draws the effect averaged over position groups (the corrupted span "
-                        "as ROME's subject)")
-    p.add_argument("--results", metavar="DIR", default=None,
-                   help="with --prompts: keep each pair's result in DIR as it finishes; the same command resumes it")
-    from .scaleout import add_ray_arguments
-    add_ray_arguments(p)
-    for flag in PAIR:
-        refuse_together(p, flag, "--prompts", "each line of --prompts gives its own")
-    needs(p, "--results", "--prompts", "a single pair is one unit")
+    from .scaleout import add_prompts_arguments
+    add_prompts_arguments(p, 'a dataset, one {"clean", "corrupt", "target", "foil"} per line: every pair patched as a '
+                             "work unit, and --out draws the effect averaged over position groups (the corrupted "
+                             "span as ROME's subject)", "pair's result", "pair", PAIR)
 
 
 def run_dataset(args):
     """--prompts: one unit per line (interventions/datasets.py) -> per-pair results and their average per position group."""
     from ..interventions.datasets import average_patch_effect, patch_unit
-    from .scaleout import run_prompts
+    from .scaleout import largest, run_prompts
 
     path = args.out or f"patch-{args.node}.png"
-    if not args.json:
-        from ..pictures import check_png
-        check_png(path, "--out")                       # before the work, not after it
-    code, results, summary = run_prompts(args, "patch", patch_unit, {"node": args.node})
-    if code:
+    code, results, avg = run_prompts(args, "patch", patch_unit, {"node": args.node}, path, average_patch_effect,
+                                     "average_effect")
+    if code is not None:
         return code
-    avg = average_patch_effect(results)
-    if args.json:
-        print(json.dumps({"prompts": results, "average_effect": avg, "executor": summary}))
-        return 0
     from ..interventions.plots import patch_heatmap
     from ..pictures import written
     g = avg["effect"]
-    il, k = max(((i, j) for i in range(len(g)) for j in range(len(g[0])) if g[i][j] == g[i][j]),
-                key=lambda ij: g[ij[0]][ij[1]])
+    il, k = largest(g)
     print(f"largest average effect of patching {args.node}: {g[il][k]:.4f} at layer {il}, {avg['groups'][k]}")
     sys.stdout.flush()
     with written(path, "--out"):

@@ -9,12 +9,11 @@ HELP = "generate text from a model (GGUF, HF directory or ffnlab checkpoint)"
 
 
 def add_arguments(p):
-    from .common import (add_intervention_arguments, add_lora_arguments, add_model_argument, needs, nonneg,
-                         refuse_together)
+    from .common import (add_intervention_arguments, add_lora_arguments, add_model_argument, add_prompt_arguments,
+                         needs, nonneg, refuse_together)
     add_model_argument(p)
     add_lora_arguments(p)
-    p.add_argument("-p", "--prompt", help="prompt text")
-    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    add_prompt_arguments(p)
     p.add_argument("-n", "--n-predict", type=int, default=64,
                    help="tokens to generate at most; -1 = until EOS or the context is full (default 64)")
     p.add_argument("-c", "--ctx-size", type=nonneg("-c/--ctx-size"), default=0, metavar="N",
@@ -45,7 +44,6 @@ def add_arguments(p):
                         "writes (a transcoder: ffn_out-L) at every position, e.g. 5:123:8 (repeatable)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never stop at an end-of-generation token: exactly -n tokens (llama.cpp's flag, for benchmarks)")
-    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
     refuse_together(p, "-i", "--json", "an interactive chat streams its turns")
     needs(p, "--feature-steer", "--features", "the latents are those of a dictionary directory")
     needs(p, "--features", "--feature-steer", "the dictionary is read to steer with its latents")

@@ -11,7 +11,7 @@ Nothing here imports Ray: runtime/ray_backend.py does, when --ray is given.
 import json
 import sys
 
-from .common import needs, positive
+from .common import needs, positive, refuse_together
 
 
 def add_scale_arguments(p, items, default_help):
@@ -33,6 +33,24 @@ def add_ray_arguments(p):
     p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
                    help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
     needs(p, "--workers", "--ray", "the in-process default is one worker")
+
+
+def add_prompts_arguments(p, lines, kept, single, own):
+    """--prompts FILE.jsonl (lines: its help), --results DIR (kept: what it keeps of each line), --ray, --workers:
+    the dataset form of a command whose single form (`single`, e.g. "prompt") takes the flags `own`."""
+    p.add_argument("--prompts", metavar="FILE.jsonl", default=None, help=lines)
+    p.add_argument("--results", metavar="DIR", default=None,
+                   help=f"with --prompts: keep each {kept} in DIR as it finishes; the same command resumes it")
+    add_ray_arguments(p)
+    for flag in own:
+        refuse_together(p, flag, "--prompts", "each line of --prompts gives its own")
+    needs(p, "--results", "--prompts", f"a single {single} is one unit")
+
+
+def largest(g):
+    """-> (row, column) of g's largest value (a list of rows), NaN passed over"""
+    return max(((i, j) for i in range(len(g)) for j in range(len(g[0])) if g[i][j] == g[i][j]),
+               key=lambda ij: g[ij[0]][ij[1]])
 
 
 def backend(args, model=None):
@@ -59,9 +77,13 @@ def finish(outcome, n_units, stream=None):
     return report_failures(outcome, n_units, stream or sys.stderr), outcome.summary(n_units)
 
 
-def run_prompts(args, command, unit_fn, params):
+def run_prompts(args, command, unit_fn, params, png, average, key):
     """--prompts FILE.jsonl as work units (interventions/datasets.py), kept in --results DIR if given
-    -> (exit code, per-line results in line order or None, --json's executor summary)."""
+    -> (exit code, or None where the command goes on to draw png, --out's figure; the per-line results in
+    line order; average(results)). --json prints {"prompts", key: the average, "executor"} instead."""
+    if not args.json:
+        from ..pictures import check_png
+        check_png(png, "--out")                        # before the work, not after it
     from ..interventions.datasets import prompt_units, read_prompt_lines
     from ..runtime.executor import ModelSpec, OutputDir, Task, execute, file_digest
     from .common import load_model
@@ -77,4 +99,10 @@ def run_prompts(args, command, unit_fn, params):
     outcome = execute(Task(spec, unit_fn, params), units, lambda acc, r: acc + [r], [], out=out, backend=where,
                       label=command)
     code, summary = finish(outcome, len(units))
-    return code, (outcome.merged if not code else None), summary
+    if code:
+        return code, None, None
+    avg = average(outcome.merged)
+    if args.json:
+        print(json.dumps({"prompts": outcome.merged, key: avg, "executor": summary}))
+        return 0, None, None
+    return None, outcome.merged, avg

@@ -8,11 +8,10 @@ HELP = "run one forward pass and print every named tensor (llama-eval-callback f
 
 
 def add_arguments(p):
-    from .common import add_lora_arguments, add_model_argument, refuse_together
+    from .common import add_lora_arguments, add_model_argument, add_prompt_arguments, refuse_together
     add_model_argument(p)
     add_lora_arguments(p)
-    p.add_argument("-p", "--prompt", help="prompt text")
-    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    add_prompt_arguments(p)
     p.add_argument("--filter", metavar="REGEX", default=None,
                    help="only nodes whose name matches REGEX at its start (like llama-eval-callback's "
                         "--tensor-filter; use '.*x' to match anywhere)")
@@ -26,7 +25,6 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object (nodes, shapes, sums) instead of lines")
     p.add_argument("--check-finite", action="store_true",
                    help="stop at the first node holding NaN/Inf, name it and print its inputs' statistics (exit 1)")
-    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
     refuse_together(p, "--layout", "--json", "the JSON holds both layouts (shape: logical, ne: ggml)")
 
 
@@ -66,20 +64,14 @@ def run(args):
     from ..tracing.api import attached
     from ..tracing.dump import Dumper
     from ..tracing.format import ggml_line, logical_line, node_record, values_block
-    from .common import load_model, read_prompt
+    from .common import model_and_prompt
 
     if args.filter is not None:
         try:
             re.compile(args.filter)
         except re.error as e:
             raise UsageError(f"--filter {args.filter!r} is not a valid regex: {e}") from None
-    prompt = read_prompt(args)
-    model = load_model(args, quiet=True)
-    if model.tokenizer is None:
-        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
-    ids = model.tokenizer.encode(prompt)
-    if not ids:
-        raise UsageError("the prompt encodes to no tokens")
+    prompt, model, ids = model_and_prompt(args)
     dumper = Dumper(args.dump, model.source, prompt, ids) if args.dump else None
     path = ggml_path.PATH if model.arith.name == "ggml" else None
     if path and not args.json:                 # llama-eval-callback prints no such line: only in ggml mode

@@ -36,29 +36,22 @@ SETTING_FLAGS = {  # flag -> (TrainSettings field, type, help)
 }
 
 
-def _flag_type(flag, typ):
-    from .common import nonneg, positive
-    return {"positive": positive, "nonneg": nonneg}[typ](flag) if isinstance(typ, str) else typ
-
-
 def add_arguments(p):
+    from .common import add_flag_table, add_threads_argument, needs
     p.add_argument("--data", help="UTF-8 text file to train on (on --resume: defaults to the checkpoint's)")
     p.add_argument("--out", required=True, help="checkpoint directory (created; `ffnlab run -m OUT` loads it)")
     p.add_argument("--resume", action="store_true",
                    help="continue the checkpoint in --out (unset flags take its values); starts fresh if there is none")
     p.add_argument("--preset", default=None, help="tiny-gpt2 | tiny-llama (default tiny-llama)")
-    for flag, (_, typ, hlp) in MODEL_FLAGS.items():
-        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
+    add_flag_table(p, MODEL_FLAGS)
     p.add_argument("--tokenizer", default=None,
                    help="byte (default, vocab 256) | bpe (trained on --data) | a GGUF/HF model (or smollm2, gemma3) whose "
                         "tokenizer to use")
     p.add_argument("--vocab-size", type=int, default=None, help="vocabulary size of --tokenizer bpe (default 1024)")
-    for flag, (_, typ, hlp) in SETTING_FLAGS.items():
-        p.add_argument(flag, type=_flag_type(flag, typ), default=None, help=hlp)
+    add_flag_table(p, SETTING_FLAGS)
     p.add_argument("--decay-embeddings", action="store_true", default=None,
                    help="apply weight decay to the embedding tables too")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    from .common import add_threads_argument, needs
     add_threads_argument(p)
     needs(p, "--vocab-size", "--tokenizer=bpe", "the byte tokenizer has 256 ids, a model's tokenizer its own")
 
@@ -70,11 +63,12 @@ def run(args):
     from ..training.data import TokenData, data_info, encode, make_tokenizer, read_text
     from ..training.presets import build_config
     from ..training.trainer import TrainSettings, train
+    from .common import flag_values
 
-    given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in SETTING_FLAGS.items()}
+    given = flag_values(args, SETTING_FLAGS)
     if args.decay_embeddings is not None:
         given["decay_embeddings"] = True
-    model_given = {f: getattr(args, flag[2:].replace("-", "_")) for flag, (f, _, _) in MODEL_FLAGS.items()}
+    model_given = flag_values(args, MODEL_FLAGS)
 
     record = read_trainer(args.out) if is_checkpoint(args.out) else None
     if record is not None and not args.resume:          # before the model line and any warning

@@ -8,11 +8,10 @@ HELP = "compare every named tensor of a forward pass with llama.cpp or HF transf
 
 
 def add_arguments(p):
-    from .common import add_lora_arguments, add_model_argument, refuse_together
+    from .common import add_lora_arguments, add_model_argument, add_prompt_arguments, refuse_together
     add_model_argument(p)
     add_lora_arguments(p)
-    p.add_argument("-p", "--prompt", help="prompt text")
-    p.add_argument("-f", "--file", help="read the prompt from a UTF-8 file")
+    add_prompt_arguments(p)
     p.add_argument("--against", required=True, choices=("llama.cpp", "hf"),
                    help="the reference: llama.cpp (llama-cpp-python, eval callback) or hf (transformers, "
                         "forward hooks), both loading the same GGUF")
@@ -25,7 +24,6 @@ def add_arguments(p):
     p.add_argument("--atol", type=float, default=None, help="absolute slack per node (default 1e-6)")
     p.add_argument("--all", action="store_true", help="also list the nodes the reference does not compute")
     p.add_argument("--json", action="store_true", help="print one JSON object (every node's errors) instead of a table")
-    refuse_together(p, "-p", "-f", "give the prompt as text or as a file")
     refuse_together(p, "--all", "--json", "the JSON lists every node")
 
 
@@ -84,7 +82,7 @@ def run(args):
 
     from ..errors import UsageError
     from ..tracing.verify import report_dict, summary_lines, table_lines, verify
-    from .common import load_model, read_prompt
+    from .common import model_and_prompt
     from .trace import json_safe
 
     if args.f32 and args.against != "llama.cpp":
@@ -96,13 +94,7 @@ def run(args):
         v = getattr(args, flag)
         if v is not None and not v >= 0:
             raise UsageError(f"--{flag} must be >= 0, got {v}")
-    prompt = read_prompt(args)
-    model = load_model(args, quiet=True)
-    if model.tokenizer is None:
-        raise UsageError(f"{model.source}: the model has no tokenizer, so it cannot read a text prompt")
-    ids = model.tokenizer.encode(prompt)
-    if not ids:
-        raise UsageError("the prompt encodes to no tokens")
+    prompt, model, ids = model_and_prompt(args)
     with tempfile.TemporaryDirectory(prefix="ffnlab-verify-") as tmp, np.errstate(all="ignore"):
         if model.lora is not None:
             reference = lora_reference(model, ids, args, tmp)

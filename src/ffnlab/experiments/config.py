@@ -104,6 +104,13 @@ class _Fields:
                             list: "a list", dict: "a table"}[kind], v)
         return v
 
+    def variant_name(self, key, names, required=False):
+        """a field naming one of the variants ("" when it is optional and not given)"""
+        v = self.get(key, str, "", required)
+        if (v or required) and v not in names:
+            self.fail(key, f"a variant name ({', '.join(names)})", v)
+        return v
+
     def unknown(self, known):
         extra = sorted(set(self.table) - set(known))
         if extra:
@@ -174,9 +181,7 @@ def load(name, quick=False, seeds=None, data=None, check_data=True) -> Experimen
             raise UsageError(f"{_rel(path)}: variant {v.name!r}: the name is used twice")
         seen.add(v.name)
     names_ = [v.name for v in variants]
-    baseline = exp.get("baseline", str, "")
-    if baseline and baseline not in names_:
-        exp.fail("baseline", f"a variant name ({', '.join(names_)})", baseline)
+    baseline = exp.variant_name("baseline", names_)
     compare = []
     for i, pair in enumerate(exp.get("compare", list, [])):
         if quick and keep is not None and isinstance(pair, list) and not all(p in names_ for p in pair):
@@ -197,17 +202,28 @@ def load(name, quick=False, seeds=None, data=None, check_data=True) -> Experimen
     return out
 
 
-def _settings(path, table):
-    t = _Fields(path, table, "train.")
-    known = {f.name: type(f.default) for f in fields(TrainSettings)} | {"mlp_dropout": float}
-    t.unknown(set(known) - {"seed", "schedule_steps"})
-    given = {k: t.get(k, known[k]) for k in table}
-    s = TrainSettings.from_dict({"eval_every": 50, "eval_batches": 8, "ckpt_every": 0, **given})
+def _settings_table(path, table, where, cls, fixed, extra=None):
+    """a table of `cls`'s fields (TrainSettings, FinetuneSettings), each read as its default's type;
+    fixed: the fields the experiment sets itself"""
+    t = _Fields(path, table, where + ".")
+    known = {f.name: type(f.default) for f in fields(cls)} | (extra or {})
+    t.unknown(set(known) - fixed)
+    return {k: t.get(k, known[k]) for k in table}
+
+
+def _validated(path, where, settings):
+    """settings.validate(), its error naming the file and the table"""
     try:
-        s.validate()
+        settings.validate()
     except UsageError as e:
-        raise UsageError(f"{_rel(path)}: train: {e}") from None
-    return s
+        raise UsageError(f"{_rel(path)}: {where}: {e}") from None
+    return settings
+
+
+def _settings(path, table):
+    given = _settings_table(path, table, "train", TrainSettings, {"seed", "schedule_steps"}, {"mlp_dropout": float})
+    return _validated(path, "train", TrainSettings.from_dict({"eval_every": 50, "eval_batches": 8, "ckpt_every": 0,
+                                                              **given}))
 
 
 def _variant(path, t, i, base_model):
@@ -250,9 +266,7 @@ def _number_list(f, key, kind, lo=None, hi=None, default=None):
 def _compression(path, table, names_):
     f = _Fields(path, table, "compression.")
     f.unknown(COMPRESSION_FIELDS)
-    base = f.get("base", str, required=True)
-    if base not in names_:
-        f.fail("base", f"a variant name ({', '.join(names_)})", base)
+    base = f.variant_name("base", names_, required=True)
     refs = f.get("references", list, [])
     for r in refs:
         if r not in names_:
@@ -283,9 +297,7 @@ def _compression(path, table, names_):
 def _lora(path, table, names_):
     f = _Fields(path, table, "lora.")
     f.unknown(LORA_FIELDS)
-    base = f.get("base", str, required=True)
-    if base not in names_:
-        f.fail("base", f"a variant name ({', '.join(names_)})", base)
+    base = f.variant_name("base", names_, required=True)
     data = f.get("data", str, required=True)
     data = data if os.path.isabs(data) else os.path.join(ROOT, data)
     if not os.path.isfile(data):
@@ -294,15 +306,9 @@ def _lora(path, table, names_):
     if not targets or not all(isinstance(t, str) for t in targets):
         f.fail("targets", "a list of target strings (\"q,v\", \"up,down\")", targets)
     from ..training.finetune import FinetuneSettings
-    st = f.get("settings", dict, {})
-    sf = _Fields(path, st, "lora.settings.")
-    known = {x.name: type(x.default) for x in fields(FinetuneSettings)}
-    sf.unknown(set(known) - {"seed", "r", "alpha", "targets", "train_tokens", "schedule_steps"})
-    settings = {k: sf.get(k, known[k]) for k in st}
-    try:
-        FinetuneSettings.from_dict(settings).validate()
-    except UsageError as e:
-        raise UsageError(f"{_rel(path)}: lora.settings: {e}") from None
+    settings = _settings_table(path, f.get("settings", dict, {}), "lora.settings", FinetuneSettings,
+                               {"seed", "r", "alpha", "targets", "train_tokens", "schedule_steps"})
+    _validated(path, "lora.settings", FinetuneSettings.from_dict(settings))
     return {"base": base, "data": os.path.abspath(data), "targets": targets,
             "ranks": _number_list(f, "ranks", int, 0, None, [2, 8]),
             "train_tokens": [int(x) for x in f.get("train_tokens", list, [0])], "settings": settings}

@@ -10,26 +10,16 @@ token t on the first and on the second side (0 where it does not fire):
     correlation   Pearson's r of (a_t) and (b_t) over the tokens      (None where either side is constant)
     density       the fraction of tokens it fires on, on each side; the change is second - first
 """
-import re
-
 import numpy as np
 
-from ..tracing import Tracer
 from .dictionary import encode
+from .harvest import blocks_for, capture
 
 
 def site_rows(model, ids, in_node, scored):
     """ids [B, T] -> in_node's value at the scored positions [R, d_in] float32 (the first blocks only)"""
-    B, T = ids.shape
-    got = {}
-
-    def take(node):
-        got["x"] = node.array.reshape(B, T, -1)
-        node.array = None
-    m = re.search(r"-(\d+)$", in_node)
-    model.forward(ids, hooks=Tracer(filter="^" + re.escape(in_node) + "$", keep=True, on_node=take), last_only=True,
-                  n_layer=int(m.group(1)) + 1 if m else None)
-    return np.ascontiguousarray(got["x"][scored], np.float32)
+    got, _ = capture(model, ids, [in_node], last_only=True, n_layer=blocks_for(in_node))
+    return np.ascontiguousarray(got[in_node][scored], np.float32)
 
 
 def latent_keys(acts):

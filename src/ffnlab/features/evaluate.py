@@ -20,8 +20,8 @@ import re
 import numpy as np
 
 from ..model.hooks import Editor
-from ..tracing import Tracer
 from . import dictionary as D
+from .harvest import capture
 
 
 def reconstruct(p, cfg, x):
@@ -87,7 +87,6 @@ def next_token_terms(logits, ids, pred_mask, clean_logp=None):
 
 def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, batch, ablation="zero"):
     from ..evaluation.activations import batches
-    pattern = re.compile("^(" + "|".join(re.escape(n) for n in {in_node, out_node}) + ")$")
     sums = {"sq_res": 0.0, "sq_norm": 0.0, "l0": 0.0}
     sum_y = None
     fires = np.zeros(cfg.d_sae, np.int64)
@@ -98,12 +97,7 @@ def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, b
         if n_rows >= max_tokens:
             break
         B, T = ids.shape
-        got = {}
-
-        def take(n, B=B, T=T):
-            got[n.name] = n.array.reshape(B, T, -1).copy()
-            n.array = None
-        clean = model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take))
+        got, clean = capture(model, ids, (in_node, out_node), copy=True)
         _, scored = windows.positions(first, B, T)                               # [B, T]
         x, y = got[in_node][scored], got[out_node][scored]                       # [R, d]
         y_hat, acts = reconstruct(p, cfg, x)

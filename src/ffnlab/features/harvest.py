@@ -69,25 +69,36 @@ def dictionary_for(model, dirpath, loaded=None):
     return p, cfg, d, in_node, out_node
 
 
+def blocks_for(node):
+    """-> the blocks a forward runs to reach node: L + 1 for NAME-L, None (all) for a node outside the blocks"""
+    m = re.search(r"-(\d+)$", node)
+    return int(m.group(1)) + 1 if m else None
+
+
+def capture(model, ids, nodes, copy=False, **forward):
+    """ids [B, T] through model.forward(ids, **forward) -> ({node: its value [B, T, d]}, the forward's output).
+    A Tracer hands each named node over and drops it, so nothing else of the forward is kept; copy: a copy
+    of each value rather than the traced array."""
+    from ..tracing import Tracer
+    B, T = ids.shape
+    got = {}
+
+    def take(n):
+        got[n.name] = n.array.reshape(B, T, -1).copy() if copy else n.array.reshape(B, T, -1)
+        n.array = None
+    pattern = re.compile("^(" + "|".join(re.escape(n) for n in nodes) + ")$")
+    out = model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), **forward)
+    return got, out
+
+
 def stream_rows(model, windows, in_node, out_node, batch, first=0):
     """Runs windows[first:] through the model `batch` windows at a time ->
     yields (next window index, x [R, d_in] float32, y [R, d_out] float32): the scored positions' rows."""
     from ..evaluation.activations import batches
-    from ..tracing import Tracer
-    wanted = {in_node, out_node}
-    pattern = re.compile("^(" + "|".join(re.escape(n) for n in wanted) + ")$")
-    m = re.search(r"-(\d+)$", out_node)
-    n_layer = int(m.group(1)) + 1 if m else None
     ws = windows.windows[first:]
     for i, ids in batches(ws, batch):
         B, T = ids.shape
-        got = {}
-
-        def take(n, B=B, T=T):
-            got[n.name] = n.array.reshape(B, T, -1)
-            n.array = None
-
-        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True, n_layer=n_layer)
+        got, _ = capture(model, ids, (in_node, out_node), last_only=True, n_layer=blocks_for(out_node))
         _, scored = windows.positions(first + i, B, T)                         # [B, T] bool
         x = np.ascontiguousarray(got[in_node][scored], dtype=np.float32)
         y = np.ascontiguousarray(got[out_node][scored], dtype=np.float32)
@@ -142,7 +153,37 @@ class ActivationBuffer:
         self.rng.bit_generator.state = scalars["rng"]
 
 
-class Harvest:
+class ArrayHarvest:
+    """Rows already in memory (x [R, d_in], y [R, d_out]) as a source of shuffled batches: the buffer, its draws
+    and its state, for training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
+
+    def __init__(self, x, y, buffer):
+        self.x, self.y, self.buffer = x, y, buffer
+        self.cursor, self.epoch = 0, 0
+
+    def fill(self):
+        while self.buffer.room() > 0:
+            if self.cursor >= len(self.x):
+                self.cursor, self.epoch = 0, self.epoch + 1
+            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
+            self.cursor += r
+
+    def next_batch(self, B):
+        """-> (x [B, d_in], y [B, d_out]), refilling first, so each draw sees a full buffer"""
+        self.fill()
+        return self.buffer.draw(B)
+
+    def state(self):
+        arrays, scalars = self.buffer.state()
+        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
+                                                                    "epoch": self.epoch}
+
+    def load(self, arrays, scalars):
+        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
+
+
+class Harvest(ArrayHarvest):
     """The corpus as an endless, resumable source of shuffled batches: window cursor + epoch + buffer.
     Rows that did not fit in the buffer wait in `pending` (part of the state, bounded by one forward's rows)."""
 
@@ -166,47 +207,10 @@ class Harvest:
             self.cursor = nxt
             self.pending = (x, y)
 
-    def next_batch(self, B):
-        """-> (x [B, d_in], y [B, d_out]), refilling first, so each draw sees a full buffer"""
-        self.fill()
-        return self.buffer.draw(B)
-
     def state(self):
-        arrays, scalars = self.buffer.state()
-        arrays = {"buffer.x": arrays["x"], "buffer.y": arrays["y"],
-                  "pending.x": self.pending[0], "pending.y": self.pending[1]}
-        return arrays, {**scalars, "cursor": self.cursor, "epoch": self.epoch}
+        arrays, scalars = super().state()
+        return {**arrays, "pending.x": self.pending[0], "pending.y": self.pending[1]}, scalars
 
     def load(self, arrays, scalars):
-        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
+        super().load(arrays, scalars)
         self.pending = (np.array(arrays["pending.x"]), np.array(arrays["pending.y"]))
-        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])
-
-
-class ArrayHarvest:
-    """Rows already in memory (x [R, d_in], y [R, d_out]) as a Harvest: the same buffer, draws and state, for
-    training on saved activations (the benchmarks, the comparison with SAELens, the tests)."""
-
-    def __init__(self, x, y, buffer):
-        self.x, self.y, self.buffer = x, y, buffer
-        self.cursor, self.epoch = 0, 0
-
-    def fill(self):
-        while self.buffer.room() > 0:
-            if self.cursor >= len(self.x):
-                self.cursor, self.epoch = 0, self.epoch + 1
-            r = self.buffer.add(self.x[self.cursor:], self.y[self.cursor:])
-            self.cursor += r
-
-    def next_batch(self, B):
-        self.fill()
-        return self.buffer.draw(B)
-
-    def state(self):
-        arrays, scalars = self.buffer.state()
-        return {"buffer.x": arrays["x"], "buffer.y": arrays["y"]}, {**scalars, "cursor": self.cursor,
-                                                                    "epoch": self.epoch}
-
-    def load(self, arrays, scalars):
-        self.buffer.load({"x": arrays["buffer.x"], "y": arrays["buffer.y"]}, scalars)
-        self.cursor, self.epoch = int(scalars["cursor"]), int(scalars["epoch"])

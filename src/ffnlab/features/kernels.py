@@ -16,14 +16,20 @@ FLAGS = dict(cache=True, nogil=True, fastmath=False, error_model="numpy")
 
 
 @njit(parallel=True, **FLAGS)
-def sparse_decode(ptr, idx, val, W_dec, out):
-    """out[b] += sum over row b's entries of val * W_dec[idx]: [B, N] sparse @ [N, d_out] -> [B, d_out]"""
+def sparse_decode(ptr, idx, val, W, out):
+    """out[b] += sum over row b's entries (CSR order) of val * W[idx]: [B, N] sparse @ [N, d] -> [B, d]"""
     B, d = out.shape
     for b in prange(B):
         for e in range(ptr[b], ptr[b + 1]):
             v, j = val[e], idx[e]
             for c in range(d):
-                out[b, c] += v * W_dec[j, c]
+                out[b, c] += v * W[j, c]
+
+
+# out[j] += sum over latent j's entries (token b, value v), b ascending, of v * x[b]: sparse.T @ x,
+# [N, B] @ [B, d] -> [N, d] (the decoder's gradient, the encoder's transposed): the same loop over the
+# CSC of the activations (sparsity.by_latent: lptr, lrows, lval) and x [B, d]
+latent_outer = sparse_decode
 
 
 @njit(parallel=True, **FLAGS)
@@ -37,16 +43,3 @@ def dots_on_support(ptr, idx, g, W, out):
             for c in range(d):
                 s += g[b, c] * W[j, c]
             out[e] = s
-
-
-@njit(parallel=True, **FLAGS)
-def latent_outer(lptr, lrows, lval, x, out):
-    """out[j] += sum over latent j's entries (token b, value v), b ascending, of v * x[b]:
-    sparse.T @ x, [N, B] @ [B, d] -> [N, d] (the decoder's gradient, the encoder's transposed).
-    lptr/lrows/lval: the CSC of the activations (sparsity.by_latent)."""
-    N, d = out.shape
-    for j in prange(N):
-        for e in range(lptr[j], lptr[j + 1]):
-            v, b = lval[e], lrows[e]
-            for c in range(d):
-                out[j, c] += v * x[b, c]

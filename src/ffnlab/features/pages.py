@@ -15,8 +15,8 @@ import re
 
 import numpy as np
 
-from ..tracing import Tracer
 from .evaluate import reconstruct
+from .harvest import blocks_for, capture
 
 BINS = 24
 
@@ -24,22 +24,14 @@ BINS = 24
 def collect(model, p, cfg, windows, in_node, max_tokens, batch):
     """-> (token index in the text [E], latent [E], value [E], tokens read)"""
     from ..evaluation.activations import batches
-    pattern = re.compile("^" + re.escape(in_node) + "$")
-    m = re.search(r"-(\d+)$", in_node)
-    n_layer = int(m.group(1)) + 1 if m else None
     tok_i, lat, val, n = [], [], [], 0
     for first, ids in batches(windows.windows, batch):
         if n >= max_tokens:
             break
         B, T = ids.shape
-        got = {}
-
-        def take(node, B=B, T=T):
-            got["x"] = node.array.reshape(B, T, -1)
-            node.array = None
-        model.forward(ids, hooks=Tracer(filter=pattern, keep=True, on_node=take), last_only=True, n_layer=n_layer)
+        got, _ = capture(model, ids, [in_node], last_only=True, n_layer=blocks_for(in_node))
         pos, scored = windows.positions(first, B, T)
-        _, acts = reconstruct(p, cfg, got["x"][scored])
+        _, acts = reconstruct(p, cfg, got[in_node][scored])
         on = acts.val > 0
         tok_i.append(pos[scored][acts.rows[on]]), lat.append(acts.idx[on]), val.append(acts.val[on])
         n += int(scored.sum())

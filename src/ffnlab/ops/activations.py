@@ -15,6 +15,23 @@ INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 
+def _compiled(kernel, *xs, consts=()):
+    """kernel(each of xs flat, out flat, *consts) -> out, shaped as xs[-1]; a strided x (the gate half of a
+    [gate, up] product) is copied to C order first"""
+    xs = [np.ascontiguousarray(x) for x in xs]
+    out = np.empty_like(xs[-1])
+    kernel(*(x.reshape(-1) for x in xs), out.reshape(-1), *consts)
+    return out
+
+
+def _float32_pair(dy, x):
+    """dy, x of one shape, both float32, not empty: the compiled backward applies"""
+    return x.dtype == np.float32 and dy.dtype == np.float32 and x.size and dy.shape == x.shape
+
+
+GELU_TANH_CONSTS = (np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
+
+
 # --- GELU, exact: x * Phi(x), Phi the standard normal CDF ---------------------------------
 def _cdf(x):
     """Phi(x) = 0.5 (1 + erf(x / sqrt 2)), in x's dtype, on one scratch array"""
@@ -60,10 +77,7 @@ def _gelu_tanh_inner(x, x2):
 
 def gelu_tanh_forward(x):
     if x.dtype == np.float32 and x.size:         # x sigmoid(2u), one compiled pass (ops/fastmath.py)
-        x = np.ascontiguousarray(x)              # the gate half of a [gate, up] product is a strided view
-        y = np.empty_like(x)
-        fastmath.gelu_tanh_into(x.reshape(-1), y.reshape(-1), np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
-        return y
+        return _compiled(fastmath.gelu_tanh_into, x, consts=GELU_TANH_CONSTS)
     y = _gelu_tanh_inner(x, x * x)              # t
     y += 1.0
     y *= x
@@ -74,12 +88,8 @@ def gelu_tanh_forward(x):
 def gelu_tanh_backward(dy, x):
     """dy, x: [...] -> dx = dy * gelu_tanh'(x). float32: one compiled pass (ops/train_kernels.py,
     held to gelu_tanh_backward_numpy within float32 error analysis)"""
-    if x.dtype == np.float32 and dy.dtype == np.float32 and x.size and dy.shape == x.shape:
-        dy, x = np.ascontiguousarray(dy), np.ascontiguousarray(x)
-        g = np.empty_like(x)
-        train_kernels.gelu_tanh_backward_into(dy.reshape(-1), x.reshape(-1), g.reshape(-1),
-                                              np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
-        return g
+    if _float32_pair(dy, x):
+        return _compiled(train_kernels.gelu_tanh_backward_into, dy, x, consts=GELU_TANH_CONSTS)
     return gelu_tanh_backward_numpy(dy, x)
 
 
@@ -115,10 +125,7 @@ def sigmoid(x):
     result is 1/inf = 0, the correct limit, so the overflow is expected and not reported.
     float32: ops/fastmath.py's compiled e^x (NumPy's is scalar libm on AVX2, 10x slower)."""
     if x.dtype == np.float32 and x.size:
-        x = np.ascontiguousarray(x)              # the gate half of a [gate, up] product is a strided view
-        s = np.empty_like(x)
-        fastmath.sigmoid_into(x.reshape(-1), s.reshape(-1))
-        return s
+        return _compiled(fastmath.sigmoid_into, x)
     s = np.negative(x)
     with np.errstate(over="ignore"):
         np.exp(s, out=s)
@@ -136,11 +143,8 @@ def silu_forward(x):
 def silu_backward(dy, x):
     """dy, x: [...] -> dx. float32: one compiled pass (ops/train_kernels.py), bit for bit
     silu_backward_numpy's steps"""
-    if x.dtype == np.float32 and dy.dtype == np.float32 and x.size and dy.shape == x.shape:
-        dy, x = np.ascontiguousarray(dy), np.ascontiguousarray(x)
-        g = np.empty_like(x)
-        train_kernels.silu_backward_into(dy.reshape(-1), x.reshape(-1), g.reshape(-1))
-        return g
+    if _float32_pair(dy, x):
+        return _compiled(train_kernels.silu_backward_into, dy, x)
     return silu_backward_numpy(dy, x)
 
 

@@ -201,75 +201,35 @@ def _pairwise_run(a, lo, n):
 
 
 # A run longer than 128 is split in two at a multiple of 8 and each half summed the same way.
-# NumPy recurses; here each level is its own function (numba's disk cache crashes on reloading a
-# recursive function), six levels: runs up to PAIRWISE_MAX terms, NumPy's code beyond.
-@njit(**EXACT)
-def _half(n):
-    n2 = n // 2
-    return n2 - n2 % 8
-
-
-@njit(**EXACT)
-def _pairwise_1(a, lo, n):
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_run(a, lo, h) + _pairwise_run(a, lo + h, n - h)
-
-
-@njit(**EXACT)
-def _pairwise_2(a, lo, n):
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_1(a, lo, h) + _pairwise_1(a, lo + h, n - h)
-
-
-@njit(**EXACT)
-def _pairwise_3(a, lo, n):
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_2(a, lo, h) + _pairwise_2(a, lo + h, n - h)
-
-
-@njit(**EXACT)
-def _pairwise_4(a, lo, n):
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_3(a, lo, h) + _pairwise_3(a, lo + h, n - h)
-
-
-@njit(**EXACT)
-def _pairwise_5(a, lo, n):
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_4(a, lo, h) + _pairwise_4(a, lo + h, n - h)
+# NumPy recurses; numba's disk cache crashes on reloading a recursive function, so this walks the
+# same tree with a stack of the runs still to sum.
+PAIRWISE_MAX = 8192           # rows up to this many terms take the compiled sum, NumPy's code beyond
+LEVELS = 7                    # halvings a run of up to PAIRWISE_MAX terms needs (7689 terms is the first to need 7)
 
 
 @njit(**EXACT)
 def _pairwise_sum(a, lo, n):
     """a[lo:lo+n] summed as NumPy's pairwise_sum, for n <= PAIRWISE_MAX"""
-    if n <= PAIRWISE_BLOCK:
-        return _pairwise_run(a, lo, n)
-    h = _half(n)
-    return _pairwise_5(a, lo, h) + _pairwise_5(a, lo + h, n - h)
-
-
-def _longest_run(levels):
-    """the longest run that `levels` splits bring down to runs of <= PAIRWISE_BLOCK"""
-    n = PAIRWISE_BLOCK
-    for _ in range(levels):
-        m = 2 * n + 16
-        while (m - (m // 2 - (m // 2) % 8)) > n:        # the right half, the longer one, must fit
-            m -= 1
-        n = m
-    return n
-
-
-PAIRWISE_MAX = _longest_run(6)
+    todo = np.empty((2 * LEVELS + 1, 3), np.int64)     # runs (lo, n, 1 once its halves' sums are on `sums`)
+    sums = np.empty(LEVELS + 1, np.float32)             # the sums of the runs done, left to right
+    todo[0, 0], todo[0, 1], todo[0, 2] = lo, n, 0
+    top, k = 1, 0
+    while top:
+        top -= 1
+        lo, n, halves_done = todo[top, 0], todo[top, 1], todo[top, 2]
+        if halves_done:
+            k -= 1
+            sums[k - 1] = sums[k - 1] + sums[k]        # the left half's sum + the right half's
+        elif n <= PAIRWISE_BLOCK:
+            sums[k] = _pairwise_run(a, lo, n)
+            k += 1
+        else:                                          # back to this run once both halves are summed, left first
+            h = n // 2 - (n // 2) % 8
+            todo[top, 2] = 1
+            todo[top + 1, 0], todo[top + 1, 1], todo[top + 1, 2] = lo + h, n - h, 0
+            todo[top + 2, 0], todo[top + 2, 1], todo[top + 2, 2] = lo, h, 0
+            top += 3
+    return sums[0]
 
 
 @njit(**EXACT)
