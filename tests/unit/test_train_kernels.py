@@ -251,20 +251,34 @@ def test_a_wrong_fused_softmax_is_caught(monkeypatch, edits):
 # --- products split over the threads (ops/matmul.py) -----------------------------------------
 def test_split_products_give_numpys_bits():
     """each head's product (and each block of rows) is one single-threaded BLAS call: the bits of
-    NumPy's own product on one thread"""
-    from ffnlab.ops.matmul import batched_matmul, matmul_rows
+    NumPy's product of that head (that block of rows) on one thread, and NumPy's whole product within
+    float32's rounding (a product of fewer rows may round a row differently: OpenBLAS's Haswell
+    kernels treat a tile's last rows apart)"""
+    from ffnlab.ops.matmul import MIN_ROWS, batched_matmul, matmul_rows
     a, b = f32(2, 3, 256, 64), f32(2, 3, 256, 64).swapaxes(-1, -2)      # q and a transposed k, as attention_scores
     x, w, dy = f32(1024, 96), f32(384, 96), f32(1024, 384)                # a linear's input, weight, dy
+
+    def blocks(l, r, n):                                                # matmul_rows's blocks of rows, one call each
+        m = len(l)
+        k = min(2 * n, m // MIN_ROWS)
+        return np.concatenate([l[m * i // k:m * (i + 1) // k] @ r for i in range(k)])
     n0 = threads()
     try:
         set_threads(1)
-        want = [a @ b, x @ w.T, dy.T @ x]
+        whole = [a @ b, x @ w.T, dy.T @ x]
+        want = [whole[0], blocks(x, w.T, 2), blocks(dy.T, x, 2)]
         set_threads(2)
         got = [batched_matmul(a, b), matmul_rows(x, w.T), matmul_rows(dy.T, x)]
     finally:
         set_threads(n0)
     for g, w_ in zip(got, want):
         same_bits(g, w_)
+    eps = np.finfo(np.float32).eps
+    for g, (l, r) in zip(got, [(a, b), (x, w.T), (dy.T, x)]):
+        l64, r64 = l.astype(np.float64), r.astype(np.float64)
+        K = l.shape[-1]
+        bound = 1.01 * K * eps * (np.abs(l64) @ np.abs(r64))            # |fl(sum) - sum| <= K eps sum|a||b|
+        assert np.all(np.abs(g - l64 @ r64) <= bound)
 
 
 # --- LayerNorm forward: NumPy's pairwise sums, bit for bit -------------------------------------
@@ -317,13 +331,16 @@ def test_attention_backward_bit_for_bit_with_head_major_products(heads, dtype):
     _, (_, probs) = attention_forward(q, k, v, scale, causal_mask(np.arange(T), np.arange(T)))
     dout = f32(B, H, T, hd).astype(dtype)
     qh, kh, vh = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    rep = (lambda a: np.repeat(a, G, axis=1))                                # KV head of each query head
-    pv = np.stack([np.stack([probs[b, h] @ vh[b, h // G] for h in range(H)]) for b in range(B)])
+    # every product takes a KV head's G query heads' rows at once, as the code does: a product of another
+    # height can round a row differently (OpenBLAS's Haswell kernels treat a tile's last rows apart)
+    grouped = (lambda a: a.reshape(B, Hkv, G * T, a.shape[-1]))              # [B, H, T, n] -> [B, Hkv, G*T, n]
+    heads = (lambda a: a.reshape(B, H, T, a.shape[-1]))
+    pv = heads(grouped(probs) @ vh)
     np.testing.assert_array_equal(np.ascontiguousarray(attention_mix(probs, v)).view(np.uint8), pv.view(np.uint8))
-    dprobs = dout @ rep(vh).swapaxes(-1, -2)                                 # [B, H, T, S]
+    dprobs = heads(grouped(dout) @ vh.swapaxes(-1, -2))                      # [B, H, T, S]
     dscores = softmax_backward(dprobs, probs)
     dscores *= scale
-    dq = (dscores @ rep(kh)).transpose(0, 2, 1, 3)
+    dq = heads(grouped(dscores) @ kh).transpose(0, 2, 1, 3)
     pairs = [(b, h) for b in range(B) for h in range(Hkv)]
     dk, dv = np.zeros_like(k), np.zeros_like(v)
     for b, h in pairs:                     # a KV head's gradient: its G query heads' rows in one product
