@@ -144,7 +144,8 @@ class ActivationBuffer:
         return x, y
 
     def state(self):
-        return {"x": self.x[:self.n].copy(), "y": self.y[:self.n].copy()}, {"rng": self.rng.bit_generator.state}
+        """-> (arrays, scalars); the arrays are views of the buffer (no copy of it): write them before the next draw"""
+        return {"x": self.x[:self.n], "y": self.y[:self.n]}, {"rng": self.rng.bit_generator.state}
 
     def load(self, arrays, scalars):
         n = len(arrays["x"])

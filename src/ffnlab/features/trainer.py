@@ -24,7 +24,7 @@ import os
 
 import numpy as np
 
-from ..training.checkpoint import atomic_write, atomic_write_json, remove_old_states, safetensors_bytes
+from ..training.checkpoint import atomic_write_json, atomic_write_safetensors, remove_old_states
 from ..training.optim import AdamW, clip_grad_norm, lr_at
 from . import saelens_io
 from .dictionary import DictConfig, init_params, trainable
@@ -117,7 +117,7 @@ class Trainer:
         state = {**{f"param.{n}": a for n, a in self.p.items()}, **self.opt.state_arrays(),
                  "since_fired": self.since_fired, "fired_ever": self.fired_ever, **arrays}
         name = f"state-{self.step:06d}.safetensors"
-        atomic_write(os.path.join(out, name), safetensors_bytes(state))
+        atomic_write_safetensors(os.path.join(out, name), state)
         saelens_io.save(out, self.p, self.cfg, self.meta_now())
         atomic_write_json(os.path.join(out, TRAINER_FILE),
                           {"step": self.step, "state_file": name, "optimizer": self.opt.state_scalars(),

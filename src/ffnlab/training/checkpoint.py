@@ -50,13 +50,30 @@ def fsync_dir(path):
 
 def atomic_write(path, data: bytes):
     """Write bytes to path so that path is always either the old or the new content."""
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+    _atomic(path, write)
+
+
+def atomic_write_safetensors(path, arrays: dict, meta: dict | None = None):
+    """arrays as a safetensors file at path, atomically (as atomic_write), written by safetensors from the
+    arrays themselves: one copy of each tensor in memory at a time (safetensors.numpy.save's bytes hold two)"""
+    from safetensors.numpy import save_file
+    _atomic(path, lambda tmp: save_file({n: np.ascontiguousarray(a) for n, a in arrays.items()}, tmp, metadata=meta))
+
+
+def _atomic(path, write):
+    """write(tmp) makes the new content in a temporary file beside path; it is synced, then renamed onto path"""
     d = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(d, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         _maybe_die(os.path.basename(path))
         os.replace(tmp, path)
     except BaseException:
@@ -79,11 +96,6 @@ def _maybe_die(name):
 
 def atomic_write_json(path, obj):
     atomic_write(path, (json.dumps(obj, indent=1) + "\n").encode("utf-8"))
-
-
-def safetensors_bytes(arrays: dict, meta: dict | None = None) -> bytes:
-    from safetensors.numpy import save
-    return save({n: np.ascontiguousarray(a) for n, a in arrays.items()}, metadata=meta)
 
 
 def check_writable(out):
@@ -113,9 +125,8 @@ def write_model_files(out, cfg, tok, tok_meta, extra: dict | None = None):
 def save_state(out, step, params, opt, rng, trainer: dict):
     """Commit the resume state of `step` (see the module docstring for the write order)."""
     state_name = f"state-{step:06d}.safetensors"
-    atomic_write(os.path.join(out, state_name),
-                 safetensors_bytes({**params, **opt.state_arrays()}, {"step": str(step)}))
-    atomic_write(os.path.join(out, WEIGHTS_FILE), safetensors_bytes(params, {"step": str(step)}))
+    atomic_write_safetensors(os.path.join(out, state_name), {**params, **opt.state_arrays()}, {"step": str(step)})
+    atomic_write_safetensors(os.path.join(out, WEIGHTS_FILE), params, {"step": str(step)})
     record = {"step": step, "state_file": state_name, "rng": rng.bit_generator.state,
               "optimizer": opt.state_scalars(), **trainer}
     atomic_write_json(os.path.join(out, TRAINER_FILE), record)
@@ -216,4 +227,4 @@ def save_model(out, cfg, params, tok, tok_meta):
     tokenizer.json and model.safetensors."""
     check_writable(out)
     write_model_files(out, cfg, tok, tok_meta)
-    atomic_write(os.path.join(out, WEIGHTS_FILE), safetensors_bytes(params))
+    atomic_write_safetensors(os.path.join(out, WEIGHTS_FILE), params)

@@ -155,8 +155,8 @@ def finetune(model, settings: FinetuneSettings, data, out, resume=False, data_in
                "trainable_params": int(sum(a.size for a in adapters.values())),
                "final": {"train_loss": final[1], "val_loss": final[2]} if (done and final) else None}
         state_name = f"state-{step:06d}.safetensors"
-        ckpt.atomic_write(os.path.join(out, state_name),
-                          ckpt.safetensors_bytes({**adapters, **opt.state_arrays()}, {"step": str(step)}))
+        ckpt.atomic_write_safetensors(os.path.join(out, state_name), {**adapters, **opt.state_arrays()},
+                                      {"step": str(step)})
         for name, blob in _files(model, adapters, tensors, s, base_model).items():
             ckpt.atomic_write(os.path.join(out, name), blob)
         ckpt.atomic_write_json(os.path.join(out, ckpt.TRAINER_FILE),
