@@ -6,6 +6,8 @@ llama-cpp-python: BOS as the file says (SmolLM2 add_bos_token=false, Gemma 3 tru
 tokens written in the text (<|im_start|>, <start_of_turn>) parsed as one id each. Decoding is
 checked against llama_detokenize and as a round trip back to the text.
 """
+import os
+
 import pytest
 
 import models as M
@@ -49,6 +51,24 @@ def test_ids_equal_llama_cpp(name):
     tok, lcpp = M.ours(name).tokenizer, M.llama_cpp(name)
     for text in TEXTS + SPECIAL_TEXTS[name] + list(M.prompts(name).values()):
         assert tok.encode(text) == lcpp.tokenize(text), f"{name}: {text!r}"
+
+
+@pytest.mark.parametrize("name", M.MODELS)
+def test_a_long_text_encoded_in_pieces_has_the_whole_texts_ids(name):
+    """a corpus is encoded a piece at a time (formats/tokenizer.py _pieces): the ids are llama.cpp's for
+    the whole text, cuts among the runs of newlines, spaces, CR-LF and special tokens included"""
+    from ffnlab.formats.tokenizer import PIECE
+    tok, lcpp = M.ours(name).tokenizer, M.llama_cpp(name)
+    with open(os.path.join(os.path.dirname(M.__file__), "..", "..", "docs", "data", "calib.txt"), encoding="utf-8") as f:
+        calib = f.read()
+    blocks = TEXTS + SPECIAL_TEXTS[name] + [calib]
+    text = ""
+    for i in range(10 ** 6):
+        text += blocks[i % len(blocks)] + ("\n", "\n\n", " \n", "\r\n", "\nX")[i % 5]
+        if len(text) > 5 * PIECE:
+            break
+    assert len(list(tok._pieces(text))) >= 3                      # it was cut
+    assert tok.encode(text, add_bos=False) == lcpp.tokenize(text, add_special=False)
 
 
 @pytest.mark.parametrize("name,add_bos,bos", [("smollm2", False, 1), ("gemma3", True, 2)])

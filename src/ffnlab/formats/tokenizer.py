@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ..errors import ModelFileError
 
+PIECE = 1 << 16                 # characters of a long text encoded at a time (Tokenizer._pieces)
+
 
 class Tokenizer:
     def __init__(self, tk, bos_id=None, eos_id=None, add_bos=False, chat_template=None, eot_ids=(), add_eos=False,
@@ -20,6 +22,7 @@ class Tokenizer:
         self.chat_template = chat_template      # jinja2 source from tokenizer.chat_template
         self.template_source = template_source  # where it came from, for error messages
         self.eot_ids = set(eot_ids) | ({eos_id} if eos_id is not None else set())   # ids that end generation
+        self._joins = None                      # _newline_joins's answer, once asked
 
     @property
     def vocab_size(self) -> int:
@@ -27,12 +30,54 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """add_bos None: BOS and EOS as the tokenizer's configuration says; False: the text's ids only."""
-        ids = self.tk.encode(text, add_special_tokens=False).ids
+        ids = []
+        for piece in self._pieces(text):
+            ids += self.tk.encode(piece, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
         if add_bos is not False and self.add_eos and self.eos_id is not None:
             ids = ids + [self.eos_id]
         return ids
+
+    def _pieces(self, text):
+        """text in pieces of about PIECE characters whose ids, one after the other, are the whole text's: a
+        tokenizers Encoding holds ~370 bytes a token (offsets, strings), so a corpus of millions of tokens is
+        not encoded at once. A piece ends after a newline where no token can span the cut (_cut_at), for a
+        normalizer that treats both sides alone as together; otherwise the text is one piece."""
+        joins = self._newline_joins() if len(text) > 2 * PIECE else None
+        start = 0
+        while joins is not None and len(text) - start > 2 * PIECE:
+            c = text.find("\n", start + PIECE)
+            while c != -1 and not self._cut_at(text, c + 1, joins):
+                c = text.find("\n", c + 1)
+            if c == -1:
+                break
+            yield text[start:c + 1]
+            start = c + 1
+        yield text[start:]
+
+    def _cut_at(self, text, c, joins):
+        """text[c - 1] is a newline: a cut at c is a token boundary when neither neighbour of the newline is
+        whitespace (a pre-tokenizer's run of whitespace ends differently at a piece's end), no token joins
+        text[c] to a newline, and the text around the cut encodes as its two sides do"""
+        if c + 1 >= len(text) or text[c - 2].isspace() or text[c].isspace() or text[c] in joins:
+            return False
+        left, right = text[max(0, c - 64):c], text[c:c + 64]
+        enc = (lambda t: self.tk.encode(t, add_special_tokens=False).ids)
+        return enc(left + right) == enc(left) + enc(right)
+
+    def _newline_joins(self):
+        """-> the characters some token's text has right after a newline, or None when the normalizer would
+        see a piece other than within the whole text (SentencePiece's prefix space)"""
+        if self._joins is None:
+            norm = self.tk.normalizer
+            if norm is not None and any(norm.normalize_str(a + b) != norm.normalize_str(a) + norm.normalize_str(b)
+                                        for a, b in (("a\n", "b"), (" x.\n", "Y z"), ("\n", "1"))):
+                self._joins = False
+            else:
+                texts = self.tk.decode_batch([[i] for i in range(max_token_id(self) + 1)], skip_special_tokens=False)
+                self._joins = {t[i + 1] for t in texts for i in range(len(t) - 1) if t[i] == "\n"}
+        return self._joins or None
 
     def decode(self, ids, skip_special=False) -> str:
         return self.tk.decode(list(ids), skip_special_tokens=skip_special)
