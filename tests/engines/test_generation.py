@@ -70,7 +70,7 @@ def test_one_token_path_equals_the_general_forward():
     model.forward_last(IDS[:3], kv_fast), model.forward_last(IDS[:3], kv_ref)
     for t in IDS[3:]:
         fast = model.forward_last([t], kv_fast)
-        ref = forward(model.params, model.config, [[t]], kv=kv_ref, last_only=True, packs=model.packs)[0][0, -1]
+        ref = forward(model.params, model.config, [[t]], kv=kv_ref, last_only=True, weights=model.weights())[0][0, -1]
         np.testing.assert_allclose(fast, ref, rtol=0, atol=f32_atol(LLAMA, ref))
     assert kv_fast.n == kv_ref.n == len(IDS)
     np.testing.assert_allclose(kv_fast.k[1], kv_ref.k[1], rtol=0, atol=f32_atol(LLAMA, kv_ref.k[1]))   # same keys

@@ -19,7 +19,8 @@ import torch_reference as R
 from ffnlab.config import ConfigError, ModelConfig
 from ffnlab.model import Model
 from ffnlab.model import ffn as ffn_mod
-from ffnlab.model.ffn import MOE_TENSOR, ffn_backward, ffn_forward, ffn_weights, moe_forward
+from ffnlab.model.ffn import MOE_TENSOR, ffn_backward, ffn_forward, moe_forward
+from ffnlab.model.weights import moe_weights
 from ffnlab.model.hooks import Hooks
 from ffnlab.model.transformer import backward, forward
 from ffnlab.ops import cross_entropy_backward, cross_entropy_forward
@@ -40,7 +41,7 @@ CASES = {"mixtral": dict(norm=True), "olmoe": dict(norm=False), "qwen2moe": dict
 
 def layer(cfg, dtype, seed=0):
     p = random_params(cfg, dtype, seed)
-    return p, ffn_weights(p, 0, cfg=cfg)
+    return p, moe_weights(p, 0, cfg)
 
 
 def torch_moe(x, p, cfg, dtype):

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 import torch_reference as R
 from ffnlab.config import ModelConfig
-from ffnlab.model.ffn import FFN_KINDS, FFNWeights, ffn_backward, ffn_forward, ffn_forward_one
+from ffnlab.model.ffn import FFN_KINDS, ffn_backward, ffn_forward, ffn_forward_one
+from ffnlab.model.weights import LayerWeights
 from finite_differences import FD_TOL, numerical_grad
 from op_checks import FP32
 
@@ -31,12 +32,12 @@ def make_weights(kind, bias, d_model=16, d_ff=40, dtype=np.float32, seed=0):
         w["up_b"], w["down_b"] = 0.5 * r.normal(size=d_ff), 0.5 * r.normal(size=d_model)
         if gated:
             w["gate_b"] = 0.5 * r.normal(size=d_ff)
-    return FFNWeights(**{k: v.astype(dtype) for k, v in w.items()})
+    return LayerWeights(**{k: v.astype(dtype) for k, v in w.items()})
 
 
-def torch_ffn(x, w: FFNWeights, kind):
+def torch_ffn(x, w: LayerWeights, kind):
     """-> y, {name: leaf tensor} through torch_reference.ffn, which reads GGUF names."""
-    tp = {"blk.0." + FIELDS[k]: torch.tensor(v, requires_grad=True) for k, v in vars(w).items() if v is not None}
+    tp = {"blk.0." + FIELDS[k]: torch.tensor(v, requires_grad=True) for k in FIELDS if (v := getattr(w, k)) is not None}
     tx = torch.tensor(x, requires_grad=True)
     return R.ffn(tx, tp, ModelConfig(ffn=kind), 0), tx, tp
 
@@ -55,7 +56,7 @@ def test_ffn_forward_and_grads_match_torch(kind, bias):
     dx, grads = ffn_backward(dy, w, kind, cache)
     (ty * torch.from_numpy(dy)).sum().backward()
     R.assert_close(dx, tx.grad, FP32, f"{kind} dx")
-    expected = {k for k, v in vars(w).items() if v is not None}
+    expected = {k for k in FIELDS if (v := getattr(w, k)) is not None}
     assert set(grads) == expected
     for k in expected:
         assert grads[k].dtype == np.float32, k
