@@ -156,7 +156,7 @@ def test_moe_model_logits_and_gradients_match_torch(case):
 
 
 def test_moe_one_token_decode_matches_full_forward():
-    """The KV-cache decode path (ffn_forward_one) gives the batched forward's logits."""
+    """The KV-cache decode path (model/decode.py) gives the batched forward's logits."""
     cfg = moe_config(shared=True)
     m = Model(cfg, random_params(cfg))
     ids = [3, 1, 4, 1, 5, 9]

@@ -5,7 +5,7 @@ order, so a decoded token's logits and cache entries are forward()'s bits in bot
 (tests/unit/test_decode_is_the_forward.py, every family):
   x = embed(tok)
   per layer:  h = x + [post_attn_norm](wo @ attend(rope(q), rope(k) + cache, v + cache))
-              x = h + [post_ffn_norm](ffn(ffn_norm(h)))           (model/ffn.py's ffn_forward_one)
+              x = h + [post_ffn_norm](ffn(ffn_norm(h)))           (model/ffn.py's ffn_forward, on one row)
   logits = head @ output_norm(x)
 It exists for speed only. Decoding a token streams every weight once (~540 MB of float32 for
 SmolLM2), so its time is the matrix-vector products plus the cost of every Python and NumPy call
@@ -27,7 +27,7 @@ from ..families import family
 from ..ops.linear import linear_forward
 from .arith import F32
 from .attention import scales_q
-from .ffn import ffn_forward_one
+from .ffn import ffn_forward
 from .transformer import lm_head
 
 
@@ -58,7 +58,8 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward_one(_norm(h, L.ffn_norm, cfg, arith), L.ffn, cfg.ffn, arith, family(cfg.arch).graph.fused_gate_up)
+        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=family(cfg.arch).graph.fused_gate_up,
+                        arith=arith)[0][0]                             # [d_model]
         if cfg.parallel_residual:
             x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
             continue

@@ -1,4 +1,4 @@
-"""The FFN (MLP) family -- the heart of ffnlab. Every FFN kind, batched and one-token, forward and backward.
+"""The FFN (MLP) family -- the heart of ffnlab. Every FFN kind, forward and backward.
 
   dense  (GPT-2, BERT):        y = down(act(up(x) + b_up)) + b_down        act in {gelu, gelu_tanh, relu}
   gated  (Llama SwiGLU,        y = down(act(gate(x)) * up(x))              act = SiLU for swiglu,
@@ -106,40 +106,6 @@ def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=F32):
     h = hook(k.node, act * up, k.op, ("ffn_up",))                          # [..., d_ff]
     y = hook("ffn_out", linear_forward(h, w.down), "MUL_MAT", ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
-
-
-def ffn_forward_one(x, w: LayerWeights, kind, arith=F32, fused_gate_up=False):
-    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py), in as
-    few NumPy calls as possible and with ffn_forward's kernels, so the values are its bits.
-    fused_gate_up: Phi-3's graph, whose GLU ffn_forward takes as act(gate) * up."""
-    if isinstance(w, MoEWeights):
-        return moe_forward(x[None], w)[0][0]
-    k = FFN_KINDS[kind]
-    if k.gated:
-        if w.gate_up is not None:
-            gu = linear_forward(x, w.gate_up)                             # [2*d_ff]: gate rows, then up rows
-            gate, up = gu[:gu.shape[0] // 2], gu[gu.shape[0] // 2:]
-        else:
-            gate, up = linear_forward(x, w.gate), linear_forward(x, w.up)   # [d_ff] each
-        if w.gate_b is not None:
-            gate = gate + w.gate_b
-        if w.up_b is not None:
-            up = up + w.up_b
-        if (w.gate_up is not None and w.gate_b is None and w.up_b is None and not fused_gate_up
-                and _compiled_glu(k.act, arith, gu)):
-            h = arith.glu(gu, k.act == "gelu_tanh")[1]                    # one compiled call
-        else:
-            h = _act(k.act, arith)(gate)
-            h *= up                                                       # [d_ff] act(gate) * up
-    else:
-        up = linear_forward(x, w.up)                                      # [d_ff]
-        if w.up_b is not None:
-            up += w.up_b
-        h = _act(k.act, arith)(up)
-    y = linear_forward(h, w.down)                                         # [d_ff] -> [d_model]
-    if w.down_b is not None:
-        y += w.down_b
-    return y
 
 
 def ffn_backward(dy, w: LayerWeights, kind, cache: FFNCache):
