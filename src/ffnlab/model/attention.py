@@ -155,7 +155,8 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
     else:
         merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
-    y = linear_forward(merged, w.wo, hook=hook, node="attn_out_w" if w.wo_b is not None else "attn_out")   # [B, T, H*hd] -> [B, T, d_model]
+    node = "attn_out_w" if w.wo_b is not None else "attn_out"
+    y = linear_forward(merged, w.wo, hook=hook, node=node)                 # [B, T, H*hd] -> [B, T, d_model]
     # llama.cpp names the output projection attn_out only in its llama graph (other graphs
     # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
     if w.wo_b is not None:
@@ -239,7 +240,7 @@ def _split(y, parts, cfg):
 def _fused_qkv(x, w, blk, hook):
     """GPT-2: one matmul for q, k and v (llama.cpp: wqkv, then wqkv_b after the bias)."""
     wn, bn = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
-    qkv = hook("wqkv", linear_forward(x, w.wqkv, hook=hook, node="wqkv"), mm_op(w.wqkv), (wn, "attn_norm"))   # [B, T, 3*d_model]
+    qkv = hook("wqkv", linear_forward(x, w.wqkv, hook=hook, node="wqkv"), mm_op(w.wqkv), (wn, "attn_norm"))   # [B, T, 3*d]
     if w.wqkv_b is not None:
         qkv = hook("wqkv_b", qkv + w.wqkv_b, "ADD", ("wqkv", bn))
     return qkv

@@ -13,9 +13,9 @@ in between. forward() pays for generality (batches, masks, GQA reshapes, tensor 
 backward caches): a one-token forward() with nothing hooked took 1.31x this step's time on
 SmolLM2 Q4_1 and 1.16x on Gemma 3 Q4_K_M in float32, 1.42x and 1.21x in ggml arithmetic (one
 thread, Intel Xeon, 2026-12-02). Here the weights are the model's records (model/weights.py,
-read once and cached on the Model), there is no batch axis and no mask (a sliding window is the first
-position attended), and RMSNorm of a vector, RoPE and the whole attention of a layer are one
-compiled call each: ~15 calls per layer where forward() makes ~70.
+read once and kept on the Model), there is no batch axis and no mask (a sliding window is the
+first position attended), and RMSNorm of a vector, RoPE and the whole attention of a layer are
+one compiled call each.
 
 Model.forward_last uses it for one token when no hooks are attached (model/hooks.py).
 """
@@ -38,7 +38,7 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
     n = kv.n
     if n + 1 > kv.n_ctx:
         raise ValueError(f"{n + 1} positions exceed the context length {kv.n_ctx}")
-    x = weights.token_embd[tok]                                   # [d_model]
+    x = weights.token_embd[tok]                                       # [d_model]
     if cfg.embed_scale:
         x = x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype)
     if cfg.embedding_multiplier:                                      # Granite
@@ -46,6 +46,7 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
     if cfg.positions == "learned":
         x = x + weights.position_embd[n]
     rotations = {}                                                    # (theta, scale) -> this position's rotation
+    fused_gate_up = family(cfg.arch).graph.fused_gate_up
     for L in weights.layers:
         il = L.il
         rope = cfg.layer_rope(il) if cfg.uses_rope(il) else None
@@ -58,8 +59,8 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=family(cfg.arch).graph.fused_gate_up,
-                        arith=arith)[0][0]                             # [d_model]
+        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=fused_gate_up,
+                        arith=arith)[0][0]                            # [1, d_model] -> [d_model]
         if cfg.parallel_residual:
             x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
             continue
