@@ -99,8 +99,10 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
         qkv = linear_forward(x, L.qkv[0][0])                          # [q_dim + 2*kv_dim]: one product
     else:
         qkv = np.concatenate([linear_forward(x, w) for w, _ in L.qkv])
-    if L.qkv_b is not None:
-        qkv += L.qkv_b
+    # the biases of the parts that have one, read from the records: an update in place shows
+    for b, r in ((L.wqkv_b, 0),) if cfg.fused_qkv else ((L.q_b, 0), (L.k_b, H * hd), (L.v_b, (H + Hkv) * hd)):
+        if b is not None:
+            qkv[r:r + b.shape[0]] += b
     qk = qkv[:(H + Hkv) * hd].reshape(H + Hkv, hd)                    # q heads, then k heads
     v = qkv[(H + Hkv) * hd:].reshape(Hkv, hd)
     if L.q_norm is not None and cfg.qk_norm_full:                    # OLMoE: one norm over all q (k) heads

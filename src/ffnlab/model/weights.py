@@ -85,7 +85,6 @@ class LayerWeights:
     post_ffn_norm: Norm | None = None   # [d_model] (Gemma 2/3, OLMo 2)
     # the layouts of load, resolved (see the module docstring)
     qkv: tuple = ()                     # ((matrix [rows, d_model], "qkv" | "qk" | "q" | "k" | "v"), ...)
-    qkv_b: np.ndarray | None = None     # [q_dim + 2*kv_dim] every q|k|v bias in one (zeros where a part has none)
     gate_up: np.ndarray | None = None   # [2*d_ff, d_model] gate rows, then up rows: one product
     wo_padded: np.ndarray | None = None  # [d_model (+ zero rows), q_dim] the one-token step's attn_output
 
@@ -137,26 +136,20 @@ def layer_weights(p, cfg, il, stacks=None) -> LayerWeights:
         return entry[0]
 
     if cfg.fused_qkv:
-        qkv, qkv_b = ((t["wqkv"], "qkv"),), t["wqkv_b"]
+        qkv = ((t["wqkv"], "qkv"),)
+    elif (s := stack("qkv", "qkv")) is not None:
+        qkv = ((s, "qkv"),)
+    elif (s := stack("qk", "qk")) is not None:
+        qkv = ((s, "qk"), (t["v"], "v"))
     else:
-        if (s := stack("qkv", "qkv")) is not None:
-            qkv = ((s, "qkv"),)
-        elif (s := stack("qk", "qk")) is not None:
-            qkv = ((s, "qk"), (t["v"], "v"))
-        else:
-            qkv = tuple((t[w], w) for w in "qkv")
-        biases = [t[w + "_b"] for w in "qkv"]
-        qkv_b = None
-        if any(b is not None for b in biases):
-            qkv_b = np.concatenate([b if b is not None else np.zeros(d, t["q"].dtype)
-                                    for b, d in zip(biases, (cfg.q_dim, cfg.kv_dim, cfg.kv_dim))])
+        qkv = tuple((t[w], w) for w in "qkv")
     moe = FFN_KINDS[cfg.ffn].moe
     padded = stack("attn_output", ("wo",))
     return LayerWeights(
         il=il, attn_norm=_norm(p, blk + "attn_norm", cfg.pre_norm),
         post_attn_norm=_norm(p, blk + "post_attention_norm", cfg.post_attn_norm),
         ffn_norm=_norm(p, blk + "ffn_norm", cfg.pre_norm), moe=moe_weights(p, il, cfg) if moe else None,
-        post_ffn_norm=_norm(p, blk + "post_ffw_norm", cfg.post_ffn_norm), **t, qkv=qkv, qkv_b=qkv_b,
+        post_ffn_norm=_norm(p, blk + "post_ffw_norm", cfg.post_ffn_norm), **t, qkv=qkv,
         gate_up=stack("gate_up", ("gate", "up")) if cfg.gated else None,
         wo_padded=t["wo"] if padded is None else padded)
 
