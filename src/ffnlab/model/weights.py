@@ -13,7 +13,9 @@ FFN and the one-token step read fields. A weight is whatever the one product fun
 A stack is used only while params still holds the views it was made from: params entries may
 be replaced after load (LoRA, pruning, interventions, training steps, ablations), and a replaced
 part is then multiplied apart. Model.weights() reads the records again whenever an entry has
-been replaced. Gradients are keyed by GGUF name: TENSOR maps a field to its name under blk.L.
+been replaced; an entry updated in place (a training step) needs nothing, as the records hold
+the arrays themselves, never copies. Gradients are keyed by GGUF name: TENSOR maps a field to
+its name under blk.L.
 """
 from dataclasses import dataclass
 from typing import NamedTuple
