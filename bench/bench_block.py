@@ -29,6 +29,7 @@ import torch_reference as R  # noqa: E402
 
 from ffnlab.config import ModelConfig  # noqa: E402
 from ffnlab.model.block import block_backward, block_forward  # noqa: E402
+from ffnlab.model.weights import layer_weights  # noqa: E402
 from ffnlab.model.params import init_params  # noqa: E402
 from ffnlab.ops import causal_mask  # noqa: E402
 
@@ -46,8 +47,9 @@ allowed = causal_mask(pos, pos)
 
 
 def ffnlab_step():
-    y, cache = block_forward(x, p, cfg, 0, pos, allowed)
-    dx, grads = block_backward(dy, p, cfg, 0, cache)
+    w = layer_weights(p, cfg, 0)
+    y, cache = block_forward(x, w, cfg, pos, allowed)
+    dx, grads = block_backward(dy, w, cfg, cache)
     return y, dx
 
 

@@ -98,8 +98,7 @@ else:
                                             n_ctx=2048, tie_embeddings=True))
     what = "random SmolLM2-135M config"
 p, cfg = model.params, model.config
-packs = getattr(model, "packs", None)
-kw = {"packs": packs} if "packs" in inspect.signature(transformer.forward).parameters else {}
+kw = {"weights": model.weights()} if "weights" in inspect.signature(transformer.forward).parameters else {}
 
 print(f"model: {what}; {args.threads} BLAS thread(s); medians of {args.repeats}")
 print(f"{'T':>4} {'no hooks':>10} {'nothing att.':>12} {'ratio':>7} {'keep=False':>11} {'ratio':>7} {'Tracer()':>10} {'ratio':>7} {'nodes':>6}")

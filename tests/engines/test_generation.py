@@ -70,14 +70,14 @@ def test_one_token_path_equals_the_general_forward():
     model.forward_last(IDS[:3], kv_fast), model.forward_last(IDS[:3], kv_ref)
     for t in IDS[3:]:
         fast = model.forward_last([t], kv_fast)
-        ref = forward(model.params, model.config, [[t]], kv=kv_ref, last_only=True, packs=model.packs)[0][0, -1]
+        ref = forward(model.params, model.config, [[t]], kv=kv_ref, last_only=True, weights=model.weights())[0][0, -1]
         np.testing.assert_allclose(fast, ref, rtol=0, atol=f32_atol(LLAMA, ref))
     assert kv_fast.n == kv_ref.n == len(IDS)
     np.testing.assert_allclose(kv_fast.k[1], kv_ref.k[1], rtol=0, atol=f32_atol(LLAMA, kv_ref.k[1]))   # same keys
 
 
 def test_one_token_path_with_only_some_qkv_biases():
-    """A q and v bias without a k bias (an edited checkpoint): the one-token path adds zeros for k."""
+    """A q and v bias without a k bias (an edited checkpoint): the one-token path adds none to k."""
     params = with_random_biases(Model.random(QWEN2, seed=6).params)
     del params["blk.0.attn_k.bias"]
     model = Model(QWEN2, params, pack_weights=True)
@@ -88,7 +88,7 @@ def test_one_token_path_with_only_some_qkv_biases():
 
 
 def test_one_token_path_sees_replaced_weights():
-    """The decode plan caches the per-layer weights; replacing a params entry rebuilds it."""
+    """The model keeps its weight records (model/weights.py); replacing a params entry reads them again."""
     model = Model(LLAMA, Model.random(LLAMA, seed=5).params, pack_weights=True)
     kv = model.new_cache(n_ctx=4)
     before = model.forward_last([1], kv)
@@ -97,6 +97,20 @@ def test_one_token_path_sees_replaced_weights():
     after = model.forward_last([1], kv)
     expected = model.forward([1])[0]
     np.testing.assert_allclose(after, expected, rtol=0, atol=f32_atol(LLAMA, expected))
+    assert np.abs(after - before).max() > 1e-3
+
+
+def test_one_token_path_sees_a_bias_updated_in_place():
+    """A training step updates a params array in place (its id unchanged): the one-token path reads
+    the new values, as the full forward does."""
+    model = Model(QWEN2, with_random_biases(Model.random(QWEN2, seed=7).params), pack_weights=True)
+    kv = model.new_cache(n_ctx=4)
+    before = model.forward_last([1], kv)
+    model.params["blk.0.attn_v.bias"] += 1.0
+    kv.clear()
+    after = model.forward_last([1], kv)
+    expected = model.forward([1])[0]
+    np.testing.assert_allclose(after, expected, rtol=0, atol=f32_atol(QWEN2, expected))
     assert np.abs(after - before).max() > 1e-3
 
 

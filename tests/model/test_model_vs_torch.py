@@ -20,6 +20,7 @@ from ffnlab.model import Model
 from ffnlab.model.block import block_backward, block_forward
 from ffnlab.model.hooks import Hooks
 from ffnlab.model.transformer import backward, forward
+from ffnlab.model.weights import layer_weights
 from ffnlab.ops import cross_entropy_backward, cross_entropy_forward
 from ffnlab.tracing import Tracer
 from tolerances import f32_atol
@@ -33,9 +34,10 @@ def check_block_backward(cfg, il=0, dtype=np.float64, tol=GRAD_FP64, T=6):
     p = random_params(cfg, dtype)
     x = np.random.default_rng(6).normal(size=(2, T, cfg.d_model)).astype(dtype)
     pos, allowed = layer_mask(cfg, il, T)
-    y, cache = block_forward(x, p, cfg, il, pos, allowed)
+    w = layer_weights(p, cfg, il)
+    y, cache = block_forward(x, w, cfg, pos, allowed)
     dy = np.random.default_rng(7).normal(size=y.shape).astype(dtype)
-    dx, grads = block_backward(dy, p, cfg, il, cache)
+    dx, grads = block_backward(dy, w, cfg, cache)
     tdt = torch.float64 if dtype == np.float64 else torch.float32
     tp = R.params_to_torch(p, tdt)
     tx = torch.tensor(x, requires_grad=True)

@@ -19,7 +19,8 @@ import torch_reference as R
 from ffnlab.config import ConfigError, ModelConfig
 from ffnlab.model import Model
 from ffnlab.model import ffn as ffn_mod
-from ffnlab.model.ffn import MOE_TENSOR, ffn_backward, ffn_forward, ffn_weights, moe_forward
+from ffnlab.model.ffn import MOE_TENSOR, ffn_backward, ffn_forward, moe_forward
+from ffnlab.model.weights import moe_weights
 from ffnlab.model.hooks import Hooks
 from ffnlab.model.transformer import backward, forward
 from ffnlab.ops import cross_entropy_backward, cross_entropy_forward
@@ -40,7 +41,7 @@ CASES = {"mixtral": dict(norm=True), "olmoe": dict(norm=False), "qwen2moe": dict
 
 def layer(cfg, dtype, seed=0):
     p = random_params(cfg, dtype, seed)
-    return p, ffn_weights(p, 0, cfg=cfg)
+    return p, moe_weights(p, 0, cfg)
 
 
 def torch_moe(x, p, cfg, dtype):
@@ -155,7 +156,7 @@ def test_moe_model_logits_and_gradients_match_torch(case):
 
 
 def test_moe_one_token_decode_matches_full_forward():
-    """The KV-cache decode path (ffn_forward_one) gives the batched forward's logits."""
+    """The KV-cache decode path (model/decode.py) gives the batched forward's logits."""
     cfg = moe_config(shared=True)
     m = Model(cfg, random_params(cfg))
     ids = [3, 1, 4, 1, 5, 9]

@@ -6,6 +6,7 @@ import torch
 import torch_reference as R
 from ffnlab.config import ModelConfig
 from ffnlab.model.block import block_forward
+from ffnlab.model.weights import layer_weights
 from ffnlab.model.params import param_shapes
 from ffnlab.ops import causal_mask
 from op_checks import FP32
@@ -95,7 +96,7 @@ def check_block(cfg, il=0, block=block_forward, T=7):
     x = np.random.default_rng(5).normal(size=(2, T, cfg.d_model)).astype(np.float32)
     x_before = x.copy()
     pos, allowed = layer_mask(cfg, il, T)
-    y, _ = block(x, p, cfg, il, pos, allowed)
+    y, _ = block(x, layer_weights(p, cfg, il), cfg, pos, allowed)
     assert np.array_equal(x, x_before), "block_forward modified its input x"
     ref = R.block_forward(torch.from_numpy(x), R.params_to_torch(p, torch.float32), cfg, il, pos)
     R.assert_close(y, ref, FP32, f"{cfg.arch} block {il} output")

@@ -19,6 +19,7 @@ from ffnlab.analysis.presets import preset_config
 from ffnlab.config import ModelConfig
 from ffnlab.model.arith import F32
 from ffnlab.model.block import block_forward
+from ffnlab.model.weights import layer_weights
 from ffnlab.model.params import count_params, init_params
 from ffnlab.ops.attention import causal_mask
 
@@ -161,7 +162,7 @@ def test_one_layer_peak_within_10pct_of_measured(name):
     x = np.random.default_rng(0).standard_normal((B, T, cfg.d_model)).astype(np.float32)
     pos = np.arange(T)
     allowed = causal_mask(pos, pos)
-    measured = _traced_peak(lambda: block_forward(x, params, cfg, 0, pos, allowed))
+    measured = _traced_peak(lambda: block_forward(x, layer_weights(params, cfg, 0), cfg, pos, allowed))
     estimate = layer_peak_bytes(cfg, B, T, T, 4)["peak"]
     assert estimate == pytest.approx(measured, rel=0.10)
 

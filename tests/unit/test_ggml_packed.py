@@ -185,7 +185,7 @@ def test_ggml_decode_step_equals_forward(name):
     m.forward_last(ids, full)
     for _ in range(4):
         a = m.forward_last([tok], fast)
-        b = forward(m.params, m.config, np.asarray([[tok]]), kv=full, last_only=True, packs=m.packs, arith=m.arith)[0][0, -1]
+        b = forward(m.params, m.config, np.asarray([[tok]]), kv=full, last_only=True, weights=m.weights(), arith=m.arith)[0][0, -1]
         np.testing.assert_array_equal(a, b)
         tok = int(np.argmax(a))
     for il in range(m.config.n_layer):

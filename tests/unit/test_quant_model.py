@@ -22,6 +22,7 @@ from quant_blocks import fill_random_blocks
 
 import ffnlab
 from ffnlab.model.params import param_shapes
+from ffnlab.model.weights import model_weights
 from ffnlab.quant import QuantTensor
 from ffnlab.quant import tensor as quant_tensor
 
@@ -137,11 +138,13 @@ def test_q_and_k_are_stacked_when_v_has_another_type(tmp_path):
     path = fill_random_blocks(tiny_gguf(tmp_path / "qk.gguf", tensor_types=types, **cfg))
     stacked, apart = ffnlab.load(path), ffnlab.load(path)
     n_layer = stacked.config.n_layer
-    assert {k for k in stacked.packs if k[1] in ("qkv", "qk")} == {(il, "qk") for il in range(n_layer)}
-    for il in range(n_layer):
-        stack, (q, k) = stacked.packs[(il, "qk")]
-        assert q is stacked.params[f"blk.{il}.attn_q.weight"] and q.stack is stack and k.stack is stack
-        del apart.packs[(il, "qk")]                                   # this model multiplies q and k apart
+    layers = stacked.weights().layers
+    assert len(layers) == n_layer and all([parts for _, parts in L.qkv] == ["qk", "v"] for L in layers)
+    for il, L in enumerate(layers):
+        stack = L.qkv[0][0]
+        assert L.q is stacked.params[f"blk.{il}.attn_q.weight"] and L.q.stack is stack and L.k.stack is stack
+    apart._weights = model_weights(apart.params, apart.config)      # no stacks: q and k multiplied apart
+    assert all(len(L.qkv) == 3 for L in apart.weights().layers)
     ids = np.array([0, 5, 70, 200, 9, 33, 101, 7, 64, 3])
     assert np.array_equal(stacked.forward(ids), apart.forward(ids))
     kv_s, kv_a = stacked.new_cache(), apart.new_cache()

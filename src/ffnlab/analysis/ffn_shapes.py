@@ -17,7 +17,8 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import UsageError
 from ..ops.activations import ACTIVATIONS
-from ..model.ffn import FFN_KINDS, FFN_TENSOR, ffn_forward, ffn_weights
+from ..model.ffn import FFN_KINDS, ffn_forward
+from ..model.weights import layer_weights
 from ..model.params import param_shapes
 
 # short names for the presets of analysis/presets.py (which also accepts every alias and HF repo id)
@@ -72,8 +73,7 @@ def ffn_shape_table(cfg, T=None):
     """Run ffn_forward for one layer of cfg on a [0, T, d_model] input; -> list[Step] and the flow line.
 
     T: token count to show (None: the token axis is printed as "T")."""
-    names = {k: "blk.0." + v for k, v in FFN_TENSOR.items()}
-    shapes = {n: s for n, s in param_shapes(_one_layer(cfg)).items() if n in names.values()}
+    shapes = param_shapes(_one_layer(cfg))
     params = {n: _zeros(s, np.float32) for n, s in shapes.items()}
     x = np.zeros((0, T or 1, cfg.d_model), np.float32)                # zero sequences of T tokens
 
@@ -82,7 +82,7 @@ def ffn_shape_table(cfg, T=None):
     def record(name, a, op, srcs=(), bare=False):                    # a hook that observes (model/hooks.py)
         nodes.append((name, op, a.shape, srcs))
         return a
-    y, cache = ffn_forward(x, ffn_weights(params, 0), cfg.ffn, record)
+    y, cache = ffn_forward(x, layer_weights(params, cfg, 0).ffn, cfg.ffn, record)
     act = cache.act
     k = FFN_KINDS[cfg.ffn]
     act_name, gated, act_node = k.act, k.gated, k.node

@@ -6,23 +6,24 @@ import numpy as np
 from .arith import arith_named
 from .attention import KVCache
 from .block import norm_forward
-from .decode import decode_step, make_plan, params_key
+from .decode import decode_step
 from .hooks import Hooks, as_hooks
 from .packing import pack
 from .params import count_params, init_params, lm_head_name, param_shapes
 from .transformer import backward, forward, lm_head
+from .weights import model_weights, params_key
 
 
 class Model:
     def __init__(self, config, params, tokenizer=None, source=None, pack_weights=False, arith="f32"):
         self.config = config          # ModelConfig
         self.params = params          # {GGUF tensor name: np.ndarray or quant.QuantTensor [out, in]}
-        # inference models pack q/k/v and gate/up rows into one buffer each (views, no copy kept)
-        self.packs = pack(params, config) if pack_weights else None
+        # inference models pack q/k/v and gate/up rows into one buffer each (views, no copy kept);
+        # the records the forward reads (model/weights.py), again whenever a params entry is replaced
+        self._weights = model_weights(params, config, pack(params, config) if pack_weights else None)
         self.tokenizer = tokenizer    # Tokenizer or None (random-weight models)
         self.source = source          # the file or directory it came from, for messages
         self.hooks = Hooks()          # what ffnlab.trace / ffnlab.hooks attach to the named nodes
-        self._plan = None             # the weights per layer for decode_step, built on first use
         # "f32" | "ggml": how the graph computes (model/arith.py); the QuantTensors in params
         # were made with the same setting at load (they pick the product kernels)
         self.arith = arith_named(arith)
@@ -68,7 +69,7 @@ class Model:
         cfg = self.config if n_layer is None else dataclasses.replace(self.config, n_layer=n_layer)
         logits, cache = forward(self.params, cfg, ids[None] if ids.ndim == 1 else ids, kv=kv,
                                 hooks=self.hooks if hooks is None else as_hooks(hooks), train=train,
-                                last_only=last_only, packs=self.packs, arith=self.arith)
+                                last_only=last_only, weights=self.weights(), arith=self.arith)
         if ids.ndim == 1:
             logits = logits[0]
         return (logits, cache) if train else logits
@@ -84,24 +85,26 @@ class Model:
         if len(ids) == 1 and not self.hooks and kv.k[0].shape[0] == 1:
             # the fast one-token path; with hooks attached the general one runs them, so a hooked
             # sequence gives the same tokens with the KV cache as recomputed in full
-            return decode_step(self.params, self.config, self.decode_plan(), int(ids[0]), kv, self.arith)
+            return decode_step(self.weights(), self.config, int(ids[0]), kv, self.arith)
         return self.forward(ids, kv=kv, last_only=True)[-1]
 
     def final_logits(self, x):
         """x: [..., d_model] residual states -> logits [..., vocab] through the model's final norm
         and LM head, in the model's arithmetic (the logit lens reads a layer's output this way)."""
-        y, _ = norm_forward(x, self.params, self.config, "output_norm", "result_norm", arith=self.arith)
+        y, _ = norm_forward(x, self.weights().output_norm, self.config, "result_norm", arith=self.arith)
         return self.head_logits(y)
 
     def head_logits(self, y):
         """y: [..., d_model] final-norm outputs -> logits [..., vocab] (soft-capped), as the forward makes them."""
-        return lm_head(y, self.params[lm_head_name(self.config)], self.config)[0]
+        return lm_head(y, self.weights().head, self.config)[0]
 
-    def decode_plan(self):
-        """decode_step's per-layer weights, rebuilt whenever a params entry has been replaced."""
-        if self._plan is None or self._plan.key != params_key(self.params):
-            self._plan = make_plan(self.params, self.config, self.packs)
-        return self._plan
+    def weights(self):
+        """The params read into records (model/weights.py), read again whenever an entry has been
+        replaced (LoRA, pruning, an ablation): a stack of load serves only while params holds its views."""
+        w = self._weights
+        if w.config is not self.config or w.key != params_key(self.params):
+            self._weights = w = model_weights(self.params, self.config, w.stacks)
+        return w
 
     def generate(self, prompt, n_predict=64, params=None, on_token=None, ignore_eos=False, **sampling):
         """prompt: text or a list of ids -> Generation (ids, text, stop_reason, timings).

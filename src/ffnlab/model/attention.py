@@ -16,7 +16,7 @@ from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
 from .arith import F32
 from .hooks import identity
-from .packing import packed
+from .weights import ATTN_TENSOR
 
 
 class KVCache:
@@ -79,38 +79,27 @@ def scales_q(cfg):
     return bool(q_scaled_node(cfg))
 
 
-def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32,
-                            last_only=False):
-    """x: [B, T, d_model] (attn_norm output), pos: [T] absolute positions, allowed: [T, S] mask
-    (None: nothing masked) -> out [B, T, d_model], AttnCache.
+def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rope=None, arith=F32, last_only=False):
+    """x: [B, T, d_model] (attn_norm output), w: the block's LayerWeights (model/weights.py),
+    pos: [T] absolute positions, allowed: [T, S] mask (None: nothing masked) -> out [B, T, d_model], AttnCache.
 
     kv: a KVCache to append to (inference); its first kv.n positions are the past.
     hook: the block's hook point (model/hooks.py).
     rope: precomputed (cos, sin) for pos (the model computes them once per forward).
-    packs: packed q/k/v buffers (model/packing.py) for one matmul instead of three.
-        arith: model/arith.py's F32 or GGML (the norms, RoPE, KQ, softmax and KQV it computes).
+    arith: model/arith.py's F32 or GGML (the norms, RoPE, KQ, softmax and KQV it computes).
     last_only: attend from the last position only -> out [B, 1, d_model] (every position's k and v
         still go to the cache).
     """
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    blk = f"blk.{il}."
+    il, blk = w.il, f"blk.{w.il}."
     heads = {"q": H, "k": Hkv, "v": Hkv}
     if cfg.uses_rope(il):                                  # not SmolLM3's NoPE layers
         cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
-    qkv_w = [blk + f"attn_{w}.weight" for w in "qkv"]
-    buf = None if cfg.fused_qkv else packed(packs, p, il, "qkv", qkv_w)
-    qk_buf = None if cfg.fused_qkv or buf is not None else packed(packs, p, il, "qk", qkv_w[:2])
-    parts = {}
-    if cfg.fused_qkv:
-        parts = _split_qkv(_fused_qkv(x, p, blk, hook), cfg)                          # [B, T, q_dim + 2*kv_dim]
-    elif buf is not None:
-        parts = _split_qkv(linear_forward(x, buf), cfg)                                # one matmul for q, k, v
-    elif qk_buf is not None:                                                           # one for q and k (v apart)
-        qk = linear_forward(x, qk_buf)
-        parts = {"q": qk[..., :cfg.q_dim], "k": qk[..., cfg.q_dim:]}
+    # q, k, v from w.qkv's products, each made when its first part is wanted
+    parts = _split(_fused_qkv(x, w, blk, hook), "qkv", cfg) if cfg.fused_qkv else {}
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
     fast_qk = (arith.qk_rows is not None and cos is not None and x.dtype == np.float32
                and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
@@ -118,18 +107,19 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
         name = NODE[which]
         if cfg.fused_qkv:
             a = hook(name, parts[which].reshape(B, T, heads[which], hd), "VIEW",
-                     ("wqkv_b" if blk + "attn_qkv.bias" in p else "wqkv",))
+                     ("wqkv_b" if w.wqkv_b is not None else "wqkv",))
         else:
-            a = _proj(x, p, blk, which, name, hook, parts.get(which))
+            a = _proj(x, w, cfg, blk, which, name, hook, parts)
             a = a.reshape(B, T, heads[which], hd)                                       # [B, T, h, hd]
             if not (cfg.qk_norm_full and which != "v"):   # OLMoE norms q/k first; its reshape is unnamed
                 a = hook(name, a, "RESHAPE", (name,))
         pre, ncache = a, None
         if fast_qk and which != "v":      # nothing observes the steps: norm, RoPE and scale in one pass
-            t[which] = (pre, None, _qk_fast(a, p, cfg, blk, which, cos, sin, arith.qk_rows))
+            t[which] = (pre, None, _qk_fast(a, w, cfg, which, cos, sin, arith.qk_rows))
             continue
         if cfg.qk_norm and which != "v":
-            a, ncache = _head_norm(a, p, cfg, blk + f"attn_{which}_norm.weight", name, hook, arith)
+            a, ncache = _head_norm(a, getattr(w, which + "_norm"), cfg, blk + f"attn_{which}_norm.weight", name, hook,
+                                   arith)
         if cos is not None and which != "v":
             a = hook(name, arith.rope(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
@@ -165,14 +155,15 @@ def attention_forward_layer(x, p, cfg, il, pos, allowed, kv=None, hook=identity,
     else:
         merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)
     wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
-    y = linear_forward(merged, p[wo], hook=hook, node="attn_out_w" if bo in p else "attn_out")   # [B, T, H*hd] -> [B, T, d_model]
+    node = "attn_out_w" if w.wo_b is not None else "attn_out"
+    y = linear_forward(merged, w.wo, hook=hook, node=node)                 # [B, T, H*hd] -> [B, T, d_model]
     # llama.cpp names the output projection attn_out only in its llama graph (other graphs
     # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
-    if bo in p:
-        y = hook("attn_out_w", y, mm_op(p[wo]), (wo, "kqv_out"))
-        y = hook("attn_out", y + p[bo], "ADD", ("attn_out_w", bo))
+    if w.wo_b is not None:
+        y = hook("attn_out_w", y, mm_op(w.wo), (wo, "kqv_out"))
+        y = hook("attn_out", y + w.wo_b, "ADD", ("attn_out_w", bo))
     else:
-        y = hook("attn_out", y, mm_op(p[wo]), (wo, "kqv_out"))
+        y = hook("attn_out", y, mm_op(w.wo), (wo, "kqv_out"))
     return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
                         capped)
 
@@ -208,25 +199,25 @@ def _softcap(kq, scale, c, hook):
     return hook("kq_scaled_2", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
 
 
-def _head_norm(a, p, cfg, w, name, hook, arith=F32):
+def _head_norm(a, weight, cfg, wname, name, hook, arith=F32):
     """Gemma 3, Qwen3: RMS-norm each head's vector (over hd) before RoPE; OLMoE (qk_norm_full):
     the whole projection, all heads at once -> normed [B, T, h, hd], cache"""
     shape = a.shape
     if cfg.qk_norm_full:
         a = a.reshape(*shape[:-2], -1)                                 # [B, T, h, hd] -> [B, T, h*hd]
-    a, ncache = arith.rms_norm(a, p[w], cfg.norm_eps)
+    a, ncache = arith.rms_norm(a, weight, cfg.norm_eps)
     x_hat = hook("norm", ncache[0], "RMS_NORM", (name,))
     if x_hat is not ncache[0]:                 # a hook replaced the unscaled norm: scale what it gave
-        a, ncache = x_hat * p[w], (x_hat, ncache[1])
-    return hook(name + "_normed", a, "MUL", ("norm", w)).reshape(shape), ncache
+        a, ncache = x_hat * weight, (x_hat, ncache[1])
+    return hook(name + "_normed", a, "MUL", ("norm", wname)).reshape(shape), ncache
 
 
-def _qk_fast(a, p, cfg, blk, which, cos, sin, qk_rows):
+def _qk_fast(a, lw, cfg, which, cos, sin, qk_rows):
     """q or k [B, T, h, hd] as attended, for inference with nothing hooked: ops/fastmath.py's
     qk_rows does the head norm (qk_norm), RoPE and Gemma's q scale in one pass, with the values
     of _head_norm, arith.rope and the scale step"""
     B, T, h, hd = a.shape
-    w = p[blk + f"attn_{which}_norm.weight"] if cfg.qk_norm else _NO_W
+    w = getattr(lw, which + "_norm") if cfg.qk_norm else _NO_W
     if w.dtype != np.float32:
         w = w.astype(np.float32)
     out = np.empty((B * T, h, hd), np.float32)
@@ -236,42 +227,45 @@ def _qk_fast(a, p, cfg, blk, which, cos, sin, qk_rows):
     return out.reshape(B, T, h, hd)
 
 
-def _split_qkv(qkv, cfg):
-    """[..., q_dim + 2*kv_dim] -> {"q": [..., q_dim], "k": [..., kv_dim], "v": [..., kv_dim]} (views)"""
-    q_end, k_end = cfg.q_dim, cfg.q_dim + cfg.kv_dim
-    return {"q": qkv[..., :q_end], "k": qkv[..., q_end:k_end], "v": qkv[..., k_end:]}
+def _split(y, parts, cfg):
+    """y: [..., rows] the product of a stack of parts ("qkv", "qk", "q", ...) -> {part: [..., its rows]} (views)"""
+    if len(parts) == 1:
+        return {parts: y}
+    dims, out, r = {"q": cfg.q_dim, "k": cfg.kv_dim, "v": cfg.kv_dim}, {}, 0
+    for part in parts:
+        out[part], r = y[..., r:r + dims[part]], r + dims[part]
+    return out
 
 
-def _fused_qkv(x, p, blk, hook):
+def _fused_qkv(x, w, blk, hook):
     """GPT-2: one matmul for q, k and v (llama.cpp: wqkv, then wqkv_b after the bias)."""
-    w, b = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
-    qkv = hook("wqkv", linear_forward(x, p[w], hook=hook, node="wqkv"), mm_op(p[w]), (w, "attn_norm"))   # [B, T, 3*d_model]
-    if b in p:
-        qkv = hook("wqkv_b", qkv + p[b], "ADD", ("wqkv", b))
+    wn, bn = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
+    qkv = hook("wqkv", linear_forward(x, w.wqkv, hook=hook, node="wqkv"), mm_op(w.wqkv), (wn, "attn_norm"))   # [B, T, 3*d]
+    if w.wqkv_b is not None:
+        qkv = hook("wqkv_b", qkv + w.wqkv_b, "ADD", ("wqkv", bn))
     return qkv
 
 
-def _proj(x, p, blk, which, node, hook, y=None):
-    """One of the q/k/v projections (y: its slice of the packed product, when there is one)."""
-    w, b = blk + f"attn_{which}.weight", blk + f"attn_{which}.bias"
-    y = hook(node, linear_forward(x, p[w], hook=hook, node=node) if y is None else y, mm_op(p[w]), (w, "attn_norm"))
-    if b in p:
-        y = hook(node, y + p[b], "ADD", (node, b))
+def _proj(x, w, cfg, blk, which, node, hook, done):
+    """One of the q/k/v projections, from its product in w.qkv (done: the parts of the products made so far)."""
+    if which not in done:
+        m, parts = next(pr for pr in w.qkv if which in pr[1])
+        done.update(_split(linear_forward(x, m, hook=hook, node=node if len(parts) == 1 else None), parts, cfg))
+    b = getattr(w, which + "_b")
+    y = hook(node, done[which], mm_op(getattr(w, which)), (blk + ATTN_TENSOR[which], "attn_norm"))
+    if b is not None:
+        y = hook(node, y + b, "ADD", (node, blk + ATTN_TENSOR[which + "_b"]))
     return y
 
 
-def attention_backward_layer(dy, p, cfg, il, cache):
-    """dy: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
+def attention_backward_layer(dy, w, cfg, cache):
+    """dy: [B, T, d_model] -> dx [B, T, d_model], grads {LayerWeights field: array}"""
     c = cache
     x, q, k, v, cos, sin, probs, scale = c.x, c.q, c.k, c.v, c.cos, c.sin, c.probs, c.scale
     B, T, _ = x.shape
     H, hd = cfg.n_head, cfg.head_dim
-    blk = f"blk.{il}."
     g = {}
-    wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
-    dmerged, g[wo], db = linear_backward(dy, c.merged, p[wo], bo in p)
-    if db is not None:
-        g[bo] = db
+    dmerged, g["wo"], g["wo_b"] = linear_backward(dy, c.merged, w.wo, w.wo_b is not None)
     dout = dmerged.reshape(B, T, H, hd).transpose(0, 2, 1, 3)                  # [B, H, T, hd]
     dq, dk, dv = attention_backward(dout, q, k, v, probs, scale, c.capped)
     if scales_q(cfg):                            # q was pre-scaled (Gemma): chain through it
@@ -282,21 +276,20 @@ def attention_backward_layer(dy, p, cfg, il, cache):
     if cfg.qk_norm_full:                         # OLMoE: the norms saw [B, T, h*hd]
         dq, dk = dq.reshape(B, T, -1), dk.reshape(B, T, -1)
     if cfg.qk_norm:
-        dq, g[blk + "attn_q_norm.weight"] = rmsnorm_backward(dq, p[blk + "attn_q_norm.weight"], c.q_norm)
-        dk, g[blk + "attn_k_norm.weight"] = rmsnorm_backward(dk, p[blk + "attn_k_norm.weight"], c.k_norm)
+        dq, g["q_norm"] = rmsnorm_backward(dq, w.q_norm, c.q_norm)
+        dk, g["k_norm"] = rmsnorm_backward(dk, w.k_norm, c.k_norm)
     dq, dk, dv = dq.reshape(B, T, -1), dk.reshape(B, T, -1), dv.reshape(B, T, -1)
     if cfg.fused_qkv:
         dqkv = np.concatenate([dq, dk, dv], axis=-1)                             # [B, T, 3*d_model]
-        w, b = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
-        dx, g[w], db = linear_backward(dqkv, x, p[w], b in p)
-        if db is not None:
-            g[b] = db
-        return dx, g
+        dx, g["wqkv"], g["wqkv_b"] = linear_backward(dqkv, x, w.wqkv, w.wqkv_b is not None)
+        return dx, _present(g)
     dx = None
     for which, d in (("q", dq), ("k", dk), ("v", dv)):
-        w, b = blk + f"attn_{which}.weight", blk + f"attn_{which}.bias"
-        dxi, g[w], db = linear_backward(d, x, p[w], b in p)
-        if db is not None:
-            g[b] = db
+        dxi, g[which], g[which + "_b"] = linear_backward(d, x, getattr(w, which), getattr(w, which + "_b") is not None)
         dx = dxi if dx is None else dx + dxi
-    return dx, g
+    return dx, _present(g)
+
+
+def _present(g):
+    """the gradients without the biases a layer lacks (a frozen weight keeps its None)"""
+    return {f: a for f, a in g.items() if a is not None or not f.endswith("_b")}

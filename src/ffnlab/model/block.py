@@ -19,19 +19,19 @@ from ..families import family
 from ..ops.norms import layernorm_backward, rmsnorm_backward
 from .arith import F32
 from .attention import attention_backward_layer, attention_forward_layer
-from .ffn import FFN_TENSOR, ffn_backward, ffn_forward, ffn_out_node, ffn_weights
+from .ffn import ffn_backward, ffn_forward, ffn_out_node
 from .hooks import identity
-from .packing import packed
+from .weights import TENSOR
 
 
-def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="inp", bare_out=False, arith=F32):
-    """The block's norm (LayerNorm or RMSNorm) with weight `wname`(.weight/.bias) -> y, cache.
+def norm_forward(x, n, cfg, node, hook=identity, bare_norm=False, src="inp", bare_out=False, arith=F32):
+    """The block's norm (LayerNorm or RMSNorm) with n: model/weights.py's Norm -> y, cache.
 
     Hooked as llama.cpp's build_norm: `norm` (unscaled), `norm_w` (after the weight, only when
     a bias follows), then `node` for the result. bare_norm: the unscaled node has no layer
     suffix (llama.cpp's Gemma 3 graph builds its post-FFN norm with il = -1); bare_out: nor has
     the result (Gemma 2 and OLMo 2 name it with il = -1 too)."""
-    w, b = p[wname + ".weight"], p.get(wname + ".bias")
+    w, b, wname = n
     if cfg.norm == "layernorm":
         y, cache = arith.layer_norm(x, w, None, cfg.norm_eps)         # y = x_hat * w; the bias below
         op = "NORM"
@@ -49,18 +49,13 @@ def norm_forward(x, p, cfg, wname, node, hook=identity, bare_norm=False, src="in
     return y, cache
 
 
-def norm_backward(dy, p, cfg, wname, cache):
-    """-> dx, {name: grad}"""
-    w = p[wname + ".weight"]
+def norm_backward(dy, n, cfg, cache):
+    """-> dx, {tensor name: grad}"""
     if cfg.norm == "layernorm":
-        has_b = (wname + ".bias") in p
-        dx, dw, db = layernorm_backward(dy, w, cache, has_b)
-        g = {wname + ".weight": dw}
-        if has_b:
-            g[wname + ".bias"] = db
-        return dx, g
-    dx, dw = rmsnorm_backward(dy, w, cache)
-    return dx, {wname + ".weight": dw}
+        dx, dw, db = layernorm_backward(dy, n.weight, cache, n.bias is not None)
+        return dx, {n.name + ".weight": dw, **({n.name + ".bias": db} if n.bias is not None else {})}
+    dx, dw = rmsnorm_backward(dy, n.weight, cache)
+    return dx, {n.name + ".weight": dw}
 
 
 
@@ -74,39 +69,34 @@ class BlockCache(NamedTuple):
     post_ffn_norm: tuple | None
 
 
-def _pre_norm(x, p, cfg, wname, node, hook, src, arith=F32):
+def _pre_norm(x, n, cfg, node, hook, src, arith=F32):
     """attn_norm / ffn_norm, or x itself when the family has no pre norms (OLMo 2) -> y, cache"""
-    if not cfg.pre_norm:
+    if n is None:
         return x, None
-    return norm_forward(x, p, cfg, wname, node, hook, src=src, arith=arith)
+    return norm_forward(x, n, cfg, node, hook, src=src, arith=arith)
 
 
-def _pre_norm_backward(dy, p, cfg, wname, cache):
-    return norm_backward(dy, p, cfg, wname, cache) if cfg.pre_norm else (dy, {})
+def _pre_norm_backward(dy, n, cfg, cache):
+    return norm_backward(dy, n, cfg, cache) if n is not None else (dy, {})
 
 
-def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None, packs=None, arith=F32,
-                  last_only=False):
-    """x: [B, T, d_model] -> [B, T, d_model], BlockCache
+def block_forward(x, w, cfg, pos, allowed, kv=None, hook=identity, rope=None, arith=F32, last_only=False):
+    """x: [B, T, d_model], w: the block's LayerWeights (model/weights.py) -> [B, T, d_model], BlockCache
 
     pos/allowed: absolute positions [T] and the [T, S] attention mask (None: all visible);
-    hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos;
-    packs: packed projections (model/packing.py).
+    hook: the block's hook point (model/hooks.py); rope: precomputed (cos, sin) for pos.
     last_only: -> [B, 1, d_model], the last position's output only (the model's last block when
     only the last logits are wanted): every position's keys and values still go to the cache,
     the queries, the attention output and the FFN run for the last position alone."""
-    blk = f"blk.{il}."
     names = family(cfg.arch).graph                     # where llama.cpp's graph names a node its own way
     res1 = "sa_out" if names.sa_out else "ffn_inp"
-    a_in, an_cache = _pre_norm(x, p, cfg, blk + "attn_norm", "attn_norm", hook, "inp", arith)
-    a, attn_cache = attention_forward_layer(a_in, p, cfg, il, pos, allowed, kv, hook, rope, packs, arith,
-                                            last_only)
+    a_in, an_cache = _pre_norm(x, w.attn_norm, cfg, "attn_norm", hook, "inp", arith)
+    a, attn_cache = attention_forward_layer(a_in, w, cfg, pos, allowed, kv, hook, rope, arith, last_only)
     if last_only:
         x = x[:, -1:]
     pa_cache = None
     if cfg.post_attn_norm:
-        a, pa_cache = norm_forward(a, p, cfg, blk + "post_attention_norm", "attn_post_norm", hook, src="attn_out",
-                                   arith=arith)
+        a, pa_cache = norm_forward(a, w.post_attn_norm, cfg, "attn_post_norm", hook, src="attn_out", arith=arith)
     a_node = "attn_post_norm" if cfg.post_attn_norm else "attn_out"
     if cfg.residual_multiplier:                                        # Granite: a * r before the residual add
         a, a_node = hook(names.residual_scaled[0], _times(a, cfg.residual_multiplier), "SCALE", (a_node,)), \
@@ -115,10 +105,8 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
         h, res1 = x, "inp"
     else:
         h = hook(res1, x + a, "ADD", (a_node, "inp"))                  # [B, T, d_model]
-    f_in, fn_cache = _pre_norm(h, p, cfg, blk + "ffn_norm", "ffn_norm", hook, res1, arith)
-    gate_up = packed(packs, p, il, "gate_up", (blk + "ffn_gate.weight", blk + "ffn_up.weight")) if cfg.gated else None
-    f, ffn_cache = ffn_forward(f_in, ffn_weights(p, il, gate_up, cfg), cfg.ffn, hook,
-                               fused_gate_up=names.fused_gate_up, arith=arith)
+    f_in, fn_cache = _pre_norm(h, w.ffn_norm, cfg, "ffn_norm", hook, res1, arith)
+    f, ffn_cache = ffn_forward(f_in, w.ffn, cfg.ffn, hook, fused_gate_up=names.fused_gate_up, arith=arith)
     cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
     if cfg.parallel_residual:
         f = hook("ffn_out", f + x, "ADD", (ffn_out_node(cfg), "inp"))                       # [B, T, d_model]
@@ -127,7 +115,7 @@ def block_forward(x, p, cfg, il, pos, allowed, kv=None, hook=identity, rope=None
     pf_cache = None
     f_node = ffn_out_node(cfg)
     if cfg.post_ffn_norm:
-        f, pf_cache = norm_forward(f, p, cfg, blk + "post_ffw_norm", "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
+        f, pf_cache = norm_forward(f, w.post_ffn_norm, cfg, "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
                                    bare_out=names.bare_ffn_post_norm, arith=arith)
         f_node = "ffn_post_norm"
     if cfg.residual_multiplier:                                        # Granite: f * r before the residual add
@@ -142,18 +130,18 @@ def _times(x, r):
     return x * np.asarray(r, dtype=x.dtype)
 
 
-def block_backward(dout, p, cfg, il, cache):
+def block_backward(dout, w, cfg, cache):
     """dout: [B, T, d_model] -> dx [B, T, d_model], grads {tensor name: array}"""
-    blk = f"blk.{il}."
+    blk = f"blk.{w.il}."
     g = {}
     r = cfg.residual_multiplier or 1.0                # Granite: both sub-layer outputs were times r
     df = dout * r if cfg.residual_multiplier else dout
     if cfg.post_ffn_norm:
-        df, gi = norm_backward(df, p, cfg, blk + "post_ffw_norm", cache.post_ffn_norm)
+        df, gi = norm_backward(df, w.post_ffn_norm, cfg, cache.post_ffn_norm)
         g.update(gi)
-    df_in, gf = ffn_backward(df, ffn_weights(p, il, cfg=cfg), cfg.ffn, cache.ffn)
-    g.update({blk + FFN_TENSOR[k]: v for k, v in gf.items()})
-    dh_norm, gi = _pre_norm_backward(df_in, p, cfg, blk + "ffn_norm", cache.ffn_norm)
+    df_in, gf = ffn_backward(df, w.ffn, cfg.ffn, cache.ffn)
+    g.update({blk + TENSOR[k]: v for k, v in gf.items()})
+    dh_norm, gi = _pre_norm_backward(df_in, w.ffn_norm, cfg, cache.ffn_norm)
     g.update(gi)
     if cfg.parallel_residual:              # h is x itself: the FFN's path reaches x, not the attention
         dx, da = dout + dh_norm, dout
@@ -162,10 +150,10 @@ def block_backward(dout, p, cfg, il, cache):
     if cfg.residual_multiplier:
         da = da * r
     if cfg.post_attn_norm:
-        da, gi = norm_backward(da, p, cfg, blk + "post_attention_norm", cache.post_attn_norm)
+        da, gi = norm_backward(da, w.post_attn_norm, cfg, cache.post_attn_norm)
         g.update(gi)
-    da_in, ga = attention_backward_layer(da, p, cfg, il, cache.attn)
-    g.update(ga)
-    dx_norm, gi = _pre_norm_backward(da_in, p, cfg, blk + "attn_norm", cache.attn_norm)
+    da_in, ga = attention_backward_layer(da, w, cfg, cache.attn)
+    g.update({blk + TENSOR[k]: v for k, v in ga.items()})
+    dx_norm, gi = _pre_norm_backward(da_in, w.attn_norm, cfg, cache.attn_norm)
     g.update(gi)
     return dx + dx_norm, g

@@ -1,4 +1,4 @@
-"""The FFN (MLP) family -- the heart of ffnlab. Every FFN kind, batched and one-token, forward and backward.
+"""The FFN (MLP) family -- the heart of ffnlab. Every FFN kind, forward and backward.
 
   dense  (GPT-2, BERT):        y = down(act(up(x) + b_up)) + b_down        act in {gelu, gelu_tanh, relu}
   gated  (Llama SwiGLU,        y = down(act(gate(x)) * up(x))              act = SiLU for swiglu,
@@ -20,7 +20,6 @@ ffn_moe_swiglu, ffn_moe_down, ffn_moe_weighted, ffn_moe_out; Qwen2-MoE's shared 
 ffn_shexp_gate_inp, ffn_shexp_gate, the dense nodes with ffn_shexp for its result,
 ffn_shexp_out, and ffn_out for the sum (models/qwen2moe.cpp).
 """
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -31,35 +30,7 @@ from ..ops.softmax import softmax_backward, softmax_forward
 from ..kinds import FFN_KINDS
 from .arith import F32
 from .hooks import identity
-
-
-@dataclass
-class FFNWeights:
-    """One layer's MLP weights, [out, in] like nn.Linear."""
-    up: np.ndarray                      # [d_ff, d_model]
-    down: np.ndarray                    # [d_model, d_ff]
-    gate: np.ndarray | None = None      # [d_ff, d_model] (gated kinds only)
-    up_b: np.ndarray | None = None      # [d_ff]
-    gate_b: np.ndarray | None = None    # [d_ff]
-    down_b: np.ndarray | None = None    # [d_model]
-    gate_up: np.ndarray | None = None   # [2*d_ff, d_model] gate rows then up rows in one buffer
-                                        # (model/packing.py, inference): one product for both
-
-
-# the names of a layer's FFN tensors, relative to its blk.L. prefix
-FFN_TENSOR = {"up": "ffn_up.weight", "down": "ffn_down.weight", "gate": "ffn_gate.weight",
-              "up_b": "ffn_up.bias", "gate_b": "ffn_gate.bias", "down_b": "ffn_down.bias"}
-
-
-def ffn_weights(p, il, gate_up=None, cfg=None):
-    """Layer il's FFN tensors from the GGUF-named dict (gate_up: their packed buffer, if any);
-    MoEWeights when cfg's FFN is a mixture of experts."""
-    if cfg is not None and FFN_KINDS[cfg.ffn].moe:
-        return moe_weights(p, il, cfg)
-    blk = f"blk.{il}."
-    return FFNWeights(up=p[blk + "ffn_up.weight"], down=p[blk + "ffn_down.weight"],
-                      gate=p.get(blk + "ffn_gate.weight"), up_b=p.get(blk + "ffn_up.bias"),
-                      gate_b=p.get(blk + "ffn_gate.bias"), down_b=p.get(blk + "ffn_down.bias"), gate_up=gate_up)
+from .weights import FFN_TENSOR, MOE_TENSOR, LayerWeights, MoEWeights  # noqa: F401 (FFN_TENSOR, MOE_TENSOR: the names)
 
 
 class FFNCache(NamedTuple):
@@ -71,7 +42,7 @@ class FFNCache(NamedTuple):
     h: np.ndarray                       # [..., d_ff] what enters down: act * up, or act
 
 
-def ffn_forward(x, w: FFNWeights, kind, hook=identity, fused_gate_up=False, arith=F32):
+def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, arith=F32):
     """x: [..., d_model] -> y: [..., d_model], FFNCache (MoECache for a mixture of experts)
 
     fused_gate_up: name the gate and up products as one node, ffn_up [..., 2*d_ff], as llama.cpp's
@@ -137,42 +108,8 @@ def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=F32):
     return y, FFNCache(x, up, gate, act, h)
 
 
-def ffn_forward_one(x, w: FFNWeights, kind, arith=F32, fused_gate_up=False):
-    """x: [d_model] -> [d_model]: ffn_forward for one token with no hooks (model/decode.py), in as
-    few NumPy calls as possible and with ffn_forward's kernels, so the values are its bits.
-    fused_gate_up: Phi-3's graph, whose GLU ffn_forward takes as act(gate) * up."""
-    if isinstance(w, MoEWeights):
-        return moe_forward(x[None], w)[0][0]
-    k = FFN_KINDS[kind]
-    if k.gated:
-        if w.gate_up is not None:
-            gu = linear_forward(x, w.gate_up)                             # [2*d_ff]: gate rows, then up rows
-            gate, up = gu[:gu.shape[0] // 2], gu[gu.shape[0] // 2:]
-        else:
-            gate, up = linear_forward(x, w.gate), linear_forward(x, w.up)   # [d_ff] each
-        if w.gate_b is not None:
-            gate = gate + w.gate_b
-        if w.up_b is not None:
-            up = up + w.up_b
-        if (w.gate_up is not None and w.gate_b is None and w.up_b is None and not fused_gate_up
-                and _compiled_glu(k.act, arith, gu)):
-            h = arith.glu(gu, k.act == "gelu_tanh")[1]                    # one compiled call
-        else:
-            h = _act(k.act, arith)(gate)
-            h *= up                                                       # [d_ff] act(gate) * up
-    else:
-        up = linear_forward(x, w.up)                                      # [d_ff]
-        if w.up_b is not None:
-            up += w.up_b
-        h = _act(k.act, arith)(up)
-    y = linear_forward(h, w.down)                                         # [d_ff] -> [d_model]
-    if w.down_b is not None:
-        y += w.down_b
-    return y
-
-
-def ffn_backward(dy, w: FFNWeights, kind, cache: FFNCache):
-    """dy: [..., d_model] -> dx: [..., d_model], grads: dict with the keys of FFNWeights
+def ffn_backward(dy, w: LayerWeights, kind, cache: FFNCache):
+    """dy: [..., d_model] -> dx: [..., d_model], grads: {LayerWeights field: array}
     (of MoEWeights, for a mixture of experts)"""
     if isinstance(w, MoEWeights):
         return moe_backward(dy, w, cache)
@@ -195,40 +132,9 @@ def ffn_backward(dy, w: FFNWeights, kind, cache: FFNCache):
 
 
 # --- mixture of experts ---------------------------------------------------------------------
-# Tensor names (GGUF, llama.cpp's stacked layout: one [E, ...] tensor per projection)
-MOE_TENSOR = {"gate_inp": "ffn_gate_inp.weight", "gate_exps": "ffn_gate_exps.weight",
-              "up_exps": "ffn_up_exps.weight", "down_exps": "ffn_down_exps.weight", "gate_inp_shexp": "ffn_gate_inp_shexp.weight",
-              "gate_shexp": "ffn_gate_shexp.weight", "up_shexp": "ffn_up_shexp.weight",
-              "down_shexp": "ffn_down_shexp.weight"}
-FFN_TENSOR.update(MOE_TENSOR)
 # llama.cpp clamps the sum of the chosen probabilities to the smallest normal float16 before
 # dividing by it; the top-k of a softmax sums to at least k/E, so this only matters for E > 16k
 WEIGHTS_SUM_MIN = 6.103515625e-5
-
-
-@dataclass
-class MoEWeights:
-    """One layer's experts (stacked, [E, out, in] each) and router."""
-    gate_inp: np.ndarray                # [E, d_model] the router
-    gate_exps: np.ndarray               # [E, d_ff, d_model]
-    up_exps: np.ndarray                 # [E, d_ff, d_model]
-    down_exps: np.ndarray               # [E, d_model, d_ff]
-    n_used: int                         # k: experts per token
-    norm: bool                          # renormalise the k probabilities to sum 1 (norm_topk_prob)
-    shexp: FFNWeights | None = None     # Qwen2-MoE: the shared expert (SwiGLU, d_ff_shexp wide)
-    gate_inp_shexp: np.ndarray | None = None   # [d_model] its sigmoid gate
-
-
-def moe_weights(p, il, cfg):
-    blk = f"blk.{il}."
-    shexp = gate_inp_shexp = None
-    if cfg.d_ff_shexp:
-        shexp = FFNWeights(up=p[blk + "ffn_up_shexp.weight"], down=p[blk + "ffn_down_shexp.weight"],
-                           gate=p[blk + "ffn_gate_shexp.weight"])
-        gate_inp_shexp = p[blk + "ffn_gate_inp_shexp.weight"]
-    return MoEWeights(gate_inp=p[blk + "ffn_gate_inp.weight"], gate_exps=p[blk + "ffn_gate_exps.weight"],
-                      up_exps=p[blk + "ffn_up_exps.weight"], down_exps=p[blk + "ffn_down_exps.weight"],
-                      n_used=cfg.n_expert_used, norm=cfg.expert_norm, shexp=shexp, gate_inp_shexp=gate_inp_shexp)
 
 
 def ffn_out_node(cfg):

@@ -8,8 +8,8 @@ reads out for streaming, without changing a single value or tensor name:
   (and costs one Python call, not three), and the same holds for gate and up. Each layer's
   q/k/v rows and gate/up rows are copied into one buffer and the params entries become views
   of it, so nothing is stored twice. If a params entry is later replaced by another array,
-  packed() notices (the entry is no longer the view pack() made) and the model falls back to
-  the separate products.
+  model/weights.py notices (the entry is no longer the view pack() made) and the model falls
+  back to the separate products.
 - Memory order. Tall matrices (more rows than columns: packed q/k/v [960, 576], gate/up
   [3072, 576], the LM head [49152, 576] on SmolLM2) are stored column-major (Fortran order):
   still [out, in] arrays with the same values, but each input feature's weights for all
@@ -115,16 +115,6 @@ def _padded_shape(rows, cols):
     if rows * cols < BLAS_THREADED_MIN <= 1.5 * rows * cols:
         rows = -(-BLAS_THREADED_MIN // cols)
     return rows, cols
-
-
-def packed(packs, params, il, kind, names):
-    """The packed buffer for these tensors, if params still holds the views pack() made; else None."""
-    if not packs:
-        return None
-    entry = packs.get((il, kind))
-    if entry is None or any(params[n] is not v for n, v in zip(names, entry[1])):
-        return None
-    return entry[0]
 
 
 def _huge_page_array(n, dtype):

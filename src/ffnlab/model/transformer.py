@@ -18,6 +18,7 @@ from .arith import F32, fused
 from .block import block_backward, block_forward, norm_backward, norm_forward
 from .hooks import Hooks
 from .params import lm_head_name
+from .weights import model_weights
 
 
 class ForwardCache(NamedTuple):
@@ -30,13 +31,14 @@ class ForwardCache(NamedTuple):
     softcap: np.ndarray | None      # tanh(z / c) when the logits are soft-capped
 
 
-def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, packs=None, arith=F32):
+def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, weights=None, arith=F32):
     """ids: [T] or [B, T] int -> logits [B, T, vocab] (float32 for float32 params), ForwardCache or None
 
     kv: KVCache; the tokens are placed after its kv.n cached positions and appended to it.
     hooks: model/hooks.py's Hooks (a tracer, editors) on every named node; None: identity hooks.
     train: keep the activations for backward().
-    packs: packed q/k/v and gate/up buffers (model/packing.py) for faster inference.
+    weights: p read into records (model/weights.py: Model.weights() keeps them, with the layouts
+             of load); None: read here.
     last_only: compute logits for the last position only (generation: the LM head is the
                largest matmul, and only the last row is sampled) -> [B, 1, vocab].
     arith: model/arith.py's F32 or GGML (llama.cpp's CPU numerics); the weights' products
@@ -46,10 +48,10 @@ def forward(p, cfg, ids, kv=None, hooks=None, train=False, last_only=False, pack
     # (quant/packed.py's Packed.matmul), and BLAS stays on one thread for the whole forward, so that
     # no idle BLAS thread spins beside them
     with blas_single(any(isinstance(w, QuantTensor) for w in p.values())):
-        return _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith)
+        return _forward(weights or model_weights(p, cfg), cfg, ids, kv, hooks, train, last_only, arith)
 
 
-def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
+def _forward(w, cfg, ids, kv, hooks, train, last_only, arith):
     ids = np.atleast_2d(np.asarray(ids))
     B, T = ids.shape
     pos0 = kv.n if kv is not None else 0
@@ -65,14 +67,14 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     ops = fused(arith) if kv is not None and not hooks and not train else arith
     # llama.cpp's build_inp_embd names its last step embd: the rows, or Granite's multiplier after them
     rows = "embd_rows" if cfg.embedding_multiplier else "embd"
-    x = hook(rows, p["token_embd.weight"][ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
+    x = hook(rows, w.token_embd[ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
     if cfg.embed_scale:
         # Gemma: scale by sqrt(d_model)
         x = hook("inp_scaled", x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype), "SCALE", ("embd",))
     if cfg.embedding_multiplier:                                               # Granite
         x = hook("embd", x * np.asarray(cfg.embedding_multiplier, dtype=x.dtype), "SCALE", (rows,))
     if cfg.positions == "learned":
-        pe = hook("pos_embd", p["position_embd.weight"][pos][None], "GET_ROWS", ("position_embd.weight", "inp_pos"))
+        pe = hook("pos_embd", w.position_embd[pos][None], "GET_ROWS", ("position_embd.weight", "inp_pos"))
         x = hook("inpL", x + pe, "ADD", ("embd", "pos_embd"))                    # [B, T, d_model]
     k_pos = np.arange(0, pos0 + T)
     masks, ropes = {}, {}                      # shared by the layers: built once per forward
@@ -89,7 +91,7 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
                 cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
                 ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
             rope = ropes[key]
-        x, c = block_forward(x, p, cfg, il, pos, masks[window], kv, hooks.point(il, pos), rope, packs, ops,
+        x, c = block_forward(x, w.layers[il], cfg, pos, masks[window], kv, hooks.point(il, pos), rope, ops,
                              last_only=trim_last and il == cfg.n_layer - 1)
         if train:
             block_caches.append(c)
@@ -97,8 +99,8 @@ def _forward(p, cfg, ids, kv, hooks, train, last_only, packs, arith):
     if last_only:
         x = x[:, -1:]                                                      # [B, T, d_model] -> [B, 1, d_model]
         hook = hooks.point(-1, pos[-1:])
-    y, fn_cache = norm_forward(x, p, cfg, "output_norm", "result_norm", hook, arith=arith)
-    logits, softcap = lm_head(y, p[lm_head_name(cfg)], cfg)           # [B, T, d_model] -> [B, T, vocab]
+    y, fn_cache = norm_forward(x, w.output_norm, cfg, "result_norm", hook, arith=arith)
+    logits, softcap = lm_head(y, w.head, cfg)           # [B, T, d_model] -> [B, T, vocab]
     # llama.cpp names the last node result_output: the softcap's SCALE when there is one
     logits = hook("result_output", logits, "SCALE" if softcap is not None or cfg.logits_scaling else "MUL_MAT",
                   (lm_head_name(cfg), "result_norm"))
@@ -133,13 +135,13 @@ def backward(dlogits, p, cfg, cache):
         dlogits = dlogits * (1.0 / cfg.logits_scaling)
     if softcap is not None:
         dlogits = dlogits * (1.0 - softcap * softcap)                     # d(c*tanh(z/c))/dz
-    head = lm_head_name(cfg)
     g = {}
-    dy, dhead, _ = linear_backward(dlogits, y, p[head], has_bias=False)
-    dx, gn = norm_backward(dy, p, cfg, "output_norm", fn_cache)
+    w = model_weights(p, cfg)
+    dy, dhead, _ = linear_backward(dlogits, y, w.head, has_bias=False)
+    dx, gn = norm_backward(dy, w.output_norm, cfg, fn_cache)
     g.update(gn)
     for il in reversed(range(cfg.n_layer)):
-        dx, gb = block_backward(dx, p, cfg, il, block_caches[il])
+        dx, gb = block_backward(dx, w.layers[il], cfg, block_caches[il])
         g.update(gb)
     if isinstance(p["token_embd.weight"], ComposedWeight):
         return g                         # a frozen table (LoRA fine-tuning): no [vocab, d_model] gradient

@@ -129,13 +129,14 @@ def compile_decode(model) -> float:
     mapped (formats/pack_cache.py) is made resident before release_code() runs. -> seconds taken."""
     from .decode import decode_step
     t0 = time.perf_counter()
-    plan = model.decode_plan()
+    w, cfg = model.weights(), model.config
     kinds = {}
-    for L in plan.layers:
-        kinds.setdefault(_kind(L), L)
-    head = plan.head[:min(R, plan.head.shape[0])]
-    decode_step(model.params, model.config, plan._replace(layers=list(kinds.values()), head=head), 0,
-                model.new_cache(n_ctx=1), model.arith)
+    for L in w.layers:
+        window = cfg.sliding_window if cfg.is_sliding(L.il) else 0
+        kinds.setdefault((_kind(L), window, cfg.layer_rope(L.il) if cfg.uses_rope(L.il) else None), L)
+    head = w.head[:min(R, w.head.shape[0])]
+    decode_step(dataclasses.replace(w, layers=list(kinds.values()), head=head), cfg, 0, model.new_cache(n_ctx=1),
+                model.arith)
     return time.perf_counter() - t0
 
 
@@ -302,7 +303,7 @@ def _kind(value):
     """What decides the kernels a layer's step calls: the types, dtypes and shapes of its weights"""
     if isinstance(value, (tuple, list)):
         return tuple(_kind(v) for v in value)
-    if dataclasses.is_dataclass(value):                            # FFNWeights, the experts' weights
+    if dataclasses.is_dataclass(value):                            # LayerWeights, the experts' weights
         return (type(value).__name__,) + tuple(_kind(getattr(value, f.name)) for f in dataclasses.fields(value))
     return (type(value).__name__, getattr(value, "shape", None), str(getattr(value, "dtype", "")),
             getattr(value, "qtype", None), getattr(value, "packed", None) is None)
