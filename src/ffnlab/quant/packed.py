@@ -571,7 +571,7 @@ def dequant_i8_strips(qs, d, g0, g1, out, wide):
 
 def _strips(V):
     """The strip dequantizers in V's registers (simd.Z: a strip's 16 rows in one 512-bit register;
-    simd.Y: in two 256-bit halves, one after the other), the same values in either: blocks b0..b1
+    simd.Y: in two 256-bit halves, side by side in each step), the same values: blocks b0..b1
     of strips h0..h1 of groups g0..g1, strip (g, h) at out.flat[o + ((g - g0) (h1 - h0) + h - h0) S]
     (S = 16 (b1 - b0) B floats), out.flat[. + 16 (B (b - b0) + k) + c] = weight B b + k of row
     g R + 16 h + c. Z's prefetch the codes AHEAD bytes on, once per pair of strips (quant/gemm.py
@@ -583,21 +583,22 @@ def _strips(V):
     def nib(qs, qh, d, m, zero, five, has_m, g0, g1, h0, h1, b0, b1, out, o):
         nb = qs.shape[1]
         minus_z = V.splat(-zero)
-        m0 = V.zeros()
+        m0 = m1 = V.zeros()
         for g in range(g0, g1):
             for h in range(h0, h1):
                 at = o + ((g - g0) * (h1 - h0) + h - h0) * (b1 - b0) * 32 * 16
                 for b in range(b0, b1):
-                    for u in range(0, 16, L):                   # the strip's halves (Y) or all of it (Z)
-                        i = (g * nb + b) * R + 16 * h + u       # d / m of these rows
-                        d0 = V.scales(d, i)
-                        if has_m:
-                            m0 = V.scales(m, i)
-                        for k in range(16):
-                            if ahead and h % 2 == 0:
-                                simd.prefetch(qs, ((g * nb + b) * 16 + k) * R + AHEAD)
-                                if five and k % 4 == 0:
-                                    simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
+                    i = (g * nb + b) * R + 16 * h                   # d / m of the strip's rows
+                    d0, d1 = V.scales(d, i), V.scales(d, i + 16 - L)      # its halves' (Z: one, twice)
+                    if has_m:
+                        m0, m1 = V.scales(m, i), V.scales(m, i + 16 - L)
+                    for k in range(16):
+                        if ahead and h % 2 == 0:
+                            simd.prefetch(qs, ((g * nb + b) * 16 + k) * R + AHEAD)
+                            if five and k % 4 == 0:
+                                simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
+                        for u in range(0, 16, L):               # the strip's halves (Y) or all of it (Z)
+                            du, mu = (d0, m0) if u == 0 else (d1, m1)
                             v = V.widen(qs, ((g * nb + b) * 16 + k) * R + 16 * h + u)   # weights k and k + 16
                             lo, hi = V.to_f(V.low4_i32(v)), V.to_f(V.high4_i32(v))
                             if five:
@@ -607,9 +608,9 @@ def _strips(V):
                                 lo = V.add(lo, V.mul(V.to_f(V.and_splat(V.widen(qh, ql), bit)), unit))
                                 hi = V.add(hi, V.mul(V.to_f(V.and_splat(V.widen(qh, ql + 2 * R), bit)), unit))
                             if has_m:
-                                lo, hi = V.add(V.mul(d0, lo), m0), V.add(V.mul(d0, hi), m0)
+                                lo, hi = V.add(V.mul(du, lo), mu), V.add(V.mul(du, hi), mu)
                             else:
-                                lo, hi = V.mul(d0, V.add(lo, minus_z)), V.mul(d0, V.add(hi, minus_z))
+                                lo, hi = V.mul(du, V.add(lo, minus_z)), V.mul(du, V.add(hi, minus_z))
                             w = at + ((b - b0) * 32 + k) * 16 + u
                             V.store(out, w, lo)
                             V.store(out, w + 256, hi)           # weight k + 16: 16 positions on
@@ -621,13 +622,15 @@ def _strips(V):
             for h in range(h0, h1):
                 at = o + ((g - g0) * (h1 - h0) + h - h0) * (b1 - b0) * B * 16
                 for b in range(b0, b1):
-                    for u in range(0, 16, L):
-                        d0 = V.scales(d, (g * nb + b) * R + 16 * h + u)
-                        for k in range(B):
-                            q = ((g * nb + b) * B + k) * R + 16 * h + u
-                            if ahead and h % 2 == 0:
-                                simd.prefetch(qs, q + AHEAD)
-                            V.store(out, at + ((b - b0) * B + k) * 16 + u, V.mul(d0, V.to_f(V.widen(qs, q))))
+                    i = (g * nb + b) * R + 16 * h
+                    d0, d1 = V.scales(d, i), V.scales(d, i + 16 - L)
+                    for k in range(B):
+                        q = ((g * nb + b) * B + k) * R + 16 * h
+                        if ahead and h % 2 == 0:
+                            simd.prefetch(qs, q + AHEAD)
+                        for u in range(0, 16, L):
+                            du = d0 if u == 0 else d1
+                            V.store(out, at + ((b - b0) * B + k) * 16 + u, V.mul(du, V.to_f(V.widen(qs, q + u))))
     return nib, i8
 
 
