@@ -195,14 +195,14 @@ def test_both_strip_dequantizations_are_gguf_bit_for_bit(qtype):
     G = P.qs.shape[0]
     want = np.zeros((G * packed.R, 512), np.float32)
     want[:130] = ref
-    for name in ("_z", "_y"):
+    for wide in (True, False):
         out = np.empty((4 * G, 512, gemm.STRIP), np.float32)
         if P.kind == "nib":
-            getattr(packed, "_dequant_nib" + name)(P.qs, P.qh, P.d, P.m, np.float32(P.zero), P.qh.shape[0] > 0,
-                                                   P.m.shape[0] > 0, 0, G, out)
+            packed._dequant_nib(P.qs, P.qh, P.d, P.m, np.float32(P.zero), P.qh.shape[0] > 0, P.m.shape[0] > 0, 0, G,
+                                out, wide)
         else:
-            getattr(packed, "_dequant_i8" + name)(P.qs, P.d, 0, G, out)
-        np.testing.assert_array_equal(gemm.strips_to_rows(out), want, err_msg=name)
+            packed.dequant_i8_strips(P.qs, P.d, 0, G, out, wide)
+        np.testing.assert_array_equal(gemm.strips_to_rows(out), want, err_msg=f"wide={wide}")
 
 
 def test_work_counter_hands_out_every_item_once():

@@ -8,6 +8,7 @@
   kernels.py  the products on the blocks as they lie in the file: matrix-vector, row tiles for BLAS
   packed.py   the layout a loaded model multiplies by: 64 rows interleaved, and its kernels
   pages.py    handing the file's pages back once the blocks are packed
+  simd.py     vector registers for numba: one template of intrinsics, for 8 and for 16 lanes
   ggml_*.py   arith "ggml": llama.cpp's activation quantizers and integer products (ggml_int8.py:
               ggml's AVX2 byte multiplies, written with the intrinsics of simd.py)
   tensor.py   QuantTensor, the weight object ops/linear.py multiplies by

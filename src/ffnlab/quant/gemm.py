@@ -34,8 +34,7 @@ past T in the last register tile read token T - 1 again and store nothing.
 import numpy as np
 from numba import njit
 
-from .simd import (HAS_AVX2, HAS_AVX512, broadcast_load_f, broadcast_load_z, fma, fma_z, load_f, load_z, store_f,
-                   store_z, transpose10_z, zeros_f, zeros_z)
+from .simd import HAS_AVX2, HAS_AVX512, Y, Z, transpose10_z
 
 STRIP = 16                       # rows per strip
 TOKENS = 6                       # tokens per register tile (AVX2)
@@ -120,37 +119,37 @@ def _gemm_y(P, x, y, col0, t_lo, t_hi):
             o3 = min(t0 + 3, T - 1) * n
             o4 = min(t0 + 4, T - 1) * n
             o5 = min(t0 + 5, T - 1) * n
-            a00 = zeros_f(); a01 = zeros_f(); a10 = zeros_f(); a11 = zeros_f(); a20 = zeros_f(); a21 = zeros_f()
-            a30 = zeros_f(); a31 = zeros_f(); a40 = zeros_f(); a41 = zeros_f(); a50 = zeros_f(); a51 = zeros_f()
+            a00 = Y.zeros(); a01 = Y.zeros(); a10 = Y.zeros(); a11 = Y.zeros(); a20 = Y.zeros(); a21 = Y.zeros()
+            a30 = Y.zeros(); a31 = Y.zeros(); a40 = Y.zeros(); a41 = Y.zeros(); a50 = Y.zeros(); a51 = Y.zeros()
             p = s * n * STRIP
             for j in range(n):
-                w0 = load_f(P, p)
-                w1 = load_f(P, p + 8)
-                b = broadcast_load_f(x, o0 + j)
-                a00 = fma(w0, b, a00); a01 = fma(w1, b, a01)
-                b = broadcast_load_f(x, o1 + j)
-                a10 = fma(w0, b, a10); a11 = fma(w1, b, a11)
-                b = broadcast_load_f(x, o2 + j)
-                a20 = fma(w0, b, a20); a21 = fma(w1, b, a21)
-                b = broadcast_load_f(x, o3 + j)
-                a30 = fma(w0, b, a30); a31 = fma(w1, b, a31)
-                b = broadcast_load_f(x, o4 + j)
-                a40 = fma(w0, b, a40); a41 = fma(w1, b, a41)
-                b = broadcast_load_f(x, o5 + j)
-                a50 = fma(w0, b, a50); a51 = fma(w1, b, a51)
+                w0 = Y.load(P, p)
+                w1 = Y.load(P, p + 8)
+                b = Y.splat_load(x, o0 + j)
+                a00 = Y.fma(w0, b, a00); a01 = Y.fma(w1, b, a01)
+                b = Y.splat_load(x, o1 + j)
+                a10 = Y.fma(w0, b, a10); a11 = Y.fma(w1, b, a11)
+                b = Y.splat_load(x, o2 + j)
+                a20 = Y.fma(w0, b, a20); a21 = Y.fma(w1, b, a21)
+                b = Y.splat_load(x, o3 + j)
+                a30 = Y.fma(w0, b, a30); a31 = Y.fma(w1, b, a31)
+                b = Y.splat_load(x, o4 + j)
+                a40 = Y.fma(w0, b, a40); a41 = Y.fma(w1, b, a41)
+                b = Y.splat_load(x, o5 + j)
+                a50 = Y.fma(w0, b, a50); a51 = Y.fma(w1, b, a51)
                 p += STRIP
             o = t0 * ldy + c
-            store_f(y, o, a00); store_f(y, o + 8, a01)
+            Y.store(y, o, a00); Y.store(y, o + 8, a01)
             if t0 + 1 < T:
-                store_f(y, o + ldy, a10); store_f(y, o + ldy + 8, a11)
+                Y.store(y, o + ldy, a10); Y.store(y, o + ldy + 8, a11)
             if t0 + 2 < T:
-                store_f(y, o + 2 * ldy, a20); store_f(y, o + 2 * ldy + 8, a21)
+                Y.store(y, o + 2 * ldy, a20); Y.store(y, o + 2 * ldy + 8, a21)
             if t0 + 3 < T:
-                store_f(y, o + 3 * ldy, a30); store_f(y, o + 3 * ldy + 8, a31)
+                Y.store(y, o + 3 * ldy, a30); Y.store(y, o + 3 * ldy + 8, a31)
             if t0 + 4 < T:
-                store_f(y, o + 4 * ldy, a40); store_f(y, o + 4 * ldy + 8, a41)
+                Y.store(y, o + 4 * ldy, a40); Y.store(y, o + 4 * ldy + 8, a41)
             if t0 + 5 < T:
-                store_f(y, o + 5 * ldy, a50); store_f(y, o + 5 * ldy + 8, a51)
+                Y.store(y, o + 5 * ldy, a50); Y.store(y, o + 5 * ldy + 8, a51)
 
 
 @njit(cache=True, nogil=True, fastmath=False)
@@ -182,18 +181,18 @@ def pack_tile(x, xp, i):
         r9 = min(i * 10 + 9, T - 1) * n
         base = i * n * 10
         for j0 in range(0, n - 15, 16):
-            o = transpose10_z(load_z(x, r0 + j0), load_z(x, r1 + j0), load_z(x, r2 + j0), load_z(x, r3 + j0),
-                              load_z(x, r4 + j0), load_z(x, r5 + j0), load_z(x, r6 + j0), load_z(x, r7 + j0),
-                              load_z(x, r8 + j0), load_z(x, r9 + j0))
+            o = transpose10_z(Z.load(x, r0 + j0), Z.load(x, r1 + j0), Z.load(x, r2 + j0), Z.load(x, r3 + j0),
+                              Z.load(x, r4 + j0), Z.load(x, r5 + j0), Z.load(x, r6 + j0), Z.load(x, r7 + j0),
+                              Z.load(x, r8 + j0), Z.load(x, r9 + j0))
             b = base + j0 * 10
-            store_z(xp, b, o[0]); store_z(xp, b + 10, o[1]); store_z(xp, b + 20, o[2]); store_z(xp, b + 30, o[3])
-            store_z(xp, b + 40, o[4]); store_z(xp, b + 50, o[5]); store_z(xp, b + 60, o[6])
-            store_z(xp, b + 70, o[7]); store_z(xp, b + 80, o[8]); store_z(xp, b + 90, o[9])
-            store_z(xp, b + 100, o[10]); store_z(xp, b + 110, o[11]); store_z(xp, b + 120, o[12])
-            store_z(xp, b + 130, o[13]); store_z(xp, b + 140, o[14])
+            Z.store(xp, b, o[0]); Z.store(xp, b + 10, o[1]); Z.store(xp, b + 20, o[2]); Z.store(xp, b + 30, o[3])
+            Z.store(xp, b + 40, o[4]); Z.store(xp, b + 50, o[5]); Z.store(xp, b + 60, o[6])
+            Z.store(xp, b + 70, o[7]); Z.store(xp, b + 80, o[8]); Z.store(xp, b + 90, o[9])
+            Z.store(xp, b + 100, o[10]); Z.store(xp, b + 110, o[11]); Z.store(xp, b + 120, o[12])
+            Z.store(xp, b + 130, o[13]); Z.store(xp, b + 140, o[14])
             j = j0 + 15                                   # the block's last position: stored whole
             if j0 + 16 < n:                               # when the tile goes on past it
-                store_z(xp, b + 150, o[15])
+                Z.store(xp, b + 150, o[15])
                 j = j0 + 16
     for jj in range(j, n):                                # the rest (and the tile's last position)
         for t in range(width):
@@ -240,8 +239,8 @@ def block_z(P, p0, p1, xp, y, c, k0, k1, t_lo, T, pair):
         a80, a81 = _sums(y, o + min(8, T - 1 - t0) * ldy, k0, pair)
         a90, a91 = _sums(y, o + min(9, T - 1 - t0) * ldy, k0, pair)
         for j in range(k0, k1):
-            w0 = load_z(P, p0 + j * STRIP)
-            w1 = load_z(P, p1 + j * STRIP)
+            w0 = Z.load(P, p0 + j * STRIP)
+            w1 = Z.load(P, p1 + j * STRIP)
             xj = xb + j * TOKENS_Z
             a00, a01 = _fma_pair(w0, w1, xp, xj, a00, a01)
             a10, a11 = _fma_pair(w0, w1, xp, xj + 1, a10, a11)
@@ -278,22 +277,22 @@ def block_z(P, p0, p1, xp, y, c, k0, k1, t_lo, T, pair):
 def _sums(y, o, k0, pair):
     """a tile row's two accumulators: zeros for the first block of j, else the sums stored in y"""
     if k0 == 0:
-        return zeros_z(), zeros_z()
-    return load_z(y, o), (load_z(y, o + STRIP) if pair else zeros_z())
+        return Z.zeros(), Z.zeros()
+    return Z.load(y, o), (Z.load(y, o + STRIP) if pair else Z.zeros())
 
 
 @njit(cache=True, nogil=True, fastmath=False, inline="always")
 def _fma_pair(w0, w1, x, i, a0, a1):
     """a0 + w0 x.flat[i], a1 + w1 x.flat[i] (x.flat[i] broadcast to every lane)"""
-    b = broadcast_load_z(x, i)
-    return fma_z(w0, b, a0), fma_z(w1, b, a1)
+    b = Z.splat_load(x, i)
+    return Z.fma(w0, b, a0), Z.fma(w1, b, a1)
 
 
 @njit(cache=True, nogil=True, fastmath=False, inline="always")
 def _store_pair(y, o, a0, a1, pair):
-    store_z(y, o, a0)
+    Z.store(y, o, a0)
     if pair:
-        store_z(y, o + STRIP, a1)
+        Z.store(y, o + STRIP, a1)
 
 
 def strips_to_rows(P) -> np.ndarray:

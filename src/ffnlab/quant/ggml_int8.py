@@ -1,5 +1,5 @@
 """ggml's 32-weight block products with ggml's own instructions: byte multiplies into exact int32
-lane sums (vpdpbusd on a CPU with AVX-512 VNNI, else vpmaddubsw and vpmaddwd: quant/ggml_simd.py),
+lane sums (vpdpbusd on a CPU with AVX-512 VNNI, else vpmaddubsw and vpmaddwd: quant/simd.py),
 over a layout made once at load.
 
 ggml's AVX2 vec_dot for Q4_0 / Q4_1 / Q5_0 / Q8_0 (ggml-cpu/arch/x86/quants.c) takes one row's
@@ -9,7 +9,7 @@ are weights 0-15, lanes 0-3, the high nibbles weights 16-31, lanes 4-7), convert
 float and adds them with acc_l = fma(d_w d_x, lane_l, acc_l); hsum_float_8 ends the row.
 
 Here the same integers are formed CHUNK rows at a time instead of 8 lanes of one row (CHUNK =
-ggml_simd.ROWS: 16 in a 512-bit register, 8 in a 256-bit one): for each chunk, block and lane j,
+simd.ROWS: 16 in a 512-bit register, 8 in a 256-bit one): for each chunk, block and lane j,
 the chunk's 4 codes of lane j lie side by side (4 CHUNK bytes), so one load and one vpdpbusd
 against the lane's 4 activation codes broadcast (vpbroadcastd) give lane j of CHUNK rows, exact.
 The float steps are ggml's, per row: the same FMA into the same lane accumulator in the same
@@ -24,16 +24,14 @@ Layout (LanePacked), G groups of R = 64 rows, C = R / CHUNK chunks of CHUNK rows
   "i8"  (Q8_0, Q5_0): qs [G, C, nb, 8, CHUNK, 4] int8: weight 4j+i (Q5_0: its 5-bit value - 16)
   d, m  [G, C, nb, CHUNK] float32: the blocks' halves (m: Q4_1 only)
 Q4_0's (q - 8) x is summed as q x - 8 (sum of the lane's 4 x): the same integer, and q stays
-unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: ggml_simd.dot_s8_biased forms w x.
+unsigned for vpmaddubsw. Q5_0 and Q8_0 are signed: simd's dot_s8_biased forms w x.
 """
 import numpy as np
 from numba import njit, prange
 
-from .ggml_simd import (ROWS, add_v, dot_s8_biased, dot_u8, dot_u8_from, fma_v, high4, load_b, load_v, low4, mul_v,
-                        splat4, splat_f, store_v, to_f, zeros_v)
 from .layout import R, Layout
 from .packed import AHEAD
-from .simd import prefetch
+from .simd import ROWS, V, prefetch
 from .types import Q4_0, Q4_1, Q5_0, Q8_0, QT, TYPES
 from .unpack import fifth_bit, half_float, u32
 
@@ -171,21 +169,21 @@ def _dequant_t(qs, d, m, zero, g0, g1, out):
 
 @njit(**GG)
 def _zeros8():
-    return zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v(), zeros_v()
+    return V.zeros(), V.zeros(), V.zeros(), V.zeros(), V.zeros(), V.zeros(), V.zeros(), V.zeros()
 
 
 @njit(**GG)
 def _hsum8(a):
     """hsum_float_8 of CHUNK rows at once: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))"""
-    return add_v(add_v(add_v(a[0], a[4]), add_v(a[2], a[6])), add_v(add_v(a[1], a[5]), add_v(a[3], a[7])))
+    return V.add(V.add(V.add(a[0], a[4]), V.add(a[2], a[6])), V.add(V.add(a[1], a[5]), V.add(a[3], a[7])))
 
 
 @njit(**GG)
 def _fma8(dd, lanes, a):
     """ggml's lane FMA for CHUNK rows: a_l = fma(d_w d_x, float(lane_l), a_l)"""
-    return (fma_v(dd, to_f(lanes[0]), a[0]), fma_v(dd, to_f(lanes[1]), a[1]), fma_v(dd, to_f(lanes[2]), a[2]),
-            fma_v(dd, to_f(lanes[3]), a[3]), fma_v(dd, to_f(lanes[4]), a[4]), fma_v(dd, to_f(lanes[5]), a[5]),
-            fma_v(dd, to_f(lanes[6]), a[6]), fma_v(dd, to_f(lanes[7]), a[7]))
+    return (V.fma(dd, V.to_f(lanes[0]), a[0]), V.fma(dd, V.to_f(lanes[1]), a[1]), V.fma(dd, V.to_f(lanes[2]), a[2]),
+            V.fma(dd, V.to_f(lanes[3]), a[3]), V.fma(dd, V.to_f(lanes[4]), a[4]), V.fma(dd, V.to_f(lanes[5]), a[5]),
+            V.fma(dd, V.to_f(lanes[6]), a[6]), V.fma(dd, V.to_f(lanes[7]), a[7]))
 
 
 @njit(**GG)
@@ -193,11 +191,11 @@ def _nib_lanes(qs, o, xq, xo):
     """a "nib" block of CHUNK rows (qs.flat[o : o + 16 CHUNK]) x codes xq[xo : xo + 32] -> the 8
     lanes' int32 sums of CHUNK rows: lane j from byte group j's low nibbles, lane 4 + j from its
     high ones"""
-    w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
-    return (dot_u8(low4(w0), splat4(xq, xo)), dot_u8(low4(w1), splat4(xq, xo + 4)),
-            dot_u8(low4(w2), splat4(xq, xo + 8)), dot_u8(low4(w3), splat4(xq, xo + 12)),
-            dot_u8(high4(w0), splat4(xq, xo + 16)), dot_u8(high4(w1), splat4(xq, xo + 20)),
-            dot_u8(high4(w2), splat4(xq, xo + 24)), dot_u8(high4(w3), splat4(xq, xo + 28)))
+    w0, w1, w2, w3 = V.load_b(qs, o), V.load_b(qs, o + LANE), V.load_b(qs, o + 2 * LANE), V.load_b(qs, o + 3 * LANE)
+    return (V.dot_u8(V.low4(w0), V.splat4(xq, xo)), V.dot_u8(V.low4(w1), V.splat4(xq, xo + 4)),
+            V.dot_u8(V.low4(w2), V.splat4(xq, xo + 8)), V.dot_u8(V.low4(w3), V.splat4(xq, xo + 12)),
+            V.dot_u8(V.high4(w0), V.splat4(xq, xo + 16)), V.dot_u8(V.high4(w1), V.splat4(xq, xo + 20)),
+            V.dot_u8(V.high4(w2), V.splat4(xq, xo + 24)), V.dot_u8(V.high4(w3), V.splat4(xq, xo + 28)))
 
 
 @njit(**GG)
@@ -214,13 +212,13 @@ def _q4_1_chunk(qs, d, m, chunk, xq, dx, sx, y, yo):
     sx [nb] (Q8_1's d and s) -> y.flat[yo : yo + CHUNK] = hsum_float_8(acc) + sum m_w s_x"""
     nb = d.shape[2]
     qo, do = chunk * nb * 4 * LANE, chunk * nb * CHUNK
-    acc, summs = _zeros8(), zeros_v()
+    acc, summs = _zeros8(), V.zeros()
     for b in range(nb):
         _ahead(qs, qo + b * 4 * LANE, 4 * LANE)
-        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))         # d_w d_x: two halves, exact
-        summs = fma_v(load_v(m, do + b * CHUNK), splat_f(sx[b]), summs)   # an exact product: fused or not
+        dd = V.mul(V.load(d, do + b * CHUNK), V.splat(dx[b]))         # d_w d_x: two halves, exact
+        summs = V.fma(V.load(m, do + b * CHUNK), V.splat(sx[b]), summs)   # an exact product: fused or not
         acc = _fma8(dd, _nib_lanes(qs, qo + b * 4 * LANE, xq, b * 32), acc)
-    store_v(y, yo, add_v(_hsum8(acc), summs))
+    V.store(y, yo, V.add(_hsum8(acc), summs))
 
 
 @njit(**GG)
@@ -232,19 +230,19 @@ def _q4_0_chunk(qs, d, chunk, xq, dx, zx, y, yo):
     acc = _zeros8()
     for b in range(nb):
         _ahead(qs, qo + b * 4 * LANE, 4 * LANE)
-        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
+        dd = V.mul(V.load(d, do + b * CHUNK), V.splat(dx[b]))
         o, xo, z = qo + b * 4 * LANE, b * 32, b * 8
-        w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
-        lanes = (dot_u8_from(splat4(zx, z), low4(w0), splat4(xq, xo)),
-                 dot_u8_from(splat4(zx, z + 1), low4(w1), splat4(xq, xo + 4)),
-                 dot_u8_from(splat4(zx, z + 2), low4(w2), splat4(xq, xo + 8)),
-                 dot_u8_from(splat4(zx, z + 3), low4(w3), splat4(xq, xo + 12)),
-                 dot_u8_from(splat4(zx, z + 4), high4(w0), splat4(xq, xo + 16)),
-                 dot_u8_from(splat4(zx, z + 5), high4(w1), splat4(xq, xo + 20)),
-                 dot_u8_from(splat4(zx, z + 6), high4(w2), splat4(xq, xo + 24)),
-                 dot_u8_from(splat4(zx, z + 7), high4(w3), splat4(xq, xo + 28)))
+        w0, w1, w2, w3 = V.load_b(qs, o), V.load_b(qs, o + LANE), V.load_b(qs, o + 2 * LANE), V.load_b(qs, o + 3 * LANE)
+        lanes = (V.dot_u8_from(V.splat4(zx, z), V.low4(w0), V.splat4(xq, xo)),
+                 V.dot_u8_from(V.splat4(zx, z + 1), V.low4(w1), V.splat4(xq, xo + 4)),
+                 V.dot_u8_from(V.splat4(zx, z + 2), V.low4(w2), V.splat4(xq, xo + 8)),
+                 V.dot_u8_from(V.splat4(zx, z + 3), V.low4(w3), V.splat4(xq, xo + 12)),
+                 V.dot_u8_from(V.splat4(zx, z + 4), V.high4(w0), V.splat4(xq, xo + 16)),
+                 V.dot_u8_from(V.splat4(zx, z + 5), V.high4(w1), V.splat4(xq, xo + 20)),
+                 V.dot_u8_from(V.splat4(zx, z + 6), V.high4(w2), V.splat4(xq, xo + 24)),
+                 V.dot_u8_from(V.splat4(zx, z + 7), V.high4(w3), V.splat4(xq, xo + 28)))
         acc = _fma8(dd, lanes, acc)
-    store_v(y, yo, _hsum8(acc))
+    V.store(y, yo, _hsum8(acc))
 
 
 @njit(**GG)
@@ -256,18 +254,18 @@ def _i8_chunk(qs, d, chunk, xq, dx, cx, y, yo):
     acc = _zeros8()
     for b in range(nb):
         _ahead(qs, qo + b * 8 * LANE, 8 * LANE)
-        dd = mul_v(load_v(d, do + b * CHUNK), splat_f(dx[b]))
+        dd = V.mul(V.load(d, do + b * CHUNK), V.splat(dx[b]))
         o, xo, c = qo + b * 8 * LANE, b * 32, b * 8
-        lanes = (dot_s8_biased(splat4(cx, c), load_b(qs, o), splat4(xq, xo)),
-                 dot_s8_biased(splat4(cx, c + 1), load_b(qs, o + LANE), splat4(xq, xo + 4)),
-                 dot_s8_biased(splat4(cx, c + 2), load_b(qs, o + 2 * LANE), splat4(xq, xo + 8)),
-                 dot_s8_biased(splat4(cx, c + 3), load_b(qs, o + 3 * LANE), splat4(xq, xo + 12)),
-                 dot_s8_biased(splat4(cx, c + 4), load_b(qs, o + 4 * LANE), splat4(xq, xo + 16)),
-                 dot_s8_biased(splat4(cx, c + 5), load_b(qs, o + 5 * LANE), splat4(xq, xo + 20)),
-                 dot_s8_biased(splat4(cx, c + 6), load_b(qs, o + 6 * LANE), splat4(xq, xo + 24)),
-                 dot_s8_biased(splat4(cx, c + 7), load_b(qs, o + 7 * LANE), splat4(xq, xo + 28)))
+        lanes = (V.dot_s8_biased(V.splat4(cx, c), V.load_b(qs, o), V.splat4(xq, xo)),
+                 V.dot_s8_biased(V.splat4(cx, c + 1), V.load_b(qs, o + LANE), V.splat4(xq, xo + 4)),
+                 V.dot_s8_biased(V.splat4(cx, c + 2), V.load_b(qs, o + 2 * LANE), V.splat4(xq, xo + 8)),
+                 V.dot_s8_biased(V.splat4(cx, c + 3), V.load_b(qs, o + 3 * LANE), V.splat4(xq, xo + 12)),
+                 V.dot_s8_biased(V.splat4(cx, c + 4), V.load_b(qs, o + 4 * LANE), V.splat4(xq, xo + 16)),
+                 V.dot_s8_biased(V.splat4(cx, c + 5), V.load_b(qs, o + 5 * LANE), V.splat4(xq, xo + 20)),
+                 V.dot_s8_biased(V.splat4(cx, c + 6), V.load_b(qs, o + 6 * LANE), V.splat4(xq, xo + 24)),
+                 V.dot_s8_biased(V.splat4(cx, c + 7), V.load_b(qs, o + 7 * LANE), V.splat4(xq, xo + 28)))
         acc = _fma8(dd, lanes, acc)
-    store_v(y, yo, _hsum8(acc))
+    V.store(y, yo, _hsum8(acc))
 
 
 @njit(parallel=True, **GG)

@@ -9,7 +9,7 @@ into lane i as -32 (scale_2i bsum_2i + scale_2i+1 bsum_2i+1); then acc_i = fma(d
 acc_i) per superblock and hsum_float_8. Its tiled matmul (ggml-cpu/tiled; 8 tokens or more) needs
 only the lanes' totals: s1 = sum of the 8 lanes, s2 = sum of the min lanes (exact integers, in
 any order), res = fma(-dmin_w, s2, d_w s1), acc = fma(res, d_x, acc). Both are computed here for
-CHUNK rows at a time (16 or 8: ggml_simd.ROWS), as ggml_int8.py does for the 32-weight types; the
+CHUNK rows at a time (16 or 8: simd.ROWS), as ggml_int8.py does for the 32-weight types; the
 integer lanes are exact (pairs of products within int16: 2 x 15 x 127, 2 x 63 x 127; lane totals
 within int32) and the float steps are ggml's, so the bits are quant/ggml_kernels.py's _dot_q4_k /
 _dot_q6_k / _dot_k_tiled (tests/unit/test_ggml_packed.py).
@@ -26,9 +26,8 @@ import numpy as np
 from numba import njit, prange
 
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
-from .ggml_simd import (add_i, add_v, fma_v, high4, load_b, load_v, low4, madd, maddubs, mul_i, mul_v, pairs16,
-                        splat4, splat_f, store_v, sub_i, to_f, widen, zeros_b, zeros_v)
 from .layout import R, Layout
+from .simd import V
 from .types import Q4_K, Q6_K, QT
 from .unpack import half_float, k_scale_min, q6_code
 
@@ -147,19 +146,19 @@ def _q4k_lanes(qs, sc, chunk, B, x):
     """Q4_K superblock B of CHUNK rows (chunk) x codes x [n] -> lane i = sum_s scale_s (q.x over
     weights 4i..4i+3 of sub-block s), 8 vectors of int32 lanes"""
     ns = qs.shape[2]
-    l0, l1, l2, l3, l4, l5, l6, l7 = zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b()
+    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = V.zeros_b()
     for s in range(8 * B, 8 * B + 8):
         o, xo = (chunk * ns + s) * 4 * LANE, 32 * s
-        scale = pairs16(widen(sc, (chunk * ns + s) * CHUNK))
-        w0, w1, w2, w3 = load_b(qs, o), load_b(qs, o + LANE), load_b(qs, o + 2 * LANE), load_b(qs, o + 3 * LANE)
-        l0 = add_i(l0, madd(maddubs(low4(w0), splat4(x, xo)), scale))
-        l1 = add_i(l1, madd(maddubs(low4(w1), splat4(x, xo + 4)), scale))
-        l2 = add_i(l2, madd(maddubs(low4(w2), splat4(x, xo + 8)), scale))
-        l3 = add_i(l3, madd(maddubs(low4(w3), splat4(x, xo + 12)), scale))
-        l4 = add_i(l4, madd(maddubs(high4(w0), splat4(x, xo + 16)), scale))
-        l5 = add_i(l5, madd(maddubs(high4(w1), splat4(x, xo + 20)), scale))
-        l6 = add_i(l6, madd(maddubs(high4(w2), splat4(x, xo + 24)), scale))
-        l7 = add_i(l7, madd(maddubs(high4(w3), splat4(x, xo + 28)), scale))
+        scale = V.pairs16(V.widen(sc, (chunk * ns + s) * CHUNK))
+        w0, w1, w2, w3 = V.load_b(qs, o), V.load_b(qs, o + LANE), V.load_b(qs, o + 2 * LANE), V.load_b(qs, o + 3 * LANE)
+        l0 = V.add_i(l0, V.madd(V.maddubs(V.low4(w0), V.splat4(x, xo)), scale))
+        l1 = V.add_i(l1, V.madd(V.maddubs(V.low4(w1), V.splat4(x, xo + 4)), scale))
+        l2 = V.add_i(l2, V.madd(V.maddubs(V.low4(w2), V.splat4(x, xo + 8)), scale))
+        l3 = V.add_i(l3, V.madd(V.maddubs(V.low4(w3), V.splat4(x, xo + 12)), scale))
+        l4 = V.add_i(l4, V.madd(V.maddubs(V.high4(w0), V.splat4(x, xo + 16)), scale))
+        l5 = V.add_i(l5, V.madd(V.maddubs(V.high4(w1), V.splat4(x, xo + 20)), scale))
+        l6 = V.add_i(l6, V.madd(V.maddubs(V.high4(w2), V.splat4(x, xo + 24)), scale))
+        l7 = V.add_i(l7, V.madd(V.maddubs(V.high4(w3), V.splat4(x, xo + 28)), scale))
     return l0, l1, l2, l3, l4, l5, l6, l7
 
 
@@ -168,14 +167,14 @@ def _q4k_mins(mn, chunk, B, bs32):
     """Q4_K's min lanes of superblock B: lane k = min_2k bsum_2k + min_2k+1 bsum_2k+1, bs32 [n/32]
     the token's sums of 32 codes"""
     base, s = chunk * mn.shape[2], 8 * B
-    return (add_i(mul_i(widen(mn, (base + s) * CHUNK), splat4(bs32, s)),
-                    mul_i(widen(mn, (base + s + 1) * CHUNK), splat4(bs32, s + 1))),
-            add_i(mul_i(widen(mn, (base + s + 2) * CHUNK), splat4(bs32, s + 2)),
-                    mul_i(widen(mn, (base + s + 3) * CHUNK), splat4(bs32, s + 3))),
-            add_i(mul_i(widen(mn, (base + s + 4) * CHUNK), splat4(bs32, s + 4)),
-                    mul_i(widen(mn, (base + s + 5) * CHUNK), splat4(bs32, s + 5))),
-            add_i(mul_i(widen(mn, (base + s + 6) * CHUNK), splat4(bs32, s + 6)),
-                    mul_i(widen(mn, (base + s + 7) * CHUNK), splat4(bs32, s + 7))))
+    return (V.add_i(V.mul_i(V.widen(mn, (base + s) * CHUNK), V.splat4(bs32, s)),
+                    V.mul_i(V.widen(mn, (base + s + 1) * CHUNK), V.splat4(bs32, s + 1))),
+            V.add_i(V.mul_i(V.widen(mn, (base + s + 2) * CHUNK), V.splat4(bs32, s + 2)),
+                    V.mul_i(V.widen(mn, (base + s + 3) * CHUNK), V.splat4(bs32, s + 3))),
+            V.add_i(V.mul_i(V.widen(mn, (base + s + 4) * CHUNK), V.splat4(bs32, s + 4)),
+                    V.mul_i(V.widen(mn, (base + s + 5) * CHUNK), V.splat4(bs32, s + 5))),
+            V.add_i(V.mul_i(V.widen(mn, (base + s + 6) * CHUNK), V.splat4(bs32, s + 6)),
+                    V.mul_i(V.widen(mn, (base + s + 7) * CHUNK), V.splat4(bs32, s + 7))))
 
 
 @njit(**GG)
@@ -183,8 +182,8 @@ def _q6k_offset(sc, chunk, B, i, bs16x32):
     """32 (scale_2i bsum_2i + scale_2i+1 bsum_2i+1) of superblock B (bs16x32: 32 x the token's
     sums of 16 codes)"""
     t = chunk * sc.shape[2] + 16 * B + 2 * i
-    return add_i(mul_i(widen(sc, t * CHUNK), splat4(bs16x32, 16 * B + 2 * i)),
-                   mul_i(widen(sc, (t + 1) * CHUNK), splat4(bs16x32, 16 * B + 2 * i + 1)))
+    return V.add_i(V.mul_i(V.widen(sc, t * CHUNK), V.splat4(bs16x32, 16 * B + 2 * i)),
+                   V.mul_i(V.widen(sc, (t + 1) * CHUNK), V.splat4(bs16x32, 16 * B + 2 * i + 1)))
 
 
 @njit(**GG)
@@ -193,28 +192,28 @@ def _q6k_lanes(qs, sc, chunk, B, x, bs16x32):
     scale (q.x over weights 4i..4i+3; lanes 0-3 the group's first 16-scale, 4-7 its second),
     minus _q6k_offset(i)"""
     ns = qs.shape[2]
-    l0, l1, l2, l3, l4, l5, l6, l7 = zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b(), zeros_b()
+    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = V.zeros_b()
     for s in range(8 * B, 8 * B + 8):
         o, xo, t = (chunk * ns + s) * 8 * LANE, 32 * s, chunk * 2 * ns + 2 * s
-        sa, sb = pairs16(widen(sc, t * CHUNK)), pairs16(widen(sc, (t + 1) * CHUNK))
-        l0 = add_i(l0, madd(maddubs(load_b(qs, o), splat4(x, xo)), sa))
-        l1 = add_i(l1, madd(maddubs(load_b(qs, o + 1 * LANE), splat4(x, xo + 4)), sa))
-        l2 = add_i(l2, madd(maddubs(load_b(qs, o + 2 * LANE), splat4(x, xo + 8)), sa))
-        l3 = add_i(l3, madd(maddubs(load_b(qs, o + 3 * LANE), splat4(x, xo + 12)), sa))
-        l4 = add_i(l4, madd(maddubs(load_b(qs, o + 4 * LANE), splat4(x, xo + 16)), sb))
-        l5 = add_i(l5, madd(maddubs(load_b(qs, o + 5 * LANE), splat4(x, xo + 20)), sb))
-        l6 = add_i(l6, madd(maddubs(load_b(qs, o + 6 * LANE), splat4(x, xo + 24)), sb))
-        l7 = add_i(l7, madd(maddubs(load_b(qs, o + 7 * LANE), splat4(x, xo + 28)), sb))
-    return (sub_i(l0, _q6k_offset(sc, chunk, B, 0, bs16x32)), sub_i(l1, _q6k_offset(sc, chunk, B, 1, bs16x32)),
-            sub_i(l2, _q6k_offset(sc, chunk, B, 2, bs16x32)), sub_i(l3, _q6k_offset(sc, chunk, B, 3, bs16x32)),
-            sub_i(l4, _q6k_offset(sc, chunk, B, 4, bs16x32)), sub_i(l5, _q6k_offset(sc, chunk, B, 5, bs16x32)),
-            sub_i(l6, _q6k_offset(sc, chunk, B, 6, bs16x32)), sub_i(l7, _q6k_offset(sc, chunk, B, 7, bs16x32)))
+        sa, sb = V.pairs16(V.widen(sc, t * CHUNK)), V.pairs16(V.widen(sc, (t + 1) * CHUNK))
+        l0 = V.add_i(l0, V.madd(V.maddubs(V.load_b(qs, o), V.splat4(x, xo)), sa))
+        l1 = V.add_i(l1, V.madd(V.maddubs(V.load_b(qs, o + 1 * LANE), V.splat4(x, xo + 4)), sa))
+        l2 = V.add_i(l2, V.madd(V.maddubs(V.load_b(qs, o + 2 * LANE), V.splat4(x, xo + 8)), sa))
+        l3 = V.add_i(l3, V.madd(V.maddubs(V.load_b(qs, o + 3 * LANE), V.splat4(x, xo + 12)), sa))
+        l4 = V.add_i(l4, V.madd(V.maddubs(V.load_b(qs, o + 4 * LANE), V.splat4(x, xo + 16)), sb))
+        l5 = V.add_i(l5, V.madd(V.maddubs(V.load_b(qs, o + 5 * LANE), V.splat4(x, xo + 20)), sb))
+        l6 = V.add_i(l6, V.madd(V.maddubs(V.load_b(qs, o + 6 * LANE), V.splat4(x, xo + 24)), sb))
+        l7 = V.add_i(l7, V.madd(V.maddubs(V.load_b(qs, o + 7 * LANE), V.splat4(x, xo + 28)), sb))
+    return (V.sub_i(l0, _q6k_offset(sc, chunk, B, 0, bs16x32)), V.sub_i(l1, _q6k_offset(sc, chunk, B, 1, bs16x32)),
+            V.sub_i(l2, _q6k_offset(sc, chunk, B, 2, bs16x32)), V.sub_i(l3, _q6k_offset(sc, chunk, B, 3, bs16x32)),
+            V.sub_i(l4, _q6k_offset(sc, chunk, B, 4, bs16x32)), V.sub_i(l5, _q6k_offset(sc, chunk, B, 5, bs16x32)),
+            V.sub_i(l6, _q6k_offset(sc, chunk, B, 6, bs16x32)), V.sub_i(l7, _q6k_offset(sc, chunk, B, 7, bs16x32)))
 
 
 @njit(**GG)
 def _total(v):
     """the sum of 8 int32 vectors (exact, any order)"""
-    return add_i(add_i(add_i(v[0], v[1]), add_i(v[2], v[3])), add_i(add_i(v[4], v[5]), add_i(v[6], v[7])))
+    return V.add_i(V.add_i(V.add_i(v[0], v[1]), V.add_i(v[2], v[3])), V.add_i(V.add_i(v[4], v[5]), V.add_i(v[6], v[7])))
 
 
 # ---- the float steps: vec_dot (few tokens) and tiled (8+) -------------------------------------
@@ -223,15 +222,15 @@ def _total(v):
 def _q4k_vec(qs, sc, mn, d, dmin, chunk, x, dx, bs32, y, yo):
     nB = d.shape[2]
     acc = _zeros8()
-    m0, m1, m2, m3 = zeros_v(), zeros_v(), zeros_v(), zeros_v()
+    m0, m1, m2, m3 = V.zeros(), V.zeros(), V.zeros(), V.zeros()
     for B in range(nB):
         lanes, mins = _q4k_lanes(qs, sc, chunk, B, x), _q4k_mins(mn, chunk, B, bs32)
-        dd = mul_v(splat_f(dx[B]), load_v(d, (chunk * nB + B) * CHUNK))         # d_x d_w
-        dm = mul_v(splat_f(-dx[B]), load_v(dmin, (chunk * nB + B) * CHUNK))     # -d_x dmin_w
+        dd = V.mul(V.splat(dx[B]), V.load(d, (chunk * nB + B) * CHUNK))         # d_x d_w
+        dm = V.mul(V.splat(-dx[B]), V.load(dmin, (chunk * nB + B) * CHUNK))     # -d_x dmin_w
         acc = _fma8(dd, lanes, acc)
-        m0, m1 = fma_v(dm, to_f(mins[0]), m0), fma_v(dm, to_f(mins[1]), m1)
-        m2, m3 = fma_v(dm, to_f(mins[2]), m2), fma_v(dm, to_f(mins[3]), m3)
-    store_v(y, yo, add_v(_hsum8(acc), add_v(add_v(m0, m2), add_v(m1, m3))))
+        m0, m1 = V.fma(dm, V.to_f(mins[0]), m0), V.fma(dm, V.to_f(mins[1]), m1)
+        m2, m3 = V.fma(dm, V.to_f(mins[2]), m2), V.fma(dm, V.to_f(mins[3]), m3)
+    V.store(y, yo, V.add(_hsum8(acc), V.add(V.add(m0, m2), V.add(m1, m3))))
 
 
 @njit(**GG)
@@ -239,27 +238,27 @@ def _q6k_vec(qs, sc, d, chunk, x, dx, bs16x32, y, yo):
     nB = d.shape[2]
     acc = _zeros8()
     for B in range(nB):
-        dd = mul_v(splat_f(dx[B]), load_v(d, (chunk * nB + B) * CHUNK))
+        dd = V.mul(V.splat(dx[B]), V.load(d, (chunk * nB + B) * CHUNK))
         acc = _fma8(dd, _q6k_lanes(qs, sc, chunk, B, x, bs16x32), acc)
-    store_v(y, yo, _hsum8(acc))
+    V.store(y, yo, _hsum8(acc))
 
 
 @njit(**GG)
 def _k_tiled(qtype, qs, sc, mn, d, dmin, chunk, x, dx, bsums, y, yo):
-    """res = fma_v(-dmin_w, s2, d_w s1) (Q6_K: d_w s1), acc = fma_v(res, d_x, acc) per superblock"""
+    """res = V.fma(-dmin_w, s2, d_w s1) (Q6_K: d_w s1), acc = V.fma(res, d_x, acc) per superblock"""
     nB = d.shape[2]
-    acc = zeros_v()
-    minus = splat_f(-1.0)
+    acc = V.zeros()
+    minus = V.splat(-1.0)
     for B in range(nB):
         o = (chunk * nB + B) * CHUNK
         if qtype == Q4_K:
             s1, s2 = _total(_q4k_lanes(qs, sc, chunk, B, x)), _q4k_mins(mn, chunk, B, bsums)
-            res = fma_v(mul_v(minus, load_v(dmin, o)), to_f(add_i(add_i(s2[0], s2[1]), add_i(s2[2], s2[3]))),
-                      mul_v(load_v(d, o), to_f(s1)))
+            res = V.fma(V.mul(minus, V.load(dmin, o)), V.to_f(V.add_i(V.add_i(s2[0], s2[1]), V.add_i(s2[2], s2[3]))),
+                      V.mul(V.load(d, o), V.to_f(s1)))
         else:
-            res = mul_v(load_v(d, o), to_f(_total(_q6k_lanes(qs, sc, chunk, B, x, bsums))))
-        acc = fma_v(res, splat_f(dx[B]), acc)
-    store_v(y, yo, acc)
+            res = V.mul(V.load(d, o), V.to_f(_total(_q6k_lanes(qs, sc, chunk, B, x, bsums))))
+        acc = V.fma(res, V.splat(dx[B]), acc)
+    V.store(y, yo, acc)
 
 
 @njit(parallel=True, **GG)

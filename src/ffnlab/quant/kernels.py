@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from .dequant import _f16, _f32, _q2_k, _q3_k, _q4_0, _q4_1, _q4_k, _q5_0, _q5_1, _q5_k, _q6_k, _q8_0
-from .types import BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT
+from .types import BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT, TYPES
 from .unpack import fifth_bit, half_float, u32
 
 ROWS_PER_TASK = 16                # rows per parallel task: enough work to hide the fork, small enough to balance
@@ -30,83 +30,65 @@ FAST = dict(cache=True, nogil=True, fastmath=True)
 # as (q & 0xF0) / 16 (exact in float32), which keeps the integer work in 32-bit lanes.
 
 
-@njit(**FAST)
-def _rows4_q4_0(data, r, table, x, xsum, y, half):
-    """y[r:r+4] for Q4_0: w = d (q - 8), so w.x = d (sum q x - 8 sum x) per block"""
-    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(xsum.shape[0]):
-        o, xo = b * QT[Q4_0].block_bytes + QT[Q4_0].qs_at, b * 32
-        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
-        for j in range(half):
-            xl, xh = x[xo + j], x[xo + half + j]
-            s0 += np.float32(q0[o + j] & 15) * xl
-            t0 += np.float32(q0[o + j] & 240) * xh
-            s1 += np.float32(q1[o + j] & 15) * xl
-            t1 += np.float32(q1[o + j] & 240) * xh
-            s2 += np.float32(q2[o + j] & 15) * xl
-            t2 += np.float32(q2[o + j] & 240) * xh
-            s3 += np.float32(q3[o + j] & 15) * xl
-            t3 += np.float32(q3[o + j] & 240) * xh
-        c, m = np.float32(0.0625), np.float32(8.0) * xsum[b]
-        a0 += half_float(q0, o - 2, table) * (s0 + t0 * c - m)
-        a1 += half_float(q1, o - 2, table) * (s1 + t1 * c - m)
-        a2 += half_float(q2, o - 2, table) * (s2 + t2 * c - m)
-        a3 += half_float(q3, o - 2, table) * (s3 + t3 * c - m)
-    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+def _rows4_nib(qtype):
+    """The four-row kernel of a 32-weight 4-bit type (Q4_0, Q4_1, Q5_0), from its record: y[r:r+4],
+    w = d (q - zero) or d q + m, so w.x = d (sum q x - zero sum x) or d sum q x + m sum x per block;
+    Q5_0's fifth bit j is bit j of the block's 32-bit qh. The record's numbers are constants of
+    the compiled loop (a closure's), so each type's loop is as if written out for it alone."""
+    t = TYPES[qtype]
+    size, qs_at, d_at, m_at, qh_at = t.block_bytes, t.qs_at, t.d_at - t.qs_at, t.m_at - t.qs_at, t.qh_at - t.qs_at
+    zero, five, has_m = t.zero, t.code_bits == 5, t.has_mins
+
+    @njit(**FAST)
+    def rows4(data, r, table, x, xsum, y, half):
+        q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
+        a0 = a1 = a2 = a3 = np.float32(0.0)
+        for b in range(xsum.shape[0]):
+            o, xo = b * size + qs_at, b * 32
+            h0 = h1 = h2 = h3 = np.int64(0)
+            if five:
+                h0, h1, h2, h3 = u32(q0, o + qh_at), u32(q1, o + qh_at), u32(q2, o + qh_at), u32(q3, o + qh_at)
+            s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
+            for j in range(half):
+                xl, xh = x[xo + j], x[xo + half + j]
+                s0 += np.float32(_low(q0[o + j], h0, j, five)) * xl
+                t0 += np.float32(_high(q0[o + j], h0, j, five)) * xh
+                s1 += np.float32(_low(q1[o + j], h1, j, five)) * xl
+                t1 += np.float32(_high(q1[o + j], h1, j, five)) * xh
+                s2 += np.float32(_low(q2[o + j], h2, j, five)) * xl
+                t2 += np.float32(_high(q2[o + j], h2, j, five)) * xh
+                s3 += np.float32(_low(q3[o + j], h3, j, five)) * xl
+                t3 += np.float32(_high(q3[o + j], h3, j, five)) * xh
+            c = np.float32(0.0625)
+            if has_m:
+                xs = xsum[b]
+                a0 += half_float(q0, o + d_at, table) * (s0 + t0 * c) + half_float(q0, o + m_at, table) * xs
+                a1 += half_float(q1, o + d_at, table) * (s1 + t1 * c) + half_float(q1, o + m_at, table) * xs
+                a2 += half_float(q2, o + d_at, table) * (s2 + t2 * c) + half_float(q2, o + m_at, table) * xs
+                a3 += half_float(q3, o + d_at, table) * (s3 + t3 * c) + half_float(q3, o + m_at, table) * xs
+            else:
+                m = np.float32(zero) * xsum[b]
+                a0 += half_float(q0, o + d_at, table) * (s0 + t0 * c - m)
+                a1 += half_float(q1, o + d_at, table) * (s1 + t1 * c - m)
+                a2 += half_float(q2, o + d_at, table) * (s2 + t2 * c - m)
+                a3 += half_float(q3, o + d_at, table) * (s3 + t3 * c - m)
+        y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+    return rows4
 
 
-@njit(**FAST)
-def _rows4_q4_1(data, r, table, x, xsum, y, half):
-    """y[r:r+4] for Q4_1: w = d q + m, so w.x = d sum q x + m sum x per block"""
-    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(xsum.shape[0]):
-        o, xo = b * QT[Q4_1].block_bytes + QT[Q4_1].qs_at, b * 32
-        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
-        for j in range(half):
-            xl, xh = x[xo + j], x[xo + half + j]
-            s0 += np.float32(q0[o + j] & 15) * xl
-            t0 += np.float32(q0[o + j] & 240) * xh
-            s1 += np.float32(q1[o + j] & 15) * xl
-            t1 += np.float32(q1[o + j] & 240) * xh
-            s2 += np.float32(q2[o + j] & 15) * xl
-            t2 += np.float32(q2[o + j] & 240) * xh
-            s3 += np.float32(q3[o + j] & 15) * xl
-            t3 += np.float32(q3[o + j] & 240) * xh
-        c, xs = np.float32(0.0625), xsum[b]
-        a0 += half_float(q0, o - 4, table) * (s0 + t0 * c) + half_float(q0, o - 2, table) * xs
-        a1 += half_float(q1, o - 4, table) * (s1 + t1 * c) + half_float(q1, o - 2, table) * xs
-        a2 += half_float(q2, o - 4, table) * (s2 + t2 * c) + half_float(q2, o - 2, table) * xs
-        a3 += half_float(q3, o - 4, table) * (s3 + t3 * c) + half_float(q3, o - 2, table) * xs
-    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+@njit(inline="always", **FAST)
+def _low(q, h, j, five):
+    """weight j's code (of 16 low ones): the low nibble of byte j, with its fifth bit"""
+    return (q & 15) | fifth_bit(h, j) if five else q & 15
 
 
-@njit(**FAST)
-def _rows4_q5_0(data, r, table, x, xsum, y, half):
-    """y[r:r+4] for Q5_0: w = d (q | h << 4) - 16 d; bit j of the block's 32-bit qh is weight j's h"""
-    q0, q1, q2, q3 = data[r], data[r + 1], data[r + 2], data[r + 3]
-    a0 = a1 = a2 = a3 = np.float32(0.0)
-    for b in range(xsum.shape[0]):
-        o, xo = b * QT[Q5_0].block_bytes + QT[Q5_0].qs_at, b * 32
-        h0, h1, h2, h3 = u32(q0, o - 4), u32(q1, o - 4), u32(q2, o - 4), u32(q3, o - 4)
-        s0 = s1 = s2 = s3 = t0 = t1 = t2 = t3 = np.float32(0.0)
-        for j in range(half):
-            xl, xh = x[xo + j], x[xo + half + j]
-            s0 += np.float32((q0[o + j] & 15) | fifth_bit(h0, j)) * xl
-            t0 += np.float32((q0[o + j] & 240) | (fifth_bit(h0, j + 16) << 4)) * xh
-            s1 += np.float32((q1[o + j] & 15) | fifth_bit(h1, j)) * xl
-            t1 += np.float32((q1[o + j] & 240) | (fifth_bit(h1, j + 16) << 4)) * xh
-            s2 += np.float32((q2[o + j] & 15) | fifth_bit(h2, j)) * xl
-            t2 += np.float32((q2[o + j] & 240) | (fifth_bit(h2, j + 16) << 4)) * xh
-            s3 += np.float32((q3[o + j] & 15) | fifth_bit(h3, j)) * xl
-            t3 += np.float32((q3[o + j] & 240) | (fifth_bit(h3, j + 16) << 4)) * xh
-        c, m = np.float32(0.0625), np.float32(16.0) * xsum[b]
-        a0 += half_float(q0, o - 6, table) * (s0 + t0 * c - m)
-        a1 += half_float(q1, o - 6, table) * (s1 + t1 * c - m)
-        a2 += half_float(q2, o - 6, table) * (s2 + t2 * c - m)
-        a3 += half_float(q3, o - 6, table) * (s3 + t3 * c - m)
-    y[r], y[r + 1], y[r + 2], y[r + 3] = a0, a1, a2, a3
+@njit(inline="always", **FAST)
+def _high(q, h, j, five):
+    """weight j + 16's code times 16 (the high nibble kept in place: x 1/16 is exact), fifth bit too"""
+    return (q & 240) | (fifth_bit(h, j + 16) << 4) if five else q & 240
+
+
+_rows4_q4_0, _rows4_q4_1, _rows4_q5_0 = _rows4_nib(Q4_0), _rows4_nib(Q4_1), _rows4_nib(Q5_0)
 
 
 @njit(**FAST)

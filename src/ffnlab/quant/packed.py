@@ -27,7 +27,7 @@ Every d and m is the float32 value gguf-py's dequantize forms, and dequantizatio
 same multiply and add, so the weights are the same values bit for bit; only the order of the
 products' float32 sums changes. Where d and m are the file's halves (HALF_SCALES: Q4_0, Q4_1,
 Q5_0, Q5_1, Q8_0) they are kept as their 16 bits (uint16: numba has no float16 on the CPU) and
-widened by the kernels (simd.load_scales: exact); the K-quants' are products of a half and a
+widened by the kernels (simd's scales: exact); the K-quants' are products of a half and a
 small integer, exact in float32 only, and stay float32. Q2_K and Q3_K (8-bit codes would be 3-4x
 their blocks), F16, BF16 and F32 keep kernels.py's row kernels.
 
@@ -41,6 +41,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import simd
+from .simd import Y, Z
 from ..threads import threads
 from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, strips_to_rows, token_tiles
 from .layout import R, Layout
@@ -251,52 +252,68 @@ def _pack_i8(qtype, data, table, qs, d):
 
 # ---- products (decode) ------------------------------------------------------------------------
 
-@njit(**FAST)
-def _nib5_group(qs, qh, d, m, zero, g, x, xsum, y):
-    """_nib4_group for codes with a fifth bit (Q5_0, Q5_1, Q5_K): the 64 rows' inner sums in 8
-    registers of 8 lanes as there. The fifth bit of weight k is bit k % 8 of byte k // 8 of qh;
+def _nib_group(five):
+    """The matrix-vector product of one group for 4-bit codes (Q4_0, Q4_1, Q4_K; five: with a
+    fifth bit, Q5_0, Q5_1, Q5_K), in vector registers: the 64 rows' inner sums of a block are 8
+    registers of 8 lanes across its 16 positions (the loop over an inner[64] array stores and
+    reloads it at every position, and checks aliasing each time: 1.2-1.6x slower, measured on one
+    core; for the 5-bit codes the loop LLVM vectorized by itself ran 5.8 G weights/s on Gemma 3's
+    [4096, 640] Q5_0 gate/up, a third of the 4-bit kernel's rate, bench/RESULTS.md). The same
+    products (the high nibble shifted down instead of masked and x / 16: both exact); the sums may
+    round differently in the last bit. The fifth bit of weight k is bit k % 8 of byte k // 8 of qh;
     (byte & 2^(k % 8)) is 0 or 2^(k % 8), converted and multiplied by x * 16 / 2^(k % 8) (exact
-    powers of two): a shift by k % 8 would widen the lanes to 64 bits. An array of 64 inner sums
-    (the loop LLVM vectorized by itself) ran 5.8 G weights/s on Gemma 3's [4096, 640] Q5_0
-    gate/up, a third of the 4-bit kernel's rate (bench/RESULTS.md)."""
-    nb = qs.shape[1]
-    acc = np.zeros(R, np.float32)
-    has_m = m.shape[0] > 0
-    for b in range(nb):
-        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
-        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
-        xo = b * 32
-        q = (g * nb + b) * 16 * R
-        for k in range(16):
-            simd.prefetch(qs, q + AHEAD)
-            if k % 4 == 0:                                             # the fifth bits: a quarter of the codes' bytes
-                simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
-            xl = simd.broadcast_load_f(x, xo + k)
-            xh = simd.broadcast_load_f(x, xo + 16 + k)
-            unit = np.float32(16.0) / np.float32(1 << (k & 7))
-            xl5 = simd.broadcast_f(x[xo + k] * unit)
-            xh5 = simd.broadcast_f(x[xo + 16 + k] * unit)
-            bit = simd.splat_i32(1 << (k & 7))
-            h = ((g * nb + b) * 4 + (k >> 3)) * R                  # fifth bits: byte k // 8 (low), 2 + k // 8 (high)
-            i0 = _nibbles5_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, i0)
-            i1 = _nibbles5_fma(qs, qh, q + 8, h + 8, bit, xl, xh, xl5, xh5, i1)
-            i2 = _nibbles5_fma(qs, qh, q + 16, h + 16, bit, xl, xh, xl5, xh5, i2)
-            i3 = _nibbles5_fma(qs, qh, q + 24, h + 24, bit, xl, xh, xl5, xh5, i3)
-            i4 = _nibbles5_fma(qs, qh, q + 32, h + 32, bit, xl, xh, xl5, xh5, i4)
-            i5 = _nibbles5_fma(qs, qh, q + 40, h + 40, bit, xl, xh, xl5, xh5, i5)
-            i6 = _nibbles5_fma(qs, qh, q + 48, h + 48, bit, xl, xh, xl5, xh5, i6)
-            i7 = _nibbles5_fma(qs, qh, q + 56, h + 56, bit, xl, xh, xl5, xh5, i7)
-            q += R
-        _acc_block(acc, d, m, zero, has_m, (g * nb + b) * R, xsum[b], i0, i1, i2, i3, i4, i5, i6, i7)
-    y[g * R:(g + 1) * R] = acc
+    powers of two): a shift by k % 8 would widen the lanes to 64 bits. `five` is a constant of
+    the compiled loop (a closure's), so each of the two is as if written out alone."""
+    @njit(**FAST)
+    def group(qs, qh, d, m, zero, g, x, xsum, y):
+        nb = qs.shape[1]
+        acc = np.zeros(R, np.float32)
+        has_m = m.shape[0] > 0
+        for b in range(nb):
+            i0 = Y.zeros(); i1 = Y.zeros(); i2 = Y.zeros(); i3 = Y.zeros()
+            i4 = Y.zeros(); i5 = Y.zeros(); i6 = Y.zeros(); i7 = Y.zeros()
+            xo = b * 32
+            q = (g * nb + b) * 16 * R
+            for k in range(16):
+                simd.prefetch(qs, q + AHEAD)
+                if five and k % 4 == 0:                               # the fifth bits: a quarter of the codes' bytes
+                    simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
+                xl = Y.splat_load(x, xo + k)
+                xh = Y.splat_load(x, xo + 16 + k)
+                xl5, xh5, bit, h = xl, xh, Y.zeros_b(), 0
+                if five:
+                    unit = np.float32(16.0) / np.float32(1 << (k & 7))
+                    xl5 = Y.splat(x[xo + k] * unit)
+                    xh5 = Y.splat(x[xo + 16 + k] * unit)
+                    bit = Y.splat_i(1 << (k & 7))
+                    h = ((g * nb + b) * 4 + (k >> 3)) * R             # fifth bits: byte k // 8 (low), 2 + k // 8 (high)
+                i0 = _nibbles_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, i0, five)
+                i1 = _nibbles_fma(qs, qh, q + 8, h + 8, bit, xl, xh, xl5, xh5, i1, five)
+                i2 = _nibbles_fma(qs, qh, q + 16, h + 16, bit, xl, xh, xl5, xh5, i2, five)
+                i3 = _nibbles_fma(qs, qh, q + 24, h + 24, bit, xl, xh, xl5, xh5, i3, five)
+                i4 = _nibbles_fma(qs, qh, q + 32, h + 32, bit, xl, xh, xl5, xh5, i4, five)
+                i5 = _nibbles_fma(qs, qh, q + 40, h + 40, bit, xl, xh, xl5, xh5, i5, five)
+                i6 = _nibbles_fma(qs, qh, q + 48, h + 48, bit, xl, xh, xl5, xh5, i6, five)
+                i7 = _nibbles_fma(qs, qh, q + 56, h + 56, bit, xl, xh, xl5, xh5, i7, five)
+                q += R
+            _acc_block(acc, d, m, zero, has_m, (g * nb + b) * R, xsum[b], i0, i1, i2, i3, i4, i5, i6, i7)
+        y[g * R:(g + 1) * R] = acc
+    return group
+
+
+_nib4_group, _nib5_group = _nib_group(False), _nib_group(True)
 
 
 @njit(**FAST)
-def _nibbles5_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, inner):
-    """_nibbles_fma plus the fifth bits of the 8 rows at qh.flat[h] (low weights) and h + 2 R (high)"""
-    inner = _nibbles_fma(qs, q, xl, xh, inner)
-    inner = simd.fma(simd.to_float(simd.and_i(simd.widen8(qh, h), bit)), xl5, inner)
-    return simd.fma(simd.to_float(simd.and_i(simd.widen8(qh, h + 2 * R), bit)), xh5, inner)
+def _nibbles_fma(qs, qh, q, h, bit, xl, xh, xl5, xh5, inner, five):
+    """inner + low nibbles * xl + high nibbles * xh for the 8 code bytes at qs.flat[q] (8 rows);
+    five: plus the fifth bits of the 8 rows at qh.flat[h] (low weights) and h + 2 R (high)"""
+    v = Y.widen(qs, q)
+    inner = Y.fma(Y.to_f(Y.high4(v)), xh, Y.fma(Y.to_f(Y.low4(v)), xl, inner))
+    if five:
+        inner = Y.fma(Y.to_f(Y.and_b(Y.widen(qh, h), bit)), xl5, inner)
+        inner = Y.fma(Y.to_f(Y.and_b(Y.widen(qh, h + 2 * R), bit)), xh5, inner)
+    return inner
 
 
 @njit(**FAST)
@@ -304,13 +321,13 @@ def _acc_block(acc, d, m, zero, has_m, sb, xs, i0, i1, i2, i3, i4, i5, i6, i7):
     """acc += a block's share for the 64 rows from their inner sums: d * inner + m * xs, or
     d * (inner - zero * xs)"""
     if has_m:
-        s = simd.broadcast_f(xs)
+        s = Y.splat(xs)
         _acc_m(acc, 0, d, m, sb, i0, s); _acc_m(acc, 8, d, m, sb, i1, s)
         _acc_m(acc, 16, d, m, sb, i2, s); _acc_m(acc, 24, d, m, sb, i3, s)
         _acc_m(acc, 32, d, m, sb, i4, s); _acc_m(acc, 40, d, m, sb, i5, s)
         _acc_m(acc, 48, d, m, sb, i6, s); _acc_m(acc, 56, d, m, sb, i7, s)
     else:
-        zx = simd.broadcast_f(-zero * xs)
+        zx = Y.splat(-zero * xs)
         _acc_z(acc, 0, d, sb, i0, zx); _acc_z(acc, 8, d, sb, i1, zx)
         _acc_z(acc, 16, d, sb, i2, zx); _acc_z(acc, 24, d, sb, i3, zx)
         _acc_z(acc, 32, d, sb, i4, zx); _acc_z(acc, 40, d, sb, i5, zx)
@@ -328,55 +345,16 @@ def _block_sums(x, nb):
 
 
 @njit(**FAST)
-def _nib4_group(qs, d, m, zero, g, x, xsum, y):
-    """The matrix-vector product of one group for 4-bit codes (Q4_0, Q4_1, Q4_K), in vector registers: the
-    64 rows' inner sums of a block are 8 registers of 8 lanes across its 16 positions (the loop
-    over an inner[64] array stores and reloads it at every position, and checks aliasing each
-    time: 1.2-1.6x slower, measured on one core). The same products (the high nibble shifted down
-    instead of masked and x / 16: both exact); the sums may round differently in the last bit."""
-    nb = qs.shape[1]
-    acc = np.zeros(R, np.float32)
-    has_m = m.shape[0] > 0
-    for b in range(nb):
-        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
-        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
-        xo = b * 32
-        q = (g * nb + b) * 16 * R
-        for k in range(16):
-            simd.prefetch(qs, q + AHEAD)
-            xl = simd.broadcast_load_f(x, xo + k)
-            xh = simd.broadcast_load_f(x, xo + 16 + k)
-            i0 = _nibbles_fma(qs, q, xl, xh, i0)
-            i1 = _nibbles_fma(qs, q + 8, xl, xh, i1)
-            i2 = _nibbles_fma(qs, q + 16, xl, xh, i2)
-            i3 = _nibbles_fma(qs, q + 24, xl, xh, i3)
-            i4 = _nibbles_fma(qs, q + 32, xl, xh, i4)
-            i5 = _nibbles_fma(qs, q + 40, xl, xh, i5)
-            i6 = _nibbles_fma(qs, q + 48, xl, xh, i6)
-            i7 = _nibbles_fma(qs, q + 56, xl, xh, i7)
-            q += R
-        _acc_block(acc, d, m, zero, has_m, (g * nb + b) * R, xsum[b], i0, i1, i2, i3, i4, i5, i6, i7)
-    y[g * R:(g + 1) * R] = acc
-
-
-@njit(**FAST)
-def _nibbles_fma(qs, q, xl, xh, inner):
-    """inner + low nibbles * xl + high nibbles * xh for the 8 code bytes at qs.flat[q] (8 rows)"""
-    v = simd.widen8(qs, q)
-    return simd.fma(simd.to_float(simd.high_nibbles(v)), xh, simd.fma(simd.to_float(simd.low_nibbles(v)), xl, inner))
-
-
-@njit(**FAST)
 def _acc_m(acc, o, d, m, sb, inner, xs):
     """acc[o:o+8] += d * inner + m * xs"""
-    simd.store_f(acc, o, simd.add(simd.load_f(acc, o), simd.fma(simd.load_scales(m, sb + o), xs,
-                                                                simd.mul(simd.load_scales(d, sb + o), inner))))
+    Y.store(acc, o, Y.add(Y.load(acc, o), Y.fma(Y.scales(m, sb + o), xs,
+                                                                Y.mul(Y.scales(d, sb + o), inner))))
 
 
 @njit(**FAST)
 def _acc_z(acc, o, d, sb, inner, zx):
     """acc[o:o+8] += d * (inner - zero * xs)"""
-    simd.store_f(acc, o, simd.fma(simd.load_scales(d, sb + o), simd.add(inner, zx), simd.load_f(acc, o)))
+    Y.store(acc, o, Y.fma(Y.scales(d, sb + o), Y.add(inner, zx), Y.load(acc, o)))
 
 
 @njit(parallel=True, **FAST)
@@ -387,7 +365,7 @@ def matvec_nib(qs, qh, d, m, zero, x, y):
             _nib5_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
     else:
         for g in prange(qs.shape[0]):
-            _nib4_group(qs, d, m, np.float32(zero), g, x, xsum, y)
+            _nib4_group(qs, qh, d, m, np.float32(zero), g, x, xsum, y)
 
 
 @njit(**FAST)
@@ -398,26 +376,26 @@ def _i8_group(qs, d, g, x, y):
     nb, B = qs.shape[1], qs.shape[2]
     acc = np.zeros(R, np.float32)
     for b in range(nb):
-        i0 = simd.zeros_f(); i1 = simd.zeros_f(); i2 = simd.zeros_f(); i3 = simd.zeros_f()
-        i4 = simd.zeros_f(); i5 = simd.zeros_f(); i6 = simd.zeros_f(); i7 = simd.zeros_f()
+        i0 = Y.zeros(); i1 = Y.zeros(); i2 = Y.zeros(); i3 = Y.zeros()
+        i4 = Y.zeros(); i5 = Y.zeros(); i6 = Y.zeros(); i7 = Y.zeros()
         q = (g * nb + b) * B * R
         for k in range(B):
             simd.prefetch(qs, q + AHEAD)
-            xk = simd.broadcast_load_f(x, b * B + k)
-            i0 = simd.fma(simd.to_float(simd.widen8(qs, q)), xk, i0)
-            i1 = simd.fma(simd.to_float(simd.widen8(qs, q + 8)), xk, i1)
-            i2 = simd.fma(simd.to_float(simd.widen8(qs, q + 16)), xk, i2)
-            i3 = simd.fma(simd.to_float(simd.widen8(qs, q + 24)), xk, i3)
-            i4 = simd.fma(simd.to_float(simd.widen8(qs, q + 32)), xk, i4)
-            i5 = simd.fma(simd.to_float(simd.widen8(qs, q + 40)), xk, i5)
-            i6 = simd.fma(simd.to_float(simd.widen8(qs, q + 48)), xk, i6)
-            i7 = simd.fma(simd.to_float(simd.widen8(qs, q + 56)), xk, i7)
+            xk = Y.splat_load(x, b * B + k)
+            i0 = Y.fma(Y.to_f(Y.widen(qs, q)), xk, i0)
+            i1 = Y.fma(Y.to_f(Y.widen(qs, q + 8)), xk, i1)
+            i2 = Y.fma(Y.to_f(Y.widen(qs, q + 16)), xk, i2)
+            i3 = Y.fma(Y.to_f(Y.widen(qs, q + 24)), xk, i3)
+            i4 = Y.fma(Y.to_f(Y.widen(qs, q + 32)), xk, i4)
+            i5 = Y.fma(Y.to_f(Y.widen(qs, q + 40)), xk, i5)
+            i6 = Y.fma(Y.to_f(Y.widen(qs, q + 48)), xk, i6)
+            i7 = Y.fma(Y.to_f(Y.widen(qs, q + 56)), xk, i7)
             q += R
         sb = (g * nb + b) * R
-        _acc_z(acc, 0, d, sb, i0, simd.zeros_f()); _acc_z(acc, 8, d, sb, i1, simd.zeros_f())
-        _acc_z(acc, 16, d, sb, i2, simd.zeros_f()); _acc_z(acc, 24, d, sb, i3, simd.zeros_f())
-        _acc_z(acc, 32, d, sb, i4, simd.zeros_f()); _acc_z(acc, 40, d, sb, i5, simd.zeros_f())
-        _acc_z(acc, 48, d, sb, i6, simd.zeros_f()); _acc_z(acc, 56, d, sb, i7, simd.zeros_f())
+        _acc_z(acc, 0, d, sb, i0, Y.zeros()); _acc_z(acc, 8, d, sb, i1, Y.zeros())
+        _acc_z(acc, 16, d, sb, i2, Y.zeros()); _acc_z(acc, 24, d, sb, i3, Y.zeros())
+        _acc_z(acc, 32, d, sb, i4, Y.zeros()); _acc_z(acc, 40, d, sb, i5, Y.zeros())
+        _acc_z(acc, 48, d, sb, i6, Y.zeros()); _acc_z(acc, 56, d, sb, i7, Y.zeros())
     y[g * R:(g + 1) * R] = acc
 
 
@@ -430,25 +408,25 @@ def _i8_group_z(qs, d, g, x, y):
     (14.6 GB/s) with _i8_group, 10.7 here, 6.6 (27 GB/s) with the codes prefetched AHEAD bytes
     before they are read (2 KB ahead: 8.2 ms, 16 KB: 7.2); a plain read streams ~30 GB/s."""
     nb, B = qs.shape[1], qs.shape[2]
-    a0 = simd.zeros_z(); a1 = simd.zeros_z(); a2 = simd.zeros_z(); a3 = simd.zeros_z()
+    a0 = Z.zeros(); a1 = Z.zeros(); a2 = Z.zeros(); a3 = Z.zeros()
     for b in range(nb):
-        i0 = simd.zeros_z(); i1 = simd.zeros_z(); i2 = simd.zeros_z(); i3 = simd.zeros_z()
+        i0 = Z.zeros(); i1 = Z.zeros(); i2 = Z.zeros(); i3 = Z.zeros()
         q = (g * nb + b) * B * R
         for k in range(B):
             simd.prefetch(qs, q + AHEAD)
-            xk = simd.broadcast_load_z(x, b * B + k)
-            i0 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q)), xk, i0)
-            i1 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 16)), xk, i1)
-            i2 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 32)), xk, i2)
-            i3 = simd.fma_z(simd.to_float_z(simd.widen16_z(qs, q + 48)), xk, i3)
+            xk = Z.splat_load(x, b * B + k)
+            i0 = Z.fma(Z.to_f(Z.widen(qs, q)), xk, i0)
+            i1 = Z.fma(Z.to_f(Z.widen(qs, q + 16)), xk, i1)
+            i2 = Z.fma(Z.to_f(Z.widen(qs, q + 32)), xk, i2)
+            i3 = Z.fma(Z.to_f(Z.widen(qs, q + 48)), xk, i3)
             q += R
         sb = (g * nb + b) * R
-        a0 = simd.fma_z(simd.load_scales_z(d, sb), i0, a0)
-        a1 = simd.fma_z(simd.load_scales_z(d, sb + 16), i1, a1)
-        a2 = simd.fma_z(simd.load_scales_z(d, sb + 32), i2, a2)
-        a3 = simd.fma_z(simd.load_scales_z(d, sb + 48), i3, a3)
-    simd.store_z(y, g * R, a0); simd.store_z(y, g * R + 16, a1)
-    simd.store_z(y, g * R + 32, a2); simd.store_z(y, g * R + 48, a3)
+        a0 = Z.fma(Z.scales(d, sb), i0, a0)
+        a1 = Z.fma(Z.scales(d, sb + 16), i1, a1)
+        a2 = Z.fma(Z.scales(d, sb + 32), i2, a2)
+        a3 = Z.fma(Z.scales(d, sb + 48), i3, a3)
+    Z.store(y, g * R, a0); Z.store(y, g * R + 16, a1)
+    Z.store(y, g * R + 32, a2); Z.store(y, g * R + 48, a3)
 
 
 @njit(parallel=True, **FAST)
@@ -514,9 +492,9 @@ def _matmul(qs, qh, d, m, zero, nib, x, y, per, chunks, step, scratch, workers, 
                 S = (g1 - g0) * (R // STRIP)
                 buf = buf0[:S * n * STRIP].reshape((S, n, STRIP))
                 if nib:
-                    _dequant_nib_y(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g0, g1, buf)
+                    _dequant_nib(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g0, g1, buf, False)
                 else:
-                    _dequant_i8_y(qs, d, g0, g1, buf)
+                    dequant_i8_strips(qs, d, g0, g1, buf, False)
                 gemm_packed(buf, x, xp, y, g0 * R, t0, t1, wide)
             i = simd.fetch_add(counter, 0, 1)
 
@@ -525,9 +503,10 @@ def _matmul(qs, qh, d, m, zero, nib, x, y, per, chunks, step, scratch, workers, 
 def _strip_z(qs, qh, d, m, zero, nib, g, h, k0, k1, out, o):
     """positions k0..k1 of strip h of group g, of either family, into out.flat[o:] (16 lanes)"""
     if nib:
-        _nib_strip_z(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g, h, k0 // 32, k1 // 32, out, o)
+        _nib_strips_z(qs, qh, d, m, zero, qh.shape[0] > 0, m.shape[0] > 0, g, g + 1, h, h + 1, k0 // 32, k1 // 32,
+                      out, o)
     else:
-        _i8_strip_z(qs, d, g, h, k0 // qs.shape[2], k1 // qs.shape[2], out, o)
+        _i8_strips_z(qs, d, g, g + 1, h, h + 1, k0 // qs.shape[2], k1 // qs.shape[2], out, o)
 
 
 @njit(**EXACT)
@@ -547,93 +526,9 @@ def _dequant_nib(qs, qh, d, m, zero, five, has_m, g0, g1, out, wide):
     """dequant_nib_strips: a strip's 16 rows in one 512-bit register (wide: simd.HAS_AVX512,
     passed in as gemm.gemm_strips says why), else in two 256-bit halves (the same values)"""
     if wide:
-        _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out)
+        _nib_strips_z(qs, qh, d, m, zero, five, has_m, g0, g1, 0, R // 16, 0, qs.shape[1], out, 0)
     else:
-        _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out)
-
-
-@njit(**EXACT)
-def _dequant_nib_z(qs, qh, d, m, zero, five, has_m, g0, g1, out):
-    nb, n = qs.shape[1], qs.shape[1] * 32
-    for g in range(g0, g1):
-        for h in range(R // 16):
-            _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, 0, nb, out, ((g - g0) * (R // 16) + h) * n * 16)
-
-
-@njit(**EXACT)
-def _nib_strip_z(qs, qh, d, m, zero, five, has_m, g, h, b0, b1, out, o):
-    """blocks b0..b1 of strip h of group g (rows g R + 16 h ..+16): out.flat[o + 16 (32 (b - b0) + k) + c]
-    = weight 32 b + k of row g R + 16 h + c"""
-    nb = qs.shape[1]
-    minus_z = simd.broadcast_z(-zero)
-    m0 = simd.broadcast_z(0.0)
-    for b in range(b0, b1):
-        i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
-        d0 = simd.load_scales_z(d, i)
-        if has_m:
-            m0 = simd.load_scales_z(m, i)
-        for k in range(16):
-            if h % 2 == 0:                                  # the pair's first strip: its lines are the next one's too
-                simd.prefetch(qs, ((g * nb + b) * 16 + k) * R + AHEAD)
-                if five and k % 4 == 0:
-                    simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
-            v = simd.widen16_z(qs, ((g * nb + b) * 16 + k) * R + 16 * h)   # codes of weights k and k + 16
-            lo = simd.to_float_z(simd.low_nibbles_z(v))
-            hi = simd.to_float_z(simd.high_nibbles_z(v))
-            if five:
-                bit = 1 << (k & 7)
-                unit = simd.broadcast_z(np.float32(16.0) / np.float32(bit))
-                ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
-                lo = simd.add_z(lo, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql), bit)), unit))
-                hi = simd.add_z(hi, simd.mul_z(simd.to_float_z(simd.and_splat_z(simd.widen16_z(qh, ql + 2 * R), bit)),
-                                               unit))
-            if has_m:
-                lo, hi = simd.add_z(simd.mul_z(d0, lo), m0), simd.add_z(simd.mul_z(d0, hi), m0)
-            else:
-                lo, hi = simd.mul_z(d0, simd.add_z(lo, minus_z)), simd.mul_z(d0, simd.add_z(hi, minus_z))
-            w = o + ((b - b0) * 32 + k) * 16
-            simd.store_z(out, w, lo)
-            simd.store_z(out, w + 256, hi)                 # weight k + 16: 16 positions on
-
-
-@njit(**EXACT)
-def _dequant_nib_y(qs, qh, d, m, zero, five, has_m, g0, g1, out):
-    nb, n = qs.shape[1], qs.shape[1] * 32
-    minus_z = simd.broadcast_f(-zero)
-    m0 = m1 = simd.zeros_f()
-    for g in range(g0, g1):
-        for h in range(R // 16):
-            o = ((g - g0) * (R // 16) + h) * n * 16              # strip (g - g0, h), position 0
-            for b in range(nb):
-                i = (g * nb + b) * R + 16 * h                    # d / m of the strip's 16 rows
-                d0, d1 = simd.load_scales(d, i), simd.load_scales(d, i + 8)
-                if has_m:
-                    m0, m1 = simd.load_scales(m, i), simd.load_scales(m, i + 8)
-                for k in range(16):
-                    q = ((g * nb + b) * 16 + k) * R + 16 * h     # codes of weights k and k + 16
-                    v0, v1 = simd.widen8(qs, q), simd.widen8(qs, q + 8)
-                    lo0, lo1 = simd.to_float(simd.low_nibbles(v0)), simd.to_float(simd.low_nibbles(v1))
-                    hi0, hi1 = simd.to_float(simd.high_nibbles(v0)), simd.to_float(simd.high_nibbles(v1))
-                    if five:
-                        bit = simd.splat_i32(1 << (k & 7))
-                        unit = simd.broadcast_f(np.float32(16.0) / np.float32(1 << (k & 7)))
-                        ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h
-                        qh_ = ql + 2 * R
-                        lo0 = simd.add(lo0, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, ql), bit)), unit))
-                        lo1 = simd.add(lo1, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, ql + 8), bit)), unit))
-                        hi0 = simd.add(hi0, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, qh_), bit)), unit))
-                        hi1 = simd.add(hi1, simd.mul(simd.to_float(simd.and_i(simd.widen8(qh, qh_ + 8), bit)), unit))
-                    if has_m:
-                        lo0, lo1 = simd.add(simd.mul(d0, lo0), m0), simd.add(simd.mul(d1, lo1), m1)
-                        hi0, hi1 = simd.add(simd.mul(d0, hi0), m0), simd.add(simd.mul(d1, hi1), m1)
-                    else:
-                        lo0, lo1 = simd.mul(d0, simd.add(lo0, minus_z)), simd.mul(d1, simd.add(lo1, minus_z))
-                        hi0, hi1 = simd.mul(d0, simd.add(hi0, minus_z)), simd.mul(d1, simd.add(hi1, minus_z))
-                    w = o + (b * 32 + k) * 16
-                    simd.store_f(out, w, lo0)
-                    simd.store_f(out, w + 8, lo1)
-                    simd.store_f(out, w + 256, hi0)                # weight k + 16: 16 positions on
-                    simd.store_f(out, w + 264, hi1)
+        _nib_strips_y(qs, qh, d, m, zero, five, has_m, g0, g1, 0, R // 16, 0, qs.shape[1], out, 0)
 
 
 @njit(**EXACT)
@@ -669,45 +564,75 @@ def dequant_i8_strips(qs, d, g0, g1, out, wide):
     """out[4 (g - g0) + r // 16, j, r % 16] = weight j of row g * R + r (as dequant_nib_strips):
     d * q, q sign-extended to int32 and converted (16 rows a register when wide, else 8)"""
     if wide:
-        _dequant_i8_z(qs, d, g0, g1, out)
+        _i8_strips_z(qs, d, g0, g1, 0, R // 16, 0, qs.shape[1], out, 0)
     else:
-        _dequant_i8_y(qs, d, g0, g1, out)
+        _i8_strips_y(qs, d, g0, g1, 0, R // 16, 0, qs.shape[1], out, 0)
 
 
-@njit(**EXACT)
-def _dequant_i8_z(qs, d, g0, g1, out):
-    nb, B = qs.shape[1], qs.shape[2]
-    for g in range(g0, g1):
-        for h in range(R // 16):
-            _i8_strip_z(qs, d, g, h, 0, nb, out, ((g - g0) * (R // 16) + h) * nb * B * 16)
+def _strips(V):
+    """The strip dequantizers in V's registers (simd.Z: a strip's 16 rows in one 512-bit register;
+    simd.Y: in two 256-bit halves, side by side in each step), the same values: blocks b0..b1
+    of strips h0..h1 of groups g0..g1, strip (g, h) at out.flat[o + ((g - g0) (h1 - h0) + h - h0) S]
+    (S = 16 (b1 - b0) B floats), out.flat[. + 16 (B (b - b0) + k) + c] = weight B b + k of row
+    g R + 16 h + c. Z's prefetch the codes AHEAD bytes on, once per pair of strips (quant/gemm.py
+    reads them two at a time: the first strip's lines are the second's too). V is a constant of
+    the compiled loops (a closure's), so each width's are as if written out for it alone."""
+    L, ahead = V.L, V.L == 16
+
+    @njit(**EXACT)
+    def nib(qs, qh, d, m, zero, five, has_m, g0, g1, h0, h1, b0, b1, out, o):
+        nb = qs.shape[1]
+        minus_z = V.splat(-zero)
+        m0 = m1 = V.zeros()
+        for g in range(g0, g1):
+            for h in range(h0, h1):
+                at = o + ((g - g0) * (h1 - h0) + h - h0) * (b1 - b0) * 32 * 16
+                for b in range(b0, b1):
+                    i = (g * nb + b) * R + 16 * h                   # d / m of the strip's rows
+                    d0, d1 = V.scales(d, i), V.scales(d, i + 16 - L)      # its halves' (Z: one, twice)
+                    if has_m:
+                        m0, m1 = V.scales(m, i), V.scales(m, i + 16 - L)
+                    for k in range(16):
+                        if ahead and h % 2 == 0:
+                            simd.prefetch(qs, ((g * nb + b) * 16 + k) * R + AHEAD)
+                            if five and k % 4 == 0:
+                                simd.prefetch(qh, ((g * nb + b) * 4 + k // 4) * R + AHEAD // 4)
+                        for u in range(0, 16, L):               # the strip's halves (Y) or all of it (Z)
+                            du, mu = (d0, m0) if u == 0 else (d1, m1)
+                            v = V.widen(qs, ((g * nb + b) * 16 + k) * R + 16 * h + u)   # weights k and k + 16
+                            lo, hi = V.to_f(V.low4_i32(v)), V.to_f(V.high4_i32(v))
+                            if five:
+                                bit = 1 << (k & 7)
+                                unit = V.splat(np.float32(16.0) / np.float32(bit))
+                                ql = ((g * nb + b) * 4 + (k >> 3)) * R + 16 * h + u
+                                lo = V.add(lo, V.mul(V.to_f(V.and_splat(V.widen(qh, ql), bit)), unit))
+                                hi = V.add(hi, V.mul(V.to_f(V.and_splat(V.widen(qh, ql + 2 * R), bit)), unit))
+                            if has_m:
+                                lo, hi = V.add(V.mul(du, lo), mu), V.add(V.mul(du, hi), mu)
+                            else:
+                                lo, hi = V.mul(du, V.add(lo, minus_z)), V.mul(du, V.add(hi, minus_z))
+                            w = at + ((b - b0) * 32 + k) * 16 + u
+                            V.store(out, w, lo)
+                            V.store(out, w + 256, hi)           # weight k + 16: 16 positions on
+
+    @njit(**EXACT)
+    def i8(qs, d, g0, g1, h0, h1, b0, b1, out, o):
+        nb, B = qs.shape[1], qs.shape[2]
+        for g in range(g0, g1):
+            for h in range(h0, h1):
+                at = o + ((g - g0) * (h1 - h0) + h - h0) * (b1 - b0) * B * 16
+                for b in range(b0, b1):
+                    i = (g * nb + b) * R + 16 * h
+                    d0, d1 = V.scales(d, i), V.scales(d, i + 16 - L)
+                    for k in range(B):
+                        q = ((g * nb + b) * B + k) * R + 16 * h
+                        if ahead and h % 2 == 0:
+                            simd.prefetch(qs, q + AHEAD)
+                        for u in range(0, 16, L):
+                            du = d0 if u == 0 else d1
+                            V.store(out, at + ((b - b0) * B + k) * 16 + u, V.mul(du, V.to_f(V.widen(qs, q + u))))
+    return nib, i8
 
 
-@njit(**EXACT)
-def _i8_strip_z(qs, d, g, h, b0, b1, out, o):
-    """blocks b0..b1 of strip h of group g: out.flat[o + 16 (B (b - b0) + k) + c] = weight B b + k
-    of row g R + 16 h + c (B weights a block)"""
-    nb, B = qs.shape[1], qs.shape[2]
-    for b in range(b0, b1):
-        d0 = simd.load_scales_z(d, (g * nb + b) * R + 16 * h)
-        for k in range(B):
-            q = ((g * nb + b) * B + k) * R + 16 * h
-            if h % 2 == 0:                                  # the pair's first strip: its lines are the next one's too
-                simd.prefetch(qs, q + AHEAD)
-            simd.store_z(out, o + ((b - b0) * B + k) * 16, simd.mul_z(d0, simd.to_float_z(simd.widen16_z(qs, q))))
-
-
-@njit(**EXACT)
-def _dequant_i8_y(qs, d, g0, g1, out):
-    nb, B = qs.shape[1], qs.shape[2]
-    n = nb * B
-    for g in range(g0, g1):
-        for h in range(R // 16):
-            o = ((g - g0) * (R // 16) + h) * n * 16
-            for b in range(nb):
-                i = (g * nb + b) * R + 16 * h
-                d0, d1 = simd.load_scales(d, i), simd.load_scales(d, i + 8)
-                for k in range(B):
-                    q = ((g * nb + b) * B + k) * R + 16 * h
-                    w = o + (b * B + k) * 16
-                    simd.store_f(out, w, simd.mul(d0, simd.to_float(simd.widen8(qs, q))))
-                    simd.store_f(out, w + 8, simd.mul(d1, simd.to_float(simd.widen8(qs, q + 8))))
+_nib_strips_z, _i8_strips_z = _strips(Z)
+_nib_strips_y, _i8_strips_y = _strips(Y)
