@@ -42,6 +42,18 @@ def cluster():
         c.shutdown()
 
 
+def one_thread(fn):
+    """fn() on one thread, as a worker of these 1-CPU nodes runs: a float32 model's products are OpenBLAS's,
+    whose bits can depend on the threads a product is split over (its Haswell kernels, on AMD Zen)"""
+    from ffnlab.threads import set_threads, threads
+    n = threads()
+    set_threads(1)
+    try:
+        return fn()
+    finally:
+        set_threads(n)
+
+
 def ffnlab(*args, timeout=600):
     """The CLI in a subprocess (the driver), -> CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "ffnlab.cli.main", *args], capture_output=True, text=True,
@@ -76,7 +88,7 @@ def test_perplexity_on_the_cluster_equals_the_single_pass(cluster, corpus, worke
     from ffnlab.evaluation.perplexity import perplexity, text_chunks
     import ffnlab as lab
     m = lab.load(tiny_gguf("bos"))
-    want = perplexity(m, text_chunks(m, TEXT * 8, 32), 2)
+    want = one_thread(lambda: perplexity(m, text_chunks(m, TEXT * 8, 32), 2))
     r = ffnlab(*perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--batch", "2", "--ray", cluster.address, *workers))
     assert r.returncode == 0, r.stderr
     assert figures(r.stdout) == (want.nll, want.ppl_stderr, want.tokens_scored)
@@ -84,7 +96,7 @@ def test_perplexity_on_the_cluster_equals_the_single_pass(cluster, corpus, worke
 
 def test_neurons_on_the_cluster_equal_the_in_process_scan(cluster, corpus):
     args = ["neurons", "-m", tiny_gguf("bos"), "--layer", "1", "--data", corpus, "--ctx", "24", "--batch", "2",
-            "--shard", "4", "--top", "4", "--json"]
+            "--shard", "4", "--top", "4", "--json", "-t", "1"]
     here, there = ffnlab(*args), ffnlab(*args, "--ray", cluster.address)
     assert here.returncode == 0 and there.returncode == 0, there.stderr
     a, b = json.loads(here.stdout), json.loads(there.stdout)
@@ -257,7 +269,7 @@ def test_ray_flag_alone_follows_ray_address(cluster, corpus):
     from ffnlab.evaluation.perplexity import perplexity, text_chunks
     import ffnlab as lab
     m = lab.load(tiny_gguf("bos"))
-    want = perplexity(m, text_chunks(m, TEXT * 8, 32), 2)
+    want = one_thread(lambda: perplexity(m, text_chunks(m, TEXT * 8, 32), 2))
     r = subprocess.run([sys.executable, "-m", "ffnlab.cli.main",
                         *perplexity_args(tiny_gguf("bos"), corpus, "--ctx", "32", "--batch", "2", "--ray")],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_ADDRESS": cluster.address})
@@ -274,9 +286,9 @@ def test_prompt_datasets_on_the_cluster_equal_the_in_process_run(cluster, tmp_pa
     facts.write_text("\n".join(json.dumps(p) for p in [
         {"prompt": "First Citizen: Before we", "subject": "Citizen"},
         {"prompt": "All: Speak, speak.", "subject": "Speak"}]) + "\n")
-    for args in (["patch", "-m", tiny_gguf("f32"), "--prompts", str(pairs), "--json"],
+    for args in (["patch", "-m", tiny_gguf("f32"), "--prompts", str(pairs), "--json", "-t", "1"],
                  ["causal-trace", "-m", tiny_gguf("f32"), "--prompts", str(facts), "--samples", "2", "--window", "1",
-                  "--json"]):
+                  "--json", "-t", "1"]):
         here, there = ffnlab(*args), ffnlab(*args, "--ray", cluster.address)
         assert here.returncode == 0 and there.returncode == 0, there.stderr
         mine, theirs = json.loads(here.stdout), json.loads(there.stdout)
@@ -349,23 +361,26 @@ def _wait_until_every_cpu_is_taken(address, timeout=300):
     assert r.returncode == 0 and float(r.stdout.split()[-1]) == 0, r.stderr
 
 
-def test_a_node_killed_during_tune_trials_restarts_its_trial_and_the_runs_equal_the_in_process_grid(cluster, tmp_path):
-    # two runs of ~10-30 s each, one per 1-CPU node; no rung (--grace-period = --steps), so no run is stopped
-    # whatever order the restarted run comes back in
+def test_a_node_killed_during_tune_trials_restarts_its_trial_and_the_runs_equal_an_uninterrupted_one(cluster, tmp_path):
+    # two runs of ~10 s each on an idle machine, one per 1-CPU node; no rung (--grace-period = --steps), so no
+    # run is stopped whatever order the restarted run comes back in. The reference is the same grid under Tune
+    # without a kill: on AMD EPYC (Zen 5, OpenBLAS's Haswell kernels) a Tune trial's evaluation losses at these
+    # shapes differ from the in-process run's in the seventh digit, where Ray's tasks give its bits
     data = os.path.join(os.path.dirname(SRC), "docs", "data", "calib.txt")
-    grid = ["ablate", "--data", data, "--ffn", "gelu", "--mult", "4,3", "--seeds", "1", "--steps", "300",
-            "--batch", "4", "--seq-len", "32", "--eval-every", "100", "--eval-batches", "2", "--d-model", "32",
-            "--n-layer", "2", "--n-head", "2", "--warmup", "1", "--ckpt-every", "300", "-t", "1"]
+    grid = ["ablate", "--data", data, "--ffn", "gelu", "--mult", "4,3", "--seeds", "1", "--steps", "3000",
+            "--batch", "4", "--seq-len", "32", "--eval-every", "1000", "--eval-batches", "2", "--d-model", "32",
+            "--n-layer", "2", "--n-head", "2", "--warmup", "1", "--ckpt-every", "3000", "-t", "1",
+            "--ray", cluster.address, "--early-stop", "--grace-period", "3000"]
     runs = ["gelu-x4-s0", "gelu-x3-s0"]
     here, there = str(tmp_path / "here"), str(tmp_path / "there")
     r = ffnlab(*grid, "--out", here)
     assert r.returncode == 0, r.stderr
-    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main", *grid, "--out", there, "--ray", cluster.address,
-                          "--early-stop", "--grace-period", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    assert "started again" not in r.stdout
+    p = subprocess.Popen([sys.executable, "-m", "ffnlab.cli.main", *grid, "--out", there], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
         _wait_until_every_cpu_is_taken(cluster.address)                  # both trials placed, one on each node
-        time.sleep(3)
+        time.sleep(1)
         cluster.remove_node(cluster.second, allow_graceful=False)        # the second node's trial, killed mid-run
         stdout, stderr = p.communicate(timeout=900)
         assert p.returncode == 0, stderr
