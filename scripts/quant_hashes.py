@@ -39,7 +39,7 @@ def blocks(qtype, rows, n, rng):
     w = (rng.standard_normal((rows, n)) * 0.05).astype(np.float32)
     try:
         return np.ascontiguousarray(quants.quantize(w, qtype)).view(np.uint8).reshape(rows, -1)
-    except NotImplementedError:
+    except NotImplementedError:                      # gguf-py has no quantizer for this type: random blocks
         pass
     data = rng.integers(0, 256, (rows, n // r.block_weights, r.block_bytes), dtype=np.uint8)
     for at in (r.d_at, r.m_at):                   # d and dmin: halves in [2^-10, 2^-6), both signs for dmin

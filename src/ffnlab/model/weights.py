@@ -157,12 +157,10 @@ def layer_weights(p, cfg, il, stacks=None) -> LayerWeights:
 
 
 def moe_weights(p, il, cfg) -> MoEWeights:
-    blk = f"blk.{il}."
-    shexp = gate_inp_shexp = None
+    t = {f: p[f"blk.{il}.{n}"] for f, n in MOE_TENSOR.items() if cfg.d_ff_shexp or not f.endswith("shexp")}
+    shexp = None
     if cfg.d_ff_shexp:
-        shexp = LayerWeights(il=il, up=p[blk + "ffn_up_shexp.weight"], down=p[blk + "ffn_down_shexp.weight"],
-                             gate=p[blk + "ffn_gate_shexp.weight"])
-        gate_inp_shexp = p[blk + "ffn_gate_inp_shexp.weight"]
-    return MoEWeights(gate_inp=p[blk + "ffn_gate_inp.weight"], gate_exps=p[blk + "ffn_gate_exps.weight"],
-                      up_exps=p[blk + "ffn_up_exps.weight"], down_exps=p[blk + "ffn_down_exps.weight"],
-                      n_used=cfg.n_expert_used, norm=cfg.expert_norm, shexp=shexp, gate_inp_shexp=gate_inp_shexp)
+        shexp = LayerWeights(il=il, up=t["up_shexp"], down=t["down_shexp"], gate=t["gate_shexp"])
+    return MoEWeights(gate_inp=t["gate_inp"], gate_exps=t["gate_exps"], up_exps=t["up_exps"], down_exps=t["down_exps"],
+                      n_used=cfg.n_expert_used, norm=cfg.expert_norm, shexp=shexp,
+                      gate_inp_shexp=t.get("gate_inp_shexp"))
