@@ -131,6 +131,46 @@ def test_row_kernels_spread_over_threads_give_the_serial_values():
         assert np.abs(res[1] - act64 * u).max() <= 1e-5 * np.abs(act64 * u).max()
 
 
+def test_row_kernels_inside_one_pool_split_on_parallel_for_with_the_serial_values():
+    """Inside threads.one_pool() (the training step), rms_norm_rows and rope_rows split their rows
+    on parallel_for's threads, not numba's: blocks of rows, each row the serial kernel's code, so
+    the same bits as the serial kernel; the rotation is split across sequences too (B * T rows)"""
+    from ffnlab import threads
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((96, 512)).astype(np.float32)             # 48k values: past PARALLEL_MIN
+    w = rng.standard_normal(512).astype(np.float32)
+    xr = rng.standard_normal((3, 50, 4, 64)).astype(np.float32)      # 38k values, 150 (b, t) rows
+    ang = rng.uniform(-3, 3, (50, 32))
+    cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+    before = threads.threads()
+    items = []
+    real = threads.parallel_for
+
+    def counting(fn, n):
+        items.append(n)
+        real(fn, n)
+    try:
+        threads.set_threads(2)
+        threads.parallel_for = counting
+        want = [np.empty_like(x), np.empty_like(x), np.empty(96, np.float32)]
+        fastmath._rms_norm_serial(x, w, np.float32(1e-6), *want)
+        for neox in (False, True):
+            want.append(np.empty_like(xr))
+            fastmath._rope_serial(xr, cos, sin, neox, want[-1])
+        with threads.one_pool():
+            got = [np.empty_like(x), np.empty_like(x), np.empty(96, np.float32)]
+            fastmath.rms_norm_rows(x, w, np.float32(1e-6), *got)
+            for neox in (False, True):
+                got.append(np.empty_like(xr))
+                fastmath.rope_rows(xr, cos, sin, neox, got[-1])
+    finally:
+        threads.parallel_for = real
+        threads.set_threads(before)
+    assert items == [4, 4, 4]                                        # two blocks a thread, each call
+    for a, b in zip(want, got):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("norm,neox,scaled", [(True, False, True), (True, True, False), (False, False, False), (False, True, True)])
 def test_qk_rows_gives_the_three_steps_values(norm, neox, scaled):
     """fastmath.qk_rows (the unhooked inference path's q/k) against the steps it replaces:

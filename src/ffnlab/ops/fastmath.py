@@ -29,6 +29,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .. import threads as _threads
+
 F = np.float32
 FLAGS = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")   # FMA where a multiply feeds
 # an add; x / 0 = inf as in NumPy (numba's default checks every division, and the loops stop vectorizing)
@@ -142,8 +144,15 @@ def _rms_norm_parallel(x, w, eps, x_hat, y, rstd):
 def rms_norm_rows(x, w, eps, x_hat, y, rstd):
     """x [rows, D] float32 -> x_hat = x rstd, y = x_hat w (w empty: no weight), rstd [rows]; each
     product rounded once, as NumPy's steps; the mean square rounded to float32 before + eps.
-    Rows are independent: a prompt's rows are spread over numba's threads (the same values)."""
-    (_rms_norm_parallel if _spread(x) else _rms_norm_serial)(x, w, eps, x_hat, y, rstd)
+    Rows are independent: a prompt's rows are spread over numba's threads, or inside
+    threads.one_pool() over parallel_for's (the same values)."""
+    if not _spread(x):
+        _rms_norm_serial(x, w, eps, x_hat, y, rstd)
+    elif _threads.on_one_pool():
+        _threads.split_rows(lambda lo, hi: _rms_norm_serial(x[lo:hi], w, eps, x_hat[lo:hi], y[lo:hi], rstd[lo:hi]),
+                            x.shape[0])
+    else:
+        _rms_norm_parallel(x, w, eps, x_hat, y, rstd)
 
 
 def _spread(x) -> bool:
@@ -186,6 +195,12 @@ def _rope_serial(x, cos, sin, neox, out):
         _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rope_span(x, cos, sin, neox, out, lo, hi):
+    for bt in range(lo, hi):
+        _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
+
+
 @njit(parallel=True, cache=True, nogil=True, error_model="numpy")
 def _rope_parallel(x, cos, sin, neox, out):
     for bt in prange(x.shape[0] * x.shape[1]):
@@ -196,8 +211,15 @@ def rope_rows(x, cos, sin, neox, out):
     """x, out [B, T, H, hd] float32, cos / sin [T, n_rot / 2]: each head's pairs rotated by its
     position's angles, (x0 cos - x1 sin, x0 sin + x1 cos), each product rounded once as
     ops/rope.py's NumPy steps; the pairs are (2i, 2i + 1) or, neox, (i, i + n_rot / 2); past
-    n_rot the values pass through. A prompt's tokens are spread over numba's threads."""
-    (_rope_parallel if x.shape[0] * x.shape[1] > 1 and x.size >= PARALLEL_MIN else _rope_serial)(x, cos, sin, neox, out)
+    n_rot the values pass through. A prompt's tokens are spread over numba's threads, or inside
+    threads.one_pool() over parallel_for's (the same values)."""
+    n = x.shape[0] * x.shape[1]
+    if n < 2 or x.size < PARALLEL_MIN:
+        _rope_serial(x, cos, sin, neox, out)
+    elif _threads.on_one_pool():
+        _threads.split_rows(lambda lo, hi: _rope_span(x, cos, sin, neox, out, lo, hi), n)
+    else:
+        _rope_parallel(x, cos, sin, neox, out)
 
 
 @njit(**FLAGS)

@@ -42,12 +42,10 @@ def _split(fn, n, size):
     thread otherwise. The kernels are nogil. One pool for the whole step: numba's own parallel
     regions left its OpenMP threads spinning beside OpenBLAS's, and a two-thread step ran 1.2-1.4x
     slower with them than with serial kernels (2026-12-01, Intel Xeon, load average ~5)."""
-    k = min(2 * _threads.threads(), n)
-    if k < 2 or size < PARALLEL_MIN:
+    if min(_threads.threads(), n) < 2 or size < PARALLEL_MIN:
         fn(0, n)
         return
-    edges = [n * i // k for i in range(k + 1)]
-    _threads.parallel_for(lambda i: fn(edges[i], edges[i + 1]), k)
+    _threads.split_rows(fn, n)
 
 
 # --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------

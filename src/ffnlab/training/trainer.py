@@ -26,7 +26,7 @@ from ..errors import FfnlabError, UsageError
 from ..model.params import init_params
 from ..model import Model
 from ..progress import Progress as Bar
-from ..threads import blas_single
+from ..threads import blas_single, one_pool
 from ..ops.loss import cross_entropy_backward, cross_entropy_forward
 from . import mlp_dropout
 from .moe_loss import load_balancing_loss
@@ -51,8 +51,8 @@ def loss_and_grads(model, x, y, aux_loss=0.0):
     aux_loss: weight of a mixture of experts' load-balancing loss (training/moe_loss.py), whose
     gradient joins the language-model loss's."""
     keep_freed_memory()     # the step's arrays stay in the heap for the next step (training/heap.py)
-    with blas_single():     # BLAS on one thread: the step's products split over the threads themselves
-        return _loss_and_grads(model, x, y, aux_loss)               # (ops/matmul.py says why)
+    with blas_single(), one_pool():     # BLAS on one thread: the step's products and row kernels split
+        return _loss_and_grads(model, x, y, aux_loss)           # over one pool of threads (ops/matmul.py says why)
 
 
 def _loss_and_grads(model, x, y, aux_loss):
