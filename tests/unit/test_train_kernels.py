@@ -260,7 +260,7 @@ def test_split_products_give_numpys_bits():
 
     def blocks(l, r, n):                                                # matmul_rows's blocks of rows, one call each
         m = len(l)
-        k = min(2 * n, m // MIN_ROWS)
+        k = min(n, m // MIN_ROWS)
         return np.concatenate([l[m * i // k:m * (i + 1) // k] @ r for i in range(k)])
     n0 = threads()
     try:
@@ -350,3 +350,35 @@ def test_attention_backward_bit_for_bit_with_head_major_products(heads, dtype):
     for got, want in zip(attention_backward(dout, q, k, v, probs, scale), (dq, dk, dv)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))   # the bits
+
+
+# --- a gated FFN: act(gate) * up forward in one pass, and its backward in one pass -----------------
+@pytest.mark.parametrize("name", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_gated_ffn_forward_and_backward_passes_give_the_steps_bits(name, n_threads):
+    """glu_halves on two arrays (the training step's separate gate and up products) and glu_backward
+    each compute, per value, the very float32 operations of the steps they replace: act(gate) and
+    act * up; dh * act and act's backward on dh * up. So the bits are the steps', at 1 thread and
+    split over 2 (inside one_pool, as the training step), and sizes past PARALLEL_MIN split."""
+    from ffnlab import threads as T
+    from ffnlab.model.arith import glu_halves
+    from ffnlab.ops.activations import ACTIVATIONS, glu_backward
+    gate, up, dh = f32(3, 50, 700, scale=3.0), f32(3, 50, 700), f32(3, 50, 700)
+    assert gate.size >= train_kernels.PARALLEL_MIN
+    act_f, act_b = ACTIVATIONS[name].forward, ACTIVATIONS[name].backward
+    n0 = threads()
+    try:
+        set_threads(n_threads)
+        with T.one_pool():
+            act, h = glu_halves(gate, up, name == "gelu_tanh")
+            dup, dgate = glu_backward(dh, act, up, gate, name)
+    finally:
+        set_threads(n0)
+    want_act = act_f(gate)
+    same_bits(act, want_act)
+    same_bits(h, want_act * up)
+    same_bits(dup, dh * want_act)
+    same_bits(dgate, act_b(dh * up, gate))
+    s_up = up[:, :, ::2]                                          # not C-ordered: the steps themselves
+    got = glu_backward(dh[:, :, ::2], act[:, :, ::2], s_up, gate[:, :, ::2], name)
+    same_bits(got[1], act_b(dh[:, :, ::2] * s_up, gate[:, :, ::2]))

@@ -45,7 +45,7 @@ class Arith(NamedTuple):
     rms_norm1: Callable         # (x [D], w [D], eps) -> y: one vector's RMSNorm, one compiled call (model/decode.py)
     attend1: Callable           # (qk [H+Hkv, hd] normed, v [Hkv, hd], rot, K, V, n, window, cfg, q_scaled) -> [H, hd]:
                                 # one token's attention for model/decode.py, with the forward's bits
-    glu: Callable | None        # (gu [..., 2 d_ff] = [gate, up], gelu) -> act(gate), act(gate) * up in one pass
+    glu: Callable | None        # (gate, up, gelu, gu) -> act(gate), act(gate) * up in one pass (glu_halves)
     qk_rows: Callable | None    # fused sets: ops/fastmath.py's qk_rows (head norm, RoPE, q scale in one pass)
     attend_one: Callable | None   # fused sets: decode_kernels.attend_one (one query row over the cache)
     attend_rows: Callable | None  # fused sets: decode_kernels.attend_rows (a prompt's rows over the cache)
@@ -133,14 +133,19 @@ def _rotate(a, rot, cfg, scaled):
     return a * np.asarray(cfg.scale, dtype=a.dtype) if scaled else a
 
 
-def glu_halves(gu, gelu):
-    """gu [..., 2 d_ff] = [gate, up] float32 -> act(gate), act(gate) * up, each [..., d_ff], in
-    one compiled pass (ops/fastmath.py's glu_rows; SiLU, or GELU's tanh form)"""
-    d = gu.shape[-1] // 2
-    g2 = gu.reshape(-1, 2 * d)
+def glu_halves(gate, up, gelu, gu=None):
+    """gate, up [..., d_ff] float32 -> act(gate), act(gate) * up, each [..., d_ff], in one compiled
+    pass (ops/fastmath.py's glu_rows; SiLU, or GELU's tanh form). gu: the [..., 2 d_ff] = [gate, up]
+    product whose halves gate and up are (read in place), or None: gate and up are C-ordered arrays."""
+    d = gate.shape[-1]
+    if gu is not None:
+        g2 = u2 = gu.reshape(-1, 2 * d)
+        u_off = d
+    else:
+        g2, u2, u_off = gate.reshape(-1, d), up.reshape(-1, d), 0
     act, h = np.empty((g2.shape[0], d), np.float32), np.empty((g2.shape[0], d), np.float32)
-    glu_rows(g2, 0, g2, d, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
-    return act.reshape(*gu.shape[:-1], d), h.reshape(*gu.shape[:-1], d)
+    glu_rows(g2, 0, u2, u_off, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
+    return act.reshape(gate.shape), h.reshape(gate.shape)
 
 
 _NO_W = np.zeros(0, np.float32)

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ops.activations import ACTIVATIONS, sigmoid
+from ..ops.activations import ACTIVATIONS, glu_backward, sigmoid
 from ..ops.linear import linear_backward, linear_forward, mm_op
 from ..ops.softmax import softmax_backward, softmax_forward
 from ..kinds import FFN_KINDS
@@ -67,8 +67,9 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
         up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
-        if gate is halves[0] and up is halves[1] and _compiled_glu(k.act, arith, gu):
-            act, h = arith.glu(gu, k.act == "gelu_tanh")                  # one pass over the [gate, up] product
+        whole = gu if gate is halves[0] and up is halves[1] else None     # the [gate, up] product, read in place
+        if _compiled_glu(k.act, arith, gate, up, whole):
+            act, h = arith.glu(gate, up, k.act == "gelu_tanh", whole)      # one pass over gate and up
         else:
             act = _act(k.act, arith)(gate)                                # [..., d_ff]
             h = act * up
@@ -84,10 +85,15 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
     return y, FFNCache(x, up, gate, act, h)
 
 
-def _compiled_glu(name, arith, gu):
-    """the kernel set's one-pass GLU (arith.glu) computes this activation as its act does"""
-    return (arith.glu is not None and name in ("silu", "gelu_tanh") and gu.dtype == np.float32 and gu.size > 0
-            and gu.flags.c_contiguous)
+def _compiled_glu(name, arith, gate, up, gu):
+    """the kernel set's one-pass GLU (arith.glu) computes this activation as its act does, on float32
+    gate and up that are the halves of one C-ordered product gu, or two C-ordered arrays"""
+    if arith.glu is None or name not in ("silu", "gelu_tanh") or not gate.size:
+        return False
+    if gu is not None:
+        return gu.dtype == np.float32 and gu.flags.c_contiguous
+    return (gate.dtype == np.float32 and up.dtype == np.float32 and gate.shape == up.shape
+            and gate.flags.c_contiguous and up.flags.c_contiguous)
 
 
 def _act(name, arith):
@@ -114,16 +120,14 @@ def ffn_backward(dy, w: LayerWeights, kind, cache: FFNCache):
     if isinstance(w, MoEWeights):
         return moe_backward(dy, w, cache)
     k = FFN_KINDS[kind]
-    act_bwd = ACTIVATIONS[k.act].backward
     c = cache
     g = {}
     dh, g["down"], g["down_b"] = linear_backward(dy, c.h, w.down, w.down_b is not None)   # [..., d_ff]
     if k.gated:
-        dup = dh * c.act                                   # d(act * up)/d up
-        dgate = act_bwd(dh * c.up, c.gate)                  # through act(gate)
+        dup, dgate = glu_backward(dh, c.act, c.up, c.gate, k.act)   # d(act(gate) * up)/d up, d gate
         dx_gate, g["gate"], g["gate_b"] = linear_backward(dgate, c.x, w.gate, w.gate_b is not None)
     else:
-        dup = act_bwd(dh, c.up)
+        dup = ACTIVATIONS[k.act].backward(dh, c.up)
         dx_gate = None
     dx, g["up"], g["up_b"] = linear_backward(dup, c.x, w.up, w.up_b is not None)
     if dx_gate is not None:

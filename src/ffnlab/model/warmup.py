@@ -186,7 +186,8 @@ def _prompt_steps(model) -> list:
                        False, np.float32(1.0), False, np.zeros((2, 1, 16), np.float32), 2)
 
     def gated():
-        glu_halves(np.zeros((1, 16), np.float32), act == "gelu_tanh")
+        gu = np.zeros((1, 16), np.float32)
+        glu_halves(gu[:, :8], gu[:, 8:], act == "gelu_tanh", gu)
         fastmath._glu_parallel(x, 0, x, 8, act == "gelu_tanh", np.float32(0.8), np.float32(0.04),
                                np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32))
 

@@ -159,6 +159,18 @@ def silu_backward_numpy(dy, x):
     return g
 
 
+def glu_backward(dh, act, up, gate, name):
+    """h = act(gate) * up: dh, and the forward's act(gate), up, gate -> d up, d gate. float32 SiLU or
+    GELU (tanh form): one compiled pass (ops/train_kernels.py), the values of the steps below"""
+    if name in ("silu", "gelu_tanh") and all(a.dtype == np.float32 and a.flags.c_contiguous and a.shape == dh.shape
+                                             for a in (dh, act, up, gate)) and dh.size:
+        dup, dgate = np.empty_like(dh), np.empty_like(dh)
+        train_kernels.glu_backward_into(dh.reshape(-1), act.reshape(-1), up.reshape(-1), gate.reshape(-1),
+                                        dup.reshape(-1), dgate.reshape(-1), name == "gelu_tanh", *GELU_TANH_CONSTS)
+        return dup, dgate
+    return dh * act, ACTIVATIONS[name].backward(dh * up, gate)
+
+
 class Activation(NamedTuple):
     forward: Callable                 # x -> y
     backward: Callable                # (dy, x) -> dx

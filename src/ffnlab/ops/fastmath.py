@@ -256,8 +256,15 @@ def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
     """a gated FFN's activation and product in one pass: act[i, j] = act(g[i, g_off + j]) and
     h[i, j] = act[i, j] u[i, u_off + j] (a [gate, up] product's two halves: g = u, the offsets
     0 and d_ff). act: GELU's x sigmoid(2u) as gelu_tanh_into (c, a its constants), or SiLU as
-    ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads."""
-    (_glu_parallel if _spread(act) else _glu_serial)(g, g_off, u, u_off, gelu, c, a, act, h)
+    ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads,
+    or inside threads.one_pool() over parallel_for's (the same values)."""
+    if not _spread(act):
+        _glu_serial(g, g_off, u, u_off, gelu, c, a, act, h)
+    elif _threads.on_one_pool():
+        _threads.split_rows(lambda lo, hi: _glu_serial(g[lo:hi], g_off, u[lo:hi], u_off, gelu, c, a, act[lo:hi],
+                                                       h[lo:hi]), act.shape[0])
+    else:
+        _glu_parallel(g, g_off, u, u_off, gelu, c, a, act, h)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

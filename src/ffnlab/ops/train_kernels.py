@@ -49,12 +49,24 @@ def _split(fn, n, size):
 
 
 # --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
+@njit(inline="always")
+def _silu_grad(v, dy):
+    s = ONE / (exp32(-v) + ONE)                            # ops/fastmath.sigmoid_into's order
+    return (((ONE - s) * v + ONE) * s) * dy                # s (1 + x (1 - s)) dy, as silu_backward_numpy
+
+
+@njit(inline="always")
+def _gelu_tanh_grad(v, dy, c, a):
+    u = c * v * (ONE + a * v * v)                          # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
+    s = ONE / (exp32(-TWO * u) + ONE)
+    du = c * (ONE + THREE * a * v * v)                      # u'
+    return (s + v * (s * (ONE - s)) * (TWO * du)) * dy      # sigmoid(2u) + x sigmoid'(2u) 2u'
+
+
 @njit(**EXACT)
 def _silu_backward_span(dy, x, out):
     for i in range(x.shape[0]):
-        v = x[i]
-        s = ONE / (exp32(-v) + ONE)                        # ops/fastmath.sigmoid_into's order
-        out[i] = (((ONE - s) * v + ONE) * s) * dy[i]        # s (1 + x (1 - s)) dy, as silu_backward_numpy
+        out[i] = _silu_grad(x[i], dy[i])
 
 
 def silu_backward_into(dy, x, out):
@@ -65,16 +77,40 @@ def silu_backward_into(dy, x, out):
 @njit(**FAST)
 def _gelu_tanh_backward_span(dy, x, out, c, a):
     for i in range(x.shape[0]):
-        v = x[i]
-        u = c * v * (ONE + a * v * v)                      # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
-        s = ONE / (exp32(-TWO * u) + ONE)
-        du = c * (ONE + THREE * a * v * v)                  # u'
-        out[i] = (s + v * (s * (ONE - s)) * (TWO * du)) * dy[i]   # sigmoid(2u) + x sigmoid'(2u) 2u'
+        out[i] = _gelu_tanh_grad(x[i], dy[i], c, a)
 
 
 def gelu_tanh_backward_into(dy, x, out, c, a):
     """dy, x, out: 1-D float32 -> out = dy * gelu_tanh'(x) (c = sqrt(2/pi), a = 0.044715)"""
     _split(lambda lo, hi: _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a), x.shape[0], x.shape[0])
+
+
+# --- a gated FFN's backward: h = act(gate) * up ---------------------------------------------
+@njit(**EXACT)
+def _glu_silu_backward_span(dh, act, up, gate, dup, dgate):
+    for i in range(dh.shape[0]):
+        dup[i] = dh[i] * act[i]                                 # d(act * up)/d up
+        dgate[i] = _silu_grad(gate[i], dh[i] * up[i])           # act's backward on dh * up
+
+
+@njit(**FAST)
+def _glu_gelu_tanh_backward_span(dh, act, up, gate, dup, dgate, c, a):
+    for i in range(dh.shape[0]):
+        dup[i] = dh[i] * act[i]
+        dgate[i] = _gelu_tanh_grad(gate[i], dh[i] * up[i], c, a)
+
+
+def glu_backward_into(dh, act, up, gate, dup, dgate, gelu, c, a):
+    """dh, act, up, gate, dup, dgate: 1-D float32 -> dup = dh act, dgate = (dh up) act'(gate), one
+    pass: the values of dh * act and of silu_backward / gelu_tanh_backward_into on dh * up (gelu:
+    GELU's tanh form, constants c, a)"""
+    n = dh.shape[0]
+    if gelu:
+        _split(lambda lo, hi: _glu_gelu_tanh_backward_span(dh[lo:hi], act[lo:hi], up[lo:hi], gate[lo:hi],
+                                                           dup[lo:hi], dgate[lo:hi], c, a), n, n)
+    else:
+        _split(lambda lo, hi: _glu_silu_backward_span(dh[lo:hi], act[lo:hi], up[lo:hi], gate[lo:hi],
+                                                      dup[lo:hi], dgate[lo:hi]), n, n)
 
 
 # --- attention: scale, mask and softmax of the scores in one pass ---------------------------
