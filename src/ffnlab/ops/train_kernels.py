@@ -49,13 +49,13 @@ def _split(fn, n, size):
 
 
 # --- elementwise: SiLU and GELU (tanh form) backward ----------------------------------------
-@njit(inline="always")
+@njit(inline="always", **EXACT)
 def _silu_grad(v, dy):
     s = ONE / (exp32(-v) + ONE)                            # ops/fastmath.sigmoid_into's order
     return (((ONE - s) * v + ONE) * s) * dy                # s (1 + x (1 - s)) dy, as silu_backward_numpy
 
 
-@njit(inline="always")
+@njit(inline="always", **FAST)
 def _gelu_tanh_grad(v, dy, c, a):
     u = c * v * (ONE + a * v * v)                          # gelu(x) = x sigmoid(2u) = 0.5 x (1 + tanh u)
     s = ONE / (exp32(-TWO * u) + ONE)
