@@ -114,7 +114,7 @@ def test_row_kernels_spread_over_threads_give_the_serial_values():
     cos, sin = np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
     for neox in (False, True):
         a, b = np.empty_like(xr), np.empty_like(xr)
-        fastmath._rope_serial(xr, cos, sin, neox, a)
+        fastmath._rope_span(xr, cos, sin, neox, a, 0, 40)
         fastmath._rope_parallel(xr, cos, sin, neox, b)
         assert np.array_equal(a, b)
 
@@ -156,7 +156,7 @@ def test_row_kernels_inside_one_pool_split_on_parallel_for_with_the_serial_value
         fastmath._rms_norm_serial(x, w, np.float32(1e-6), *want)
         for neox in (False, True):
             want.append(np.empty_like(xr))
-            fastmath._rope_serial(xr, cos, sin, neox, want[-1])
+            fastmath._rope_span(xr, cos, sin, neox, want[-1], 0, 150)
         with threads.one_pool():
             got = [np.empty_like(x), np.empty_like(x), np.empty(96, np.float32)]
             fastmath.rms_norm_rows(x, w, np.float32(1e-6), *got)

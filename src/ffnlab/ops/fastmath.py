@@ -146,13 +146,21 @@ def rms_norm_rows(x, w, eps, x_hat, y, rstd):
     product rounded once, as NumPy's steps; the mean square rounded to float32 before + eps.
     Rows are independent: a prompt's rows are spread over numba's threads, or inside
     threads.one_pool() over parallel_for's (the same values)."""
-    if not _spread(x):
-        _rms_norm_serial(x, w, eps, x_hat, y, rstd)
+    _over_rows(x.shape[0], _spread(x), lambda lo, hi: _rms_norm_serial(x[lo:hi], w, eps, x_hat[lo:hi], y[lo:hi],
+                                                                     rstd[lo:hi]),
+               lambda: _rms_norm_parallel(x, w, eps, x_hat, y, rstd))
+
+
+def _over_rows(n, spread, span, parallel):
+    """span(lo, hi) computes rows lo:hi; parallel() all n rows in a numba parallel region. Not spread:
+    span(0, n) here; inside threads.one_pool(): span over blocks of rows on parallel_for's threads;
+    else parallel(). Each row is the same code every way, so the same values."""
+    if not spread:
+        span(0, n)
     elif _threads.on_one_pool():
-        _threads.split_rows(lambda lo, hi: _rms_norm_serial(x[lo:hi], w, eps, x_hat[lo:hi], y[lo:hi], rstd[lo:hi]),
-                            x.shape[0])
+        _threads.split_rows(span, n)
     else:
-        _rms_norm_parallel(x, w, eps, x_hat, y, rstd)
+        parallel()
 
 
 def _spread(x) -> bool:
@@ -190,12 +198,6 @@ def _rotate(v, o, c, s, neox):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _rope_serial(x, cos, sin, neox, out):
-    for bt in range(x.shape[0] * x.shape[1]):
-        _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
 def _rope_span(x, cos, sin, neox, out, lo, hi):
     for bt in range(lo, hi):
         _rope_token(x, cos, sin, neox, out, bt // x.shape[1], bt % x.shape[1])
@@ -214,12 +216,8 @@ def rope_rows(x, cos, sin, neox, out):
     n_rot the values pass through. A prompt's tokens are spread over numba's threads, or inside
     threads.one_pool() over parallel_for's (the same values)."""
     n = x.shape[0] * x.shape[1]
-    if n < 2 or x.size < PARALLEL_MIN:
-        _rope_serial(x, cos, sin, neox, out)
-    elif _threads.on_one_pool():
-        _threads.split_rows(lambda lo, hi: _rope_span(x, cos, sin, neox, out, lo, hi), n)
-    else:
-        _rope_parallel(x, cos, sin, neox, out)
+    _over_rows(n, n > 1 and x.size >= PARALLEL_MIN, lambda lo, hi: _rope_span(x, cos, sin, neox, out, lo, hi),
+               lambda: _rope_parallel(x, cos, sin, neox, out))
 
 
 @njit(**FLAGS)
@@ -258,13 +256,9 @@ def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
     0 and d_ff). act: GELU's x sigmoid(2u) as gelu_tanh_into (c, a its constants), or SiLU as
     ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads,
     or inside threads.one_pool() over parallel_for's (the same values)."""
-    if not _spread(act):
-        _glu_serial(g, g_off, u, u_off, gelu, c, a, act, h)
-    elif _threads.on_one_pool():
-        _threads.split_rows(lambda lo, hi: _glu_serial(g[lo:hi], g_off, u[lo:hi], u_off, gelu, c, a, act[lo:hi],
-                                                       h[lo:hi]), act.shape[0])
-    else:
-        _glu_parallel(g, g_off, u, u_off, gelu, c, a, act, h)
+    _over_rows(act.shape[0], _spread(act),
+               lambda lo, hi: _glu_serial(g[lo:hi], g_off, u[lo:hi], u_off, gelu, c, a, act[lo:hi], h[lo:hi]),
+               lambda: _glu_parallel(g, g_off, u, u_off, gelu, c, a, act, h))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
