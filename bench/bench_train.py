@@ -72,7 +72,7 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, os.path.join(BENCH, "..", "tests", "reference"))
 sys.path.insert(0, BENCH)
 import torch_reference as R  # noqa: E402
-from machine import cpu_model  # noqa: E402
+from machine import blas_kernels, cpu_model  # noqa: E402
 
 from ffnlab.config import ModelConfig  # noqa: E402
 from ffnlab.model import Model  # noqa: E402
@@ -96,7 +96,7 @@ def cpu_named():
         return cpu_model()
     avx512 = "AVX-512" if "avx512f" in info.get("flags", "").split() else "no AVX-512"
     return (f"{cpu_model()}, family {info.get('cpu family', '?')} model {info.get('model', '?')}, "
-            f"{os.cpu_count()} vCPUs, {avx512}")
+            f"{os.cpu_count()} vCPUs, {avx512}; {blas_kernels()}")
 
 
 def use_threads(n):

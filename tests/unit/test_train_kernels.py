@@ -23,7 +23,7 @@ from ffnlab.ops import norms
 from ffnlab.ops.norms import (layernorm_backward, layernorm_backward_numpy, layernorm_forward, rmsnorm_backward,
                               rmsnorm_backward_numpy, rmsnorm_forward)
 from ffnlab.ops.softmax import softmax_backward, softmax_backward_numpy
-from ffnlab.threads import set_threads, threads
+from ffnlab.threads import blas_single, set_threads, threads
 from ffnlab.training import optim
 from mutants import mutated_module
 from op_checks import check_attention
@@ -98,9 +98,23 @@ def adamw_run(monkeypatch, compiled, steps=4):
     return params, opt
 
 
-def test_adamw_bit_for_bit(monkeypatch):
-    p1, o1 = adamw_run(monkeypatch, True)
+@pytest.mark.parametrize("n_threads, span", [(1, train_kernels.ADAMW_SPAN), (2, train_kernels.ADAMW_SPAN), (2, 1000)])
+def test_adamw_bit_for_bit(monkeypatch, n_threads, span):
+    """one compiled pass over every tensor, on 1 or 2 threads, in spans that cut tensors (1000 values)
+    or whole ones: the NumPy steps' bits"""
+    monkeypatch.setattr(train_kernels, "ADAMW_SPAN", span)
+    calls = []
+    monkeypatch.setattr(train_kernels._threads, "parallel_for",
+                        lambda fn, n, _f=train_kernels._threads.parallel_for: (calls.append(n), _f(fn, n)))
+    n0 = threads()
+    try:
+        set_threads(n_threads)
+        p1, o1 = adamw_run(monkeypatch, True)
+    finally:
+        set_threads(n0)
     p2, o2 = adamw_run(monkeypatch, False)
+    # 2 threads: one parallel_for a step over every span (45,279 values: 46 spans of 1000 or 3 whole)
+    assert calls == ([] if n_threads == 1 else [46 if span == 1000 else 3] * 4)
     for n in p1:
         same_bits(p1[n], p2[n])
         same_bits(o1.m[n], o2.m[n])
@@ -279,6 +293,36 @@ def test_split_products_give_numpys_bits():
         K = l.shape[-1]
         bound = 1.01 * K * eps * (np.abs(l64) @ np.abs(r64))            # |fl(sum) - sum| <= K eps sum|a||b|
         assert np.all(np.abs(g - l64 @ r64) <= bound)
+
+
+def test_products_in_one_go_have_each_products_bits(monkeypatch):
+    """matmuls: several products in one parallel_for, each in the blocks matmul_rows gives it alone
+    (a small one whole); linear_backwards over q, k, v gives linear_backward's dx sum and gradients"""
+    from ffnlab.ops import linear, matmul
+    x, dy = f32(1024, 96), [f32(1024, 96), f32(1024, 32), f32(1024, 32)]
+    ws = [f32(96, 96), f32(32, 96), f32(32, 96)]
+    small = (f32(8, 16), f32(16, 8))                                    # under MIN_WORK: one item
+    calls = []
+    monkeypatch.setattr(matmul._threads, "parallel_for",
+                        lambda fn, n, _f=matmul._threads.parallel_for: (calls.append(n), _f(fn, n)))
+    n0 = threads()
+    try:
+        set_threads(2)
+        pairs = [(x, ws[0].T), (dy[1].T, x), small]
+        got = matmul.matmuls(pairs)
+        with blas_single():                # as in the training step: BLAS on one thread outside parallel_for too
+            alone = [matmul.matmul_rows(a, b) for a, b in pairs]
+            dx, grads = linear.linear_backwards(dy, x, ws, [True, False, True])
+            one = [linear.linear_backward(d, x, w, b) for d, w, b in zip(dy, ws, [True, False, True])]
+    finally:
+        set_threads(n0)
+    assert calls[0] == 2 + 1 + 1                   # two blocks of 512 rows; 32 rows (< 2 MIN_ROWS) and the small one whole
+    for g, a in zip(got, alone):
+        same_bits(g, a)
+    same_bits(dx, (one[0][0] + one[1][0]) + one[2][0])
+    for (dw, db), (_, dw1, db1) in zip(grads, one):
+        same_bits(dw, dw1)
+        assert (db is None) == (db1 is None) and (db is None or np.array_equal(db, db1))
 
 
 # --- LayerNorm forward: NumPy's pairwise sums, bit for bit -------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..families import family
 from ..ops.attention import attention_backward
-from ..ops.linear import linear_backward, linear_forward, mm_op
+from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, mm_op, plain
 from ..ops.norms import rmsnorm_backward
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
@@ -248,6 +248,9 @@ def _fused_qkv(x, w, blk, hook):
 
 def _proj(x, w, cfg, blk, which, node, hook, done):
     """One of the q/k/v projections, from its product in w.qkv (done: the parts of the products made so far)."""
+    if which not in done and len(w.qkv) > 1 and all(plain(m) for m, _ in w.qkv):   # float weights: all at once
+        for (m, parts), y in zip(w.qkv, linear_forwards(x, [m for m, _ in w.qkv])):
+            done.update(_split(y, parts, cfg))
     if which not in done:
         m, parts = next(pr for pr in w.qkv if which in pr[1])
         done.update(_split(linear_forward(x, m, hook=hook, node=node if len(parts) == 1 else None), parts, cfg))
@@ -283,10 +286,8 @@ def attention_backward_layer(dy, w, cfg, cache):
         dqkv = np.concatenate([dq, dk, dv], axis=-1)                             # [B, T, 3*d_model]
         dx, g["wqkv"], g["wqkv_b"] = linear_backward(dqkv, x, w.wqkv, w.wqkv_b is not None)
         return dx, _present(g)
-    dx = None
-    for which, d in (("q", dq), ("k", dk), ("v", dv)):
-        dxi, g[which], g[which + "_b"] = linear_backward(d, x, getattr(w, which), getattr(w, which + "_b") is not None)
-        dx = dxi if dx is None else dx + dxi
+    dx, ((g["q"], g["q_b"]), (g["k"], g["k_b"]), (g["v"], g["v_b"])) = linear_backwards(
+        [dq, dk, dv], x, [w.q, w.k, w.v], [w.q_b is not None, w.k_b is not None, w.v_b is not None])
     return dx, _present(g)
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.activations import ACTIVATIONS, glu_backward, sigmoid
-from ..ops.linear import linear_backward, linear_forward, mm_op
+from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, mm_op, plain
 from ..ops.softmax import softmax_backward, softmax_forward
 from ..kinds import FFN_KINDS
 from .arith import F32
@@ -54,14 +54,19 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
     if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
         return _fused_gate_up_forward(x, w, k, hook, gu, arith)
     gate = None
-    halves = (gu[..., :gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:]) if gu is not None else (None, None)
+    if gu is not None:
+        halves = (gu[..., :gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:])
+    elif k.gated and plain(w.gate) and plain(w.up):
+        halves = tuple(linear_forwards(x, (w.gate, w.up)))                  # float weights: both at once
+    else:
+        halves = (None, None)
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
-        gate = halves[0] if gu is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
+        gate = halves[0] if halves[0] is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
         gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
         if w.gate_b is not None:
             gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
-    up = halves[1] if gu is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
+    up = halves[1] if halves[1] is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
     up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
     if w.up_b is not None:
         up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
@@ -125,13 +130,11 @@ def ffn_backward(dy, w: LayerWeights, kind, cache: FFNCache):
     dh, g["down"], g["down_b"] = linear_backward(dy, c.h, w.down, w.down_b is not None)   # [..., d_ff]
     if k.gated:
         dup, dgate = glu_backward(dh, c.act, c.up, c.gate, k.act)   # d(act(gate) * up)/d up, d gate
-        dx_gate, g["gate"], g["gate_b"] = linear_backward(dgate, c.x, w.gate, w.gate_b is not None)
+        dx, ((g["up"], g["up_b"]), (g["gate"], g["gate_b"])) = linear_backwards(
+            [dup, dgate], c.x, [w.up, w.gate], [w.up_b is not None, w.gate_b is not None])
     else:
         dup = ACTIVATIONS[k.act].backward(dh, c.up)
-        dx_gate = None
-    dx, g["up"], g["up_b"] = linear_backward(dup, c.x, w.up, w.up_b is not None)
-    if dx_gate is not None:
-        dx += dx_gate
+        dx, g["up"], g["up_b"] = linear_backward(dup, c.x, w.up, w.up_b is not None)
     return dx, {k: v for k, v in g.items() if v is not None}
 
 

@@ -7,7 +7,7 @@ ComposedWeight that computes its own product (training/lora.py: a frozen base pl
 adapter, or a frozen base alone); only this function and those objects know the difference.
 """
 from ..quant import QuantTensor
-from .matmul import matmul_rows
+from .matmul import matmul_rows, matmuls
 
 
 class ComposedWeight:
@@ -56,19 +56,55 @@ def linear_forward(x, w, b=None, hook=None, node=None):
     return y
 
 
+def plain(w):
+    """a float array (not a QuantTensor or ComposedWeight): its products can go to ops/matmul.matmuls"""
+    return not isinstance(w, (ComposedWeight, QuantTensor))
+
+
+def linear_forwards(x, ws):
+    """x: [..., in], float weights ws [out_i, in] that read it (q, k, v; gate, up) -> [x W_i^T], the
+    products in one go on the threads (ops/matmul.matmuls), each with linear_forward's bits"""
+    x2 = x.reshape(-1, x.shape[-1])               # [N, in]
+    if x2.shape[0] == 1:
+        return [linear_forward(x, w) for w in ws]
+    return [y.reshape(*x.shape[:-1], w.shape[0]) for y, w in zip(matmuls([(x2, w.T) for w in ws]), ws)]
+
+
 def linear_backward(dy, x, w, has_bias=True):
     """dy: [..., out] -> dx: [..., in], dw: [out, in], db: [out] or None
     (a ComposedWeight's dw is its own gradient: a LoRA adapter's (dA, dB), None for a frozen weight)"""
-    if isinstance(w, ComposedWeight):
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        dx2, dw = w.backward(dy2, x.reshape(-1, x.shape[-1]))
-        return dx2.reshape(*x.shape[:-1], w.shape[1]), dw, (dy2.sum(axis=0) if has_bias else None)
+    dx, ((dw, db),) = linear_backwards([dy], x, [w], [has_bias])
+    return dx, dw, db
+
+
+def linear_backwards(dys, x, ws, has_bias):
+    """Weights that read the same x (q, k, v; gate, up): dys [..., out_i] -> dx [..., in], the sum of
+    their input gradients in the order given, and [(dw_i, db_i)]. Float weights' products go to the
+    threads in one go (ops/matmul.matmuls)."""
+    if not all(plain(w) for w in ws):
+        parts = [_backward_composed(dy, x, w, b) for dy, w, b in zip(dys, ws, has_bias)]
+        dx = parts[0][0]
+        for p in parts[1:]:
+            dx = dx + p[0]
+        return dx, [p[1:] for p in parts]
+    x2 = x.reshape(-1, x.shape[-1])               # [N, in]
+    dy2s = [dy.reshape(-1, dy.shape[-1]) for dy in dys]               # [N, out_i]
+    products = matmuls([pair for dy2, w in zip(dy2s, ws)
+                        for pair in ((dy2, w),    # [N, out] @ [out, in] -> [N, in]
+                                     (dy2.T, x2))])                   # [out, N] @ [N, in] -> [out, in]
+    dx = products[0]
+    for d in products[2::2]:
+        dx += d                                   # a fresh array: adding in place is safe
+    grads = [(products[2 * i + 1], dy2.sum(axis=0) if b else None)   # dw [out, in], db [out]
+             for i, (dy2, b) in enumerate(zip(dy2s, has_bias))]
+    return dx.reshape(*x.shape[:-1], x.shape[-1]), grads
+
+
+def _backward_composed(dy, x, w, has_bias):
+    """linear_backward for a ComposedWeight, or a QuantTensor (which has no gradient)"""
     if isinstance(w, QuantTensor):
         raise TypeError(f"gradients need float weights, and this one is {w!r}: "
                         f"load the model with ffnlab.load(path, dequantize=True)")
-    dy2 = dy.reshape(-1, dy.shape[-1])            # [N, out]
-    x2 = x.reshape(-1, x.shape[-1])               # [N, in]
-    dx = matmul_rows(dy2, w).reshape(*x.shape[:-1], w.shape[1])   # [N, out] @ [out, in] -> [..., in]
-    dw = matmul_rows(dy2.T, x2)                   # [out, N] @ [N, in] -> [out, in]
-    db = dy2.sum(axis=0) if has_bias else None    # [out]
-    return dx, dw, db
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    dx2, dw = w.backward(dy2, x.reshape(-1, x.shape[-1]))
+    return dx2.reshape(*x.shape[:-1], w.shape[1]), dw, (dy2.sum(axis=0) if has_bias else None)

@@ -38,22 +38,23 @@ class AdamW:
         self.t = 0                                                    # steps taken
 
     def step(self, params, grads, lr):
-        """float32 tensors: one compiled pass each (ops/train_kernels.py's adamw_update), the very
-        roundings of the NumPy steps below, in their order (tests/unit/test_train_kernels.py)"""
+        """float32 tensors: one compiled pass over them all (ops/train_kernels.py's adamw_update), the
+        very roundings of the NumPy steps below, in their order (tests/unit/test_train_kernels.py)"""
         self.t += 1
         b1, b2 = self.beta1, self.beta2
         bc1 = 1.0 - b1 ** self.t                        # bias corrections: m and v start at 0,
         bc2_sqrt = math.sqrt(1.0 - b2 ** self.t)        # so early averages are too small by these factors
         step_size = lr / bc1
+        compiled = []
         for name, p in params.items():
             g, m, v = grads[name], self.m[name], self.v[name]
             decay = self.decay[name] and self.weight_decay
             if _compiled(p, g, m, v):
-                adamw_update(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
-                             1.0 - lr * self.weight_decay if decay else 1.0, 1.0 - b1, b2, 1.0 - b2, bc2_sqrt,
-                             self.eps, step_size)
-                continue
-            self._step_numpy(p, g, m, v, decay, lr, bc2_sqrt, step_size)
+                compiled.append((p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1),
+                                 1.0 - lr * self.weight_decay if decay else 1.0))
+            else:
+                self._step_numpy(p, g, m, v, decay, lr, bc2_sqrt, step_size)
+        adamw_update(compiled, 1.0 - b1, b2, 1.0 - b2, bc2_sqrt, self.eps, step_size)
 
     def _step_numpy(self, p, g, m, v, decay, lr, bc2_sqrt, step_size):
         """one tensor's update in NumPy steps (any float dtype)"""
