@@ -127,6 +127,22 @@ def report() -> dict:
     return {"threads": threads(), "libraries": pools, "numba": numba_n}
 
 
+def blas_kernels() -> str:
+    """NumPy's BLAS and the kernels it runs on this CPU ("openblas 0.3.31, SkylakeX kernels"), with
+    OPENBLAS_CORETYPE when set: what a float32 product's speed and last bits depend on (on an AMD EPYC
+    of family 26, OpenBLAS's Haswell kernels, which OPENBLAS_CORETYPE=Haswell selects, take ~1.9x
+    the time of the SkylakeX ones it picks itself, 2026-12-03)."""
+    import numpy  # noqa: F401 (loads the BLAS that threadpoolctl reports)
+    from threadpoolctl import threadpool_info
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    b = next((i for i in blas if "numpy" in i.get("filepath", "")), blas[0] if blas else None)  # SciPy has its own
+    if b is None:
+        return "no BLAS found"
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"{b.get('internal_api')} {b.get('version')}, {b.get('architecture')} kernels"
+            + (f" (OPENBLAS_CORETYPE={pinned})" if pinned else ""))
+
+
 @contextmanager
 def blas_single(on=True):
     """BLAS runs on one thread inside (when on), as the calls parallel_for() makes need. A quantized

@@ -17,6 +17,7 @@ import subprocess
 import time
 from dataclasses import asdict
 
+from ..threads import blas_kernels
 from . import analysis
 from .config import ROOT
 from .runs import data_digest, run_training
@@ -66,7 +67,7 @@ def _machine() -> dict:
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     return {"commit": commit or "unknown", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cpu": cpu, "load_average": [round(x, 2) for x in os.getloadavg()]}
+            "cpu": cpu, "blas": blas_kernels(), "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def write_results(res, folder):
