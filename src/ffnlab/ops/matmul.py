@@ -63,8 +63,8 @@ def matmuls(pairs):
         # one block's time on the step's products (2 threads, idle Intel Xeon, 2026-12-02)
         blocks = min(n, M // MIN_ROWS) if M * K * N >= MIN_WORK else 1
         if blocks < 2:
-            outs.append(None)                     # whole: `a @ b` itself (NumPy may swap the operands of
-            items.append((j, a, b, None))         # a transposed a, which a product into `out` cannot)
+            outs.append(None)                     # whole: `a @ b`, the very call of a product too small
+            items.append((j, a, b, None))         # to split alone
             continue
         out = np.empty((M, N), np.result_type(a, b))
         edges = [M * i // blocks for i in range(blocks + 1)]
