@@ -50,29 +50,11 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
     if isinstance(w, MoEWeights):
         return moe_forward(x, w, hook)
     k = FFN_KINDS[kind]
-    gu = linear_forward(x, w.gate_up) if w.gate_up is not None else None    # [..., 2*d_ff]: gate, up
     if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
-        return _fused_gate_up_forward(x, w, k, hook, gu, arith)
-    gate = None
-    if gu is not None:
-        halves = (gu[..., :gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:])
-    elif k.gated and plain(w.gate) and plain(w.up):
-        halves = tuple(linear_forwards(x, (w.gate, w.up)))                  # float weights: both at once
-    else:
-        halves = (None, None)
-    if k.gated:
-        # gate before up, the order ggml executes them in (GLU's src0 is the gate)
-        gate = halves[0] if halves[0] is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
-        gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
-        if w.gate_b is not None:
-            gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
-    up = halves[1] if halves[1] is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
-    up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
-    if w.up_b is not None:
-        up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
+        return _fused_gate_up_forward(x, w, k, hook, arith)
+    gate, up, whole = _gate_up(x, w, k, hook)       # [..., d_ff] each, hooked (gate: None for dense kinds)
     up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
-        whole = gu if gate is halves[0] and up is halves[1] else None     # the [gate, up] product, read in place
         if _compiled_glu(k.act, arith, gate, up, whole):
             act, h = arith.glu(gate, up, k.act == "gelu_tanh", whole)      # one pass over gate and up
         else:
@@ -88,6 +70,32 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
     else:
         y = hook("ffn_out", y, mm_op(w.down), ("ffn_down.weight", k.node))
     return y, FFNCache(x, up, gate, act, h)
+
+
+def _gate_up(x, w, k, hook):
+    """gate(x) (+ its bias; gated kinds, None for dense ones) and up(x) (+ its bias), through their
+    hooks, however w holds them: one [gate, up] matrix (a GGUF's fused ffn_up), two float matrices
+    multiplied at once, or each weight's own product -> gate, up, and the [gate, up] product while
+    they are still its halves (else None)"""
+    gu = linear_forward(x, w.gate_up) if w.gate_up is not None else None    # [..., 2*d_ff]: gate, up
+    if gu is not None:
+        made = (gu[..., :gu.shape[-1] // 2], gu[..., gu.shape[-1] // 2:])
+    elif k.gated and plain(w.gate) and plain(w.up):
+        made = tuple(linear_forwards(x, (w.gate, w.up)))                    # both products in one go
+    else:
+        made = (None, None)
+    gate = None
+    if k.gated:
+        # gate before up, the order ggml executes them in (GLU's src0 is the gate)
+        gate = made[0] if made[0] is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
+        gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
+        if w.gate_b is not None:
+            gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
+    up = made[1] if made[1] is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
+    up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
+    if w.up_b is not None:
+        up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
+    return gate, up, (gu if gu is not None and gate is made[0] and up is made[1] else None)
 
 
 def _compiled_glu(name, arith, gate, up, gu):
@@ -106,10 +114,12 @@ def _act(name, arith):
     return arith.act[name]
 
 
-def _fused_gate_up_forward(x, w, k, hook, gu=None, arith=F32):
+def _fused_gate_up_forward(x, w, k, hook, arith=F32):
     """Phi-3's graph: ffn_up = [gate; up] x, one node [..., 2*d_ff]; the GLU splits it."""
-    if gu is None:
-        gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)   # [..., 2*d_ff]
+    if w.gate_up is not None:
+        gu = linear_forward(x, w.gate_up)                                  # [..., 2*d_ff]
+    else:
+        gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)
     gu = hook("ffn_up", gu, "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
     d_ff = gu.shape[-1] // 2
     gate, up = gu[..., :d_ff], gu[..., d_ff:]                              # [..., d_ff] views
