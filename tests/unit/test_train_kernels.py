@@ -150,6 +150,41 @@ def test_gelu_tanh_backward_within_its_bound():
     within(got, exact, bound / 2, "gelu_tanh backward vs float64")
 
 
+def test_exact_gelu_forward_bit_for_bit():
+    """x Phi(x) in one compiled pass: scipy's erf of a float32 is the float64 erf rounded, so the
+    NumPy steps' bits, over a spread of values, a fine grid, the tails and the special values"""
+    from ffnlab.ops.activations import gelu_forward, gelu_forward_numpy
+    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1e-30, 3e38, -3e38, np.inf, -np.inf, np.nan], np.float32)
+    x = np.concatenate([f32(300_001, scale=3.0), np.linspace(-12, 12, 200_001, dtype=np.float32), special])
+    strided = x[:499_996].reshape(-1, 7)[:, :5]                                              # a strided view too
+    same_bits(gelu_forward(strided), gelu_forward_numpy(strided))
+    with np.errstate(invalid="ignore"):                                                     # -inf * Phi(-inf) = -inf * 0
+        same_bits(gelu_forward(x), gelu_forward_numpy(x))
+
+
+def test_exact_gelu_backward_within_its_bound():
+    """f'(x) = Phi(x) + x phi(x): |Phi| <= 1 and |x phi(x)| <= phi(1) < 0.25, so every intermediate is
+    at most M = 1.25 in magnitude (the product with dy aside); each form takes <= 8 rounded steps
+    (erf at <= 1 ulp, exp or exp32 at <= 2): each is within 8 eps M |dy| of the exact f' dy, so they
+    are within 16 eps M |dy| of each other."""
+    from ffnlab.ops.activations import gelu_backward, gelu_backward_numpy
+    from scipy.special import erf
+    x = np.concatenate([f32(200_001, scale=3.0), np.linspace(-12, 12, 4001, dtype=np.float32)])
+    dy = f32(x.size)
+    x64 = x.astype(np.float64)
+    bound = 16 * EPS * 1.25 * np.abs(dy)
+    exact = (0.5 * (1 + erf(x64 / np.sqrt(2))) + x64 * np.exp(-x64 * x64 / 2) / np.sqrt(2 * np.pi)) * dy
+    got = gelu_backward(dy, x)
+    within(got, gelu_backward_numpy(dy, x), bound, "exact GELU backward vs NumPy")
+    within(got, exact, bound / 2, "exact GELU backward vs float64")
+    bad = mutated_module(train_kernels, ("out[i] = (pdf * v + _cdf(v, inv_sqrt2)) * dy[i]",
+                                         "out[i] = (pdf + _cdf(v, inv_sqrt2)) * dy[i]"))
+    wrong = np.empty_like(x)
+    bad.gelu_backward_into(dy, x, wrong, *[np.float32(c) for c in (1 / np.sqrt(2), 1 / np.sqrt(2 * np.pi))])
+    with pytest.raises(AssertionError, match="times its bound"):
+        within(wrong, exact, bound / 2, "a GELU backward without the x of x phi(x)")
+
+
 def test_a_wrong_gelu_derivative_is_caught():
     bad = mutated_module(train_kernels, ("du = c * (ONE + THREE * a * v * v)", "du = c * (ONE + TWO * a * v * v)"))
     x, dy = f32(1000, scale=2.0), f32(1000)

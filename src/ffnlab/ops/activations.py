@@ -33,7 +33,25 @@ GELU_TANH_CONSTS = (np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF))
 
 
 # --- GELU, exact: x * Phi(x), Phi the standard normal CDF ---------------------------------
-def _cdf(x):
+GELU_CONSTS = (np.float32(INV_SQRT_2), np.float32(INV_SQRT_2PI))
+
+
+def gelu_forward(x):
+    """[...] -> [...]. float32: one compiled pass (ops/train_kernels.py), gelu_forward_numpy's bits"""
+    if x.dtype == np.float32 and x.size:
+        return _compiled(train_kernels.gelu_into, x, consts=GELU_CONSTS[:1])
+    return gelu_forward_numpy(x)
+
+
+def gelu_backward(dy, x):
+    """dy, x: [...] -> dx = dy (Phi(x) + x phi(x)). float32: one compiled pass (ops/train_kernels.py),
+    held to gelu_backward_numpy within float32 error analysis"""
+    if _float32_pair(dy, x):
+        return _compiled(train_kernels.gelu_backward_into, dy, x, consts=GELU_CONSTS)
+    return gelu_backward_numpy(dy, x)
+
+
+def _cdf_numpy(x):
     """Phi(x) = 0.5 (1 + erf(x / sqrt 2)), in x's dtype, on one scratch array"""
     from scipy.special import erf  # NumPy has no erf; scipy's is correctly rounded in float64 (imported
     # here: scipy.special is ~14 MB and 0.4 s of import that only exact-GELU models need)
@@ -44,21 +62,20 @@ def _cdf(x):
     return c
 
 
-def gelu_forward(x):
-    """[...] -> [...]"""
-    y = _cdf(x)
+def gelu_forward_numpy(x):
+    y = _cdf_numpy(x)
     y *= x
     return y
 
 
-def gelu_backward(dy, x):
+def gelu_backward_numpy(dy, x):
     # d/dx x Phi(x) = Phi(x) + x phi(x)
     g = np.multiply(x, x, dtype=x.dtype)
     g *= -0.5
     np.exp(g, out=g)
     g *= INV_SQRT_2PI                                       # phi(x)
     g *= x
-    g += _cdf(x)
+    g += _cdf_numpy(x)
     g *= dy
     return g
 

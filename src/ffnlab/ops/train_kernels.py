@@ -10,17 +10,20 @@ Each kernel sits behind the op it replaces, for float32 C-contiguous arrays; the
     LayerNorm forward (NumPy's pairwise sums)    ops/norms.layernorm_forward
     attention's scale + causal mask + softmax   ops/attention.attention_probs
     SiLU backward                               ops/activations.silu_backward
+    exact GELU forward (scipy's erf of a float32: the float64 erf, rounded)   ops/activations.gelu_forward
     the cross-entropy backward                  ops/loss.cross_entropy_backward
     AdamW's update                              training/optim.AdamW.step
     the embedding's scatter-add                 ops/embedding.embedding_backward (rows in id order)
   within a float32 error bound derived in the test (the twin sums in NumPy's pairwise order or calls
   libm's tanh / exp; here the sums are float64 and the exponentials ops/fastmath.exp32)
-    GELU (tanh form) backward, softmax backward, LayerNorm and RMSNorm backward, cross-entropy forward
+    GELU (tanh form and exact) backward, softmax backward, LayerNorm and RMSNorm backward, cross-entropy forward
 
 Threads: blocks of rows (or of values) are spread over ffnlab/threads.py's threads; every value is
 computed by one thread in a fixed order, and the parameter gradients of the norms sum fixed blocks of 64 rows
 and then the blocks in order, so the bits do not depend on the number of threads.
 """
+import math
+
 import numpy as np
 from numba import njit
 
@@ -32,7 +35,7 @@ FAST = dict(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy") 
 SUMS = dict(cache=True, nogil=True, fastmath={"reassoc", "nsz", "contract"}, error_model="numpy")   # a float64 sum in
 # vector lanes: the one step that may be reassociated (its order is fixed by the compiled code, not by the threads)
 F = np.float32
-ONE, TWO, THREE = F(1.0), F(2.0), F(3.0)
+ONE, TWO, THREE, HALF = F(1.0), F(2.0), F(3.0), F(0.5)
 BLOCK = 64                    # rows per partial sum of a norm's weight gradient
 
 
@@ -83,6 +86,39 @@ def _gelu_tanh_backward_span(dy, x, out, c, a):
 def gelu_tanh_backward_into(dy, x, out, c, a):
     """dy, x, out: 1-D float32 -> out = dy * gelu_tanh'(x) (c = sqrt(2/pi), a = 0.044715)"""
     _split(lambda lo, hi: _gelu_tanh_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], c, a), x.shape[0], x.shape[0])
+
+
+# --- exact GELU: x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 -----------------------------------
+@njit(inline="always", **EXACT)
+def _cdf(v, inv_sqrt2):
+    """Phi(v) in ops/activations._cdf_numpy's steps: v / sqrt 2 in float32, erf in float64 rounded to
+    float32 (what scipy's erf does for a float32), + 1, * 0.5"""
+    return (F(math.erf(np.float64(v * inv_sqrt2))) + ONE) * HALF
+
+
+@njit(**EXACT)
+def _gelu_span(x, out, inv_sqrt2):
+    for i in range(x.shape[0]):
+        out[i] = _cdf(x[i], inv_sqrt2) * x[i]
+
+
+def gelu_into(x, out, inv_sqrt2):
+    """x, out: 1-D float32 -> out = x Phi(x), gelu_forward_numpy's values"""
+    _split(lambda lo, hi: _gelu_span(x[lo:hi], out[lo:hi], inv_sqrt2), x.shape[0], x.shape[0])
+
+
+@njit(**EXACT)
+def _gelu_backward_span(dy, x, out, inv_sqrt2, inv_sqrt2pi):
+    for i in range(x.shape[0]):
+        v = x[i]
+        pdf = exp32((v * v) * -HALF) * inv_sqrt2pi                    # phi(x)
+        out[i] = (pdf * v + _cdf(v, inv_sqrt2)) * dy[i]              # (Phi(x) + x phi(x)) dy
+
+
+def gelu_backward_into(dy, x, out, inv_sqrt2, inv_sqrt2pi):
+    """dy, x, out: 1-D float32 -> out = dy * d/dx (x Phi(x)) = dy (Phi(x) + x phi(x))"""
+    _split(lambda lo, hi: _gelu_backward_span(dy[lo:hi], x[lo:hi], out[lo:hi], inv_sqrt2, inv_sqrt2pi),
+           x.shape[0], x.shape[0])
 
 
 # --- a gated FFN's backward: h = act(gate) * up ---------------------------------------------
