@@ -5,7 +5,7 @@ Why: with two threads, OpenBLAS splits every product over both cores and its thr
 barrier per call. A training step makes ~40 products per layer, the attention's being small
 ([256, 64] x [64, 256] per head): when another process holds a core, each call waits for a
 descheduled sibling, and NumPy's own two-thread step ran 5x slower than its one-thread step
-(2026-12-01, Intel Xeon, load average ~1-3). Here each thread takes the next whole matrix (or
+(2026-12-01, Intel Xeon, load average ~1-3). Here each thread takes the next run of whole matrices (or
 block of rows) as it finishes one, so a descheduled thread delays only its own item.
 training/trainer.loss_and_grads runs the whole step with BLAS on one thread (threads.blas_single),
 so a product is split here or runs on one thread, and no idle OpenBLAS thread spins beside the
