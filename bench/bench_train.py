@@ -72,12 +72,12 @@ import torch.nn.functional as F  # noqa: E402
 sys.path.insert(0, os.path.join(BENCH, "..", "tests", "reference"))
 sys.path.insert(0, BENCH)
 import torch_reference as R  # noqa: E402
-from machine import blas_kernels, cpu_model  # noqa: E402
+from machine import cpu_model  # noqa: E402
 
 from ffnlab.config import ModelConfig  # noqa: E402
 from ffnlab.model import Model  # noqa: E402
 from ffnlab.model.params import init_params  # noqa: E402
-from ffnlab.threads import set_threads  # noqa: E402
+from ffnlab.threads import blas_kernels, set_threads  # noqa: E402
 from ffnlab.training.optim import AdamW, clip_grad_norm, decays  # noqa: E402
 from ffnlab.training.trainer import loss_and_grads  # noqa: E402
 

@@ -9,10 +9,3 @@ def cpu_model() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or "unknown CPU"
-
-
-
-def blas_kernels() -> str:
-    """NumPy's BLAS and its kernels on this CPU (ffnlab/threads.py's blas_kernels)."""
-    from ffnlab.threads import blas_kernels
-    return blas_kernels()
