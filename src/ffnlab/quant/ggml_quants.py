@@ -171,7 +171,8 @@ class Q8Rows:
             quantize_q8_k(x, self.qs, self.d, self.e)
         else:
             self.d = np.empty((N, n // 32), np.float32)
-            self.e = np.empty((N, n // 32), np.float32)             # q8_1: s; q8_0: unused
+            # q8_1: s = d * sum(q) per block; q8_0 has none (zeros, so no product can read garbage)
+            self.e = (np.empty if kind == "q8_1" else np.zeros)((N, n // 32), np.float32)
             # one row (a decode step) without a parallel region: starting one per product cost
             # more than the row's quantization on two threads
             if kind == "q8_1":
