@@ -63,8 +63,8 @@ def main():
             x = activations(rng, N, n)
             a = Q8Rows(PAIRS[qtype][0], x)
             reps = args.repeats * (10 if N == 1 else 1)
-            t_old = median_time(lambda: ggml_packed.product(old, a, rows), reps)
-            t_new = median_time(lambda: ggml_packed.product(new, a, rows), reps)
+            t_old = median_time(lambda: old.mul_q8(a), reps)
+            t_new = median_time(lambda: new.mul_q8(a), reps)
             t_blas = median_time(lambda: x @ w, reps)
             g = rows * n * N / 1e9
             print(f"| {qtype.name} | [{rows}, {n}] | {N} | {g / t_old:.1f} | {g / t_new:.1f} | {g / t_blas:.1f} | "

@@ -38,7 +38,7 @@ def product(qtype, data, x, path):
     if path == "float":
         P = ggml_packed.pack(int(qtype), data, table_for(qtype), n, int8=False)
         assert not isinstance(P, INT8_LAYOUTS)
-        return ggml_packed.product(P, Q8Rows(PAIRS[qtype][0], x), rows)
+        return P.mul_q8(Q8Rows(PAIRS[qtype][0], x))
     if not simd.HAS_AVX2:
         pytest.skip("this CPU has no AVX2: the int8 path is not used here")
     w = QuantTensor(data, qtype, (rows, n), arith="ggml")

@@ -16,7 +16,8 @@ from quant_blocks import offset_bound, random_blocks
 from ffnlab.ops.linear import linear_forward
 from ffnlab.quant import KERNEL_TYPES, QuantTensor
 from ffnlab.quant import gemm, packed
-from ffnlab.quant import tensor as quant_tensor
+from ffnlab.quant import blocks as quant_blocks
+from ffnlab.quant import layout as quant_layout
 
 EPS32 = np.finfo(np.float32).eps
 TYPES = [t.name for t in KERNEL_TYPES]
@@ -84,8 +85,8 @@ def test_i8_matvec_widths_agree_bit_for_bit(qtype, shape):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_tiled_matmul_matches_float64_product(qtype, layout, monkeypatch):
-    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles: 130 rows take nine
-    monkeypatch.setattr(quant_tensor, "PACKED_TILE_BYTES", 16 * 4 * 768)   # packed: one 64-row group each
+    monkeypatch.setattr(quant_blocks, "TILE_BYTES", 16 * 4 * 768)   # 16-row tiles: 130 rows take nine
+    monkeypatch.setattr(quant_layout, "PACKED_TILE_BYTES", 16 * 4 * 768)   # packed: one 64-row group each
     w, ref, data = make(qtype, 130, 768, layout=layout)
     x = np.random.default_rng(2).normal(0, 1, (2, 5, 768)).astype(np.float32)
     y = linear_forward(x, w, np.ones(130, np.float32))                # [2, 5, 768] -> [2, 5, 130]
@@ -107,7 +108,7 @@ def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, wide, mon
     import numba
     from ffnlab import threads
     from ffnlab.quant import gemm, simd
-    from ffnlab.quant.tensor import tiling
+    from ffnlab.quant.packed import tiling
     if wide and not simd.HAS_AVX512:
         pytest.skip("no AVX-512 on this CPU")
     monkeypatch.setattr(simd, "HAS_AVX512", wide)
@@ -118,7 +119,7 @@ def test_tiled_matmul_on_two_threads_matches_float64_product(qtype, T, wide, mon
     numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
     try:
         w, ref, data = make(qtype, 130, 768, layout="packed")
-        assert w._tile_groups() == 3                                   # 3 groups of 64 rows x 768 x 4 bytes < 1 MB
+        assert w.packed.tile_groups() == 3                                   # 3 groups of 64 rows x 768 x 4 bytes < 1 MB
         assert tiling(3, 3, T, 2) == {7: (2, 1), 40: (3, 2)}[T]
         x = np.random.default_rng(3).normal(0, 1, (T, 768)).astype(np.float32)
         y = w.matmul(x)                                               # [T, 130]

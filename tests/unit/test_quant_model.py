@@ -24,7 +24,8 @@ import ffnlab
 from ffnlab.model.params import param_shapes
 from ffnlab.model.weights import model_weights
 from ffnlab.quant import QuantTensor
-from ffnlab.quant import tensor as quant_tensor
+from ffnlab.quant import blocks as quant_blocks
+from ffnlab.quant import layout as quant_layout
 
 from quant_models import SHAPE, quant_model
 
@@ -73,8 +74,8 @@ def test_a_product_never_makes_a_float32_copy_of_a_weight_matrix(tmp_path, monke
     a prefill tile is one 64-row group, 64 x 4096 x 4 bytes = 1 MB for ffn_down. The embedding
     (258 rows, 1.06 MB as float32) is read row by row: test_quant_kernels checks w[ids]."""
     monkeypatch.setenv("FFNLAB_PACK_CACHE_MB", "0")                  # pack at load (not mapped from the cache)
-    monkeypatch.setattr(quant_tensor, "TILE_BYTES", 1 << 17)        # 128 KB prefill tiles
-    monkeypatch.setattr(quant_tensor, "PACKED_TILE_BYTES", 1 << 17)  # packed: one 64-row group per tile
+    monkeypatch.setattr(quant_blocks, "TILE_BYTES", 1 << 17)        # 128 KB prefill tiles
+    monkeypatch.setattr(quant_layout, "PACKED_TILE_BYTES", 1 << 17)  # packed: one 64-row group per tile
     path = quant_model(tmp_path, "Q4_0", d_model=1024, d_ff=4096, n_head=8, n_kv_head=8)
     shapes = {n: s for n, s in param_shapes(ffnlab.load(path).config).items() if n.startswith("blk.") and len(s) == 2}
     smallest = min(int(np.prod(s)) for s in shapes.values()) * 4

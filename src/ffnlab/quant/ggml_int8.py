@@ -61,6 +61,10 @@ class LanePacked(Layout):
         """Groups g0..g1 dequantized (gguf-py's values), transposed: out [n, (g1 - g0) * R]."""
         _dequant_t(self.qs, self.d, self.m, self.zero, g0, g1, out)
 
+    def mul_q8(self, a):
+        """a: Q8Rows (Q8_0 / Q8_1) of x [N, n] -> [N, rows], ggml's bits (product below)"""
+        return product(self, a)[:, :self.rows]
+
 
 # ---- packing (once, at load) ------------------------------------------------------------------
 

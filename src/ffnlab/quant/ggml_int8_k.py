@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 from .ggml_int8 import CHUNK, LANE, _fma8, _hsum8, _zeros8
+from .ggml_kernels import TILED_MIN_BATCH                 # batches of 8+ tokens go tiled
 from .layout import R, Layout
 from .simd import V
 from .types import Q4_K, Q6_K, QT
@@ -33,7 +34,6 @@ from .unpack import half_float, k_scale_min, q6_code
 
 GG = dict(cache=True, nogil=True, fastmath=False)
 EXACT = dict(cache=True, nogil=True, fastmath=False)
-TILED_MIN_BATCH = 8                          # as ggml_kernels: batches of 8+ tokens go tiled
 _NONE_U = np.zeros((0, 0, 0, 0), np.uint8)
 _NONE_F = np.zeros((0, 0, 0, 0), np.float32)
 
@@ -54,6 +54,10 @@ class LaneKPacked(Layout):
     def dequant_t(self, g0, g1, out):
         """Groups g0..g1 dequantized, transposed: out [n, (g1 - g0) * R] float32."""
         _dequant_t(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, g0, g1, out)
+
+    def mul_q8(self, a):
+        """a: Q8Rows ("q8_k") of x [N, n] -> [N, rows], ggml's bits (product below)"""
+        return product(self, a)[:, :self.rows]
 
 
 def pack(qtype, data, table, n) -> LaneKPacked:

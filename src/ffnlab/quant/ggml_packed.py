@@ -1,7 +1,7 @@
 """ggml's integer products over row-interleaved weights: quant/ggml_kernels.py's arithmetic, in
 the layout of quant/packed.py (R = 64 rows side by side per group), made once at load.
 
-pack() and product() are what QuantTensor calls in arith "ggml". On a CPU with AVX2 (INT8) they
+pack() makes the layouts QuantTensor multiplies in arith "ggml" (their mul_q8, quant/layout.py). On a CPU with AVX2 (INT8) they
 hand every type to quant/ggml_int8.py / ggml_int8_k.py (ggml's own byte multiplies, the same
 bits); the float kernels below are the fallback elsewhere, and tests/unit/test_ggml_packed.py runs both.
 
@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import ggml_int8, ggml_int8_k, packed
-from .ggml_packed_k import gemm_k_tiled, gemv_k, pack_k
+from .ggml_packed_k import pack_k
 from .packed import R
 from .simd import HAS_AVX2
 from .types import Q5_0, QT, TYPES
@@ -49,7 +49,6 @@ INT8 = HAS_AVX2                                      # byte multiplies for every
 # the types stacked() can stack: those whose layout empty() / fill() make (without AVX2, packed.py's:
 # not Q5_0's, which pack() makes of its own)
 STACKABLE = BLOCK32_TYPES if INT8 else tuple(t for t in BLOCK32_TYPES if TYPES[t].code_bits != 5)
-TILED_MIN_BATCH = 8                                  # as ggml_kernels: K-quant batches of 8+ tokens go tiled
 SIXTEENTH = np.float32(0.0625)                       # a high nibble kept as (byte & 0xF0): x / 16 is exact
 
 
@@ -248,6 +247,28 @@ def gemm_block32(qs, d, m, zero, xq, dx, sx, y):
 
 # ---- packing (once, at load) ------------------------------------------------------------------
 
+class Block32(packed.Packed):
+    """packed.Packed's arrays multiplied in ggml's arithmetic by the float kernels above (a CPU
+    without AVX2): Q4_0, Q4_1 and Q8_0 as the f32 mode lays them out, Q5_0 as an "i8" Packed."""
+
+    @classmethod
+    def of(cls, P) -> "Block32":
+        return cls(P.kind, P.rows, P.n, P.qs, P.qh, P.d, P.m, P.zero)
+
+    def mul_q8(self, a):
+        """a: Q8Rows (Q8_0 / Q8_1) of x [N, n] -> [N, rows], ggml's bits"""
+        xq = a.qs.astype(np.float32)                                  # [N, n] codes: exact as floats
+        N = xq.shape[0]
+        y = np.empty((N, self.qs.shape[0] * R), np.float32)
+        if N > 1:
+            gemm_block32(self.qs, self.d, self.m, self.zero, xq, a.d, a.e, y)
+        elif self.kind == "nib":
+            gemv_nib(self.qs, self.d, self.m, self.zero, xq[0], a.d[0], a.e[0], y[0])
+        else:
+            gemv_i8(self.qs, self.d, xq[0], a.d[0], y[0])
+        return y[:, :self.rows]
+
+
 def pack(qtype, data, table, n, int8=INT8):
     """data: [rows, row_bytes] uint8 blocks of a type in PACKED_TYPES -> the layout its products read.
     With int8 (AVX2 hosts), the 32-weight types: ggml_int8.LanePacked. Without (the float
@@ -258,18 +279,18 @@ def pack(qtype, data, table, n, int8=INT8):
     if int8 and qtype in BLOCK32_TYPES:
         return ggml_int8.pack(qtype, data, table, n)
     if qtype in BLOCK32_TYPES and qtype != Q5_0:
-        return packed.pack(qtype, data, table, n, half=False)           # float32 scales: the float kernels
+        return Block32.of(packed.pack(qtype, data, table, n, half=False))   # float32 scales: the float kernels
     if qtype == Q5_0:
         G = -(-data.shape[0] // R)
         qs, d = np.zeros((G, n // 32, 32, R), np.int8), np.zeros((G, n // 32, R), np.float32)
         _pack_q5_0(data, table, qs, d)
-        return packed.Packed("i8", data.shape[0], n, qs, _NONE_U, d, _NONE_F, 0)
+        return Block32("i8", data.shape[0], n, qs, _NONE_U, d, _NONE_F, 0)
     return ggml_int8_k.pack(qtype, data, table, n) if int8 else pack_k(qtype, data, table, n)
 
 
 def empty(qtype, rows, n):
     """An empty layout of pack()'s kind for a type in STACKABLE, to fill() (stacked matrices)"""
-    return ggml_int8.empty(qtype, rows, n) if INT8 else packed.empty(qtype, rows, n, half=False)
+    return ggml_int8.empty(qtype, rows, n) if INT8 else Block32.of(packed.empty(qtype, rows, n, half=False))
 
 
 def fill(P, qtype, data, table):
@@ -293,30 +314,3 @@ def _pack_q5_0(data, table, qs, d):
                 v = np.int64(src[o + 6 + j])
                 qs[g, b, j, l] = np.int8(((v & 15) | fifth_bit(hb, j)) - 16)
                 qs[g, b, 16 + j, l] = np.int8(((v >> 4) | fifth_bit(hb, j + 16)) - 16)
-
-
-# ---- the product ------------------------------------------------------------------------------
-
-def product(P, a, rows):
-    """P: a layout from pack(), a: quant/ggml_quants.py's Q8Rows of the activation [N, n] in the
-    weight's vec_dot type -> y [N, rows] float32, ggml's bits"""
-    if isinstance(P, ggml_int8.LanePacked):
-        return ggml_int8.product(P, a)[:, :rows]
-    if isinstance(P, ggml_int8_k.LaneKPacked):
-        return ggml_int8_k.product(P, a)[:, :rows]
-    xq = a.qs.astype(np.float32)                                      # [N, n] codes: exact as floats
-    N, G = xq.shape[0], P.qs.shape[0]
-    y = np.empty((N, G * R), np.float32)
-    if P.kind == "k":
-        mn = P.mn if P.mn.shape[0] else np.zeros((0, 0, 0), np.uint8)
-        if N >= TILED_MIN_BATCH:
-            gemm_k_tiled(P.qtype, P.qs, P.sc, mn, P.d, P.dmin, xq, a.d, a.e, y)
-        else:
-            gemv_k(P.qtype, P.qs, P.sc, mn, P.d, P.dmin, xq, a.d, a.e, y)
-    elif N > 1:
-        gemm_block32(P.qs, P.d, P.m, P.zero, xq, a.d, a.e, y)
-    elif P.kind == "nib":
-        gemv_nib(P.qs, P.d, P.m, P.zero, xq[0], a.d[0], a.e[0], y[0])
-    else:
-        gemv_i8(P.qs, P.d, xq[0], a.d[0], y[0])
-    return y[:, :rows]

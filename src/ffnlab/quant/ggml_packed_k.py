@@ -6,6 +6,7 @@ without AVX2."""
 import numpy as np
 from numba import njit, prange
 
+from .ggml_kernels import TILED_MIN_BATCH
 from .layout import R, Layout
 from .types import Q4_K, Q6_K, QT
 from .unpack import half_float, k_scale_min, q6_code
@@ -35,6 +36,17 @@ class KPacked(Layout):
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (gguf-py's values; an embedding lookup)."""
         _k_rows(self.qtype, self.qs, self.sc, self.mn, self.d, self.dmin, ids, out)
+
+    def mul_q8(self, a):
+        """a: Q8Rows ("q8_k") of x [N, n] -> [N, rows], ggml's bits: the tiled order for a batch of
+        TILED_MIN_BATCH tokens or more, the AVX2 vec_dot lanes below it (module docstring)"""
+        xq = a.qs.astype(np.float32)                                  # [N, n] codes: exact as floats
+        N = xq.shape[0]
+        y = np.empty((N, self.qs.shape[0] * R), np.float32)
+        mn = self.mn if self.mn.shape[0] else np.zeros((0, 0, 0), np.uint8)
+        (gemm_k_tiled if N >= TILED_MIN_BATCH else gemv_k)(self.qtype, self.qs, self.sc, mn, self.d, self.dmin, xq,
+                                                            a.d, a.e, y)
+        return y[:, :self.rows]
 
 
 def pack_k(qtype, data, table, n) -> KPacked:

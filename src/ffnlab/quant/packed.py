@@ -36,15 +36,17 @@ Memory: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 take the file's own bytes (18, 20, 22, 2
 took SmolLM2's packed weights from 111.5 to 96.4 MB, Gemma 3's from 270.4 to 255.9. The file's pages are given back after packing (QuantTensor.pack), so a
 model's resident weights are this copy, not the copy plus the file.
 """
+import functools
+
 import numba
 import numpy as np
 from numba import njit, prange
 
-from . import simd
+from . import gemm, simd
 from .simd import Y, Z
-from ..threads import threads
+from .. import threads
 from .gemm import KC_Z, STRIP, block_z, gemm_packed, pack_tile, strips_to_rows, token_tiles
-from .layout import R, Layout
+from .layout import R, Layout, scratch
 from .types import HALF_SCALES, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QT, TYPES
 from .unpack import fifth_bit, half_float, k_scale_min, q6_code, u32
 
@@ -85,11 +87,44 @@ class Packed(Layout):
         else:
             _rows_i8(self.qs, self.d, ids, out)
 
+    def mul_vec(self, x):
+        """x: [n] float32 -> W x [rows]"""
+        y = np.empty(self.n_groups * R, np.float32)
+        self.matvec(np.ascontiguousarray(x, np.float32), y)
+        return y[:self.rows]
+
+    def mul(self, x):
+        """x: [N, n] float32, C-contiguous -> x W^T [N, rows]. Tiles of groups dequantized into a
+        cache-sized float32 buffer and multiplied there by quant/gemm.py's kernel (matmul below;
+        without AVX2, gemm.product on each tile's strips over ffnlab's threads), so the float32
+        matrix never exists whole."""
+        G = self.n_groups
+        per, chunks = tiling(G, self.tile_groups(), x.shape[0], threads.threads())
+        width = gemm.tile_tokens()
+        step = -(-x.shape[0] // (chunks * width)) * width           # tokens per part: whole register tiles
+        y = simd.empty_aligned((x.shape[0], G * R))                 # whole groups: the last one's padding rows too
+        if simd.HAS_AVX2:
+            self.matmul(x, y, per, chunks, step)
+        else:
+            def item(i):                                            # one tile's share of tokens, on whichever thread is free
+                g0, t0 = (i // chunks) * per, (i % chunks) * step
+                gemm.product(self._strips(g0, min(G, g0 + per)), x[t0:t0 + step], y[t0:t0 + step], g0 * R)
+            threads.parallel_for(item, -(-G // per) * chunks)               # BLAS in each thread (threads.parallel_for says why)
+        return y if y.shape[1] == self.rows else np.ascontiguousarray(y[:, :self.rows])
+
+    def _strips(self, g0, g1):
+        """groups g0..g1 dequantized as quant/gemm.py's strips [4 (g1 - g0), n, 16], in this
+        thread's scratch buffer (layout.scratch)"""
+        S = (g1 - g0) * (R // STRIP)
+        buf = scratch(S * self.n * STRIP).reshape(S, self.n, STRIP)
+        self.dequant_strips(g0, g1, buf)
+        return buf
+
     def matmul(self, x, y, per, chunks, step):
         """y[:, :G * R] = x W^T for x [T, n]: tiles of `per` groups, each dequantized into strips
         in a buffer of its thread's and multiplied by quant/gemm.py's kernel (with AVX-512, a
         block of 32 rows x 256 positions at a time: _block_product); each tile split into
-        `chunks` parts of `step` tokens (tensor.token_chunks), one work item each, over numba's
+        `chunks` parts of `step` tokens (tiling below), one work item each, over numba's
         threads (a parallel region costs ~3 us to start, a Python thread pool's hand-off ~120).
         Each thread draws the next item when it is done with one (an atomic counter), so a thread
         slowed by something else on the machine takes fewer items instead of holding up the product."""
@@ -99,7 +134,7 @@ class Packed(Layout):
         # worker more than numba's threads finds the items taken; one fewer leaves a thread idle.
         size = 2 * KC_Z * STRIP if simd.HAS_AVX512 else 4 * per * self.n * STRIP
         scratch = _scratch(numba.config.NUMBA_NUM_THREADS, size)
-        workers = min(-(-self.qs.shape[0] // per) * chunks, threads())
+        workers = min(-(-self.qs.shape[0] // per) * chunks, threads.threads())
         _matmul(self.qs, self.qh, self.d, self.m, np.float32(self.zero), self.kind == "nib", x, y, per, chunks, step,
                 scratch, workers, simd.HAS_AVX512)
 
@@ -121,6 +156,29 @@ class Packed(Layout):
             dequant_nib_strips(self.qs, self.qh, self.d, self.m, self.zero, g0, g1, out)
         else:
             dequant_i8_strips(self.qs, self.d, g0, g1, out, simd.HAS_AVX512)
+
+
+@functools.lru_cache(maxsize=4096)
+def tiling(n_groups, max_per, n_tokens, n_threads) -> tuple:
+    """How a prefill product is cut into work items -> (groups per tile, token parts per tile).
+
+    Each item dequantizes its tile and multiplies it by its part of the tokens; the threads take
+    equal runs of items, so the product ends when the busiest thread does: 11 tiles on 2 threads
+    is 6 against 5, 16 smaller ones 8 against 8. Costs in one group's multiply-adds for one
+    token: an item of p groups and T/c tokens costs p (T/c + 11), since dequantizing costs
+    ~0.28 ns a weight against ~0.025 ns a weight per token for the products (one core,
+    quant/gemm.py); a thread's share is ceil(items / threads) items. Parts are at least two
+    register tiles of tokens. Ties go to bigger tiles and fewer parts (fewer items)."""
+    best, best_cost = (max_per, 1), None
+    for per in range(max_per, 0, -1):
+        tiles = -(-n_groups // per)
+        for c in range(1, 5):
+            if c > 1 and n_tokens < c * 2 * gemm.tile_tokens():
+                break
+            cost = -(-tiles * c // n_threads) * per * (n_tokens / c + 11.0)
+            if best_cost is None or cost < best_cost * 0.99:
+                best, best_cost = (per, c), cost
+    return best
 
 
 def pack(qtype, data, table, n, half=True) -> Packed:
