@@ -78,8 +78,9 @@ class Blocks(Layout):
         kernels.dequant_rows(self.qtype, self.data, self.table, out, HALF_BLOCK)
         return out
 
-    def _row_tiles(self):
-        """(first row, its tile [rows, n] float32) for every ~TILE_BYTES of rows (at least 16), in one buffer"""
+    def tiles(self):
+        """(first row, its tile [rows, n] float32) for every ~TILE_BYTES of rows (at least 16), in one
+        buffer: the tiles mul and Layout's mul_t multiply"""
         rows = max(16, TILE_BYTES // (4 * self.n))
         tile = np.empty((min(rows, self.rows), self.n), np.float32)
         for r0 in range(0, self.rows, rows):
@@ -95,15 +96,9 @@ class Blocks(Layout):
     def mul(self, x) -> np.ndarray:
         """x [N, n] -> [N, rows]: each tile of rows times x by BLAS, so the float32 matrix never exists whole"""
         yt = np.empty((self.rows, x.shape[0]), np.float32)           # [rows, N]: each tile's rows are contiguous
-        for r0, t in self._row_tiles():
+        for r0, t in self.tiles():
             np.matmul(t, x.T, out=yt[r0:r0 + t.shape[0]])            # [rows, n] @ [n, N]
         return np.ascontiguousarray(yt.T)
-
-    def mul_t(self, dy) -> np.ndarray:
-        dx = np.zeros((dy.shape[0], self.n), np.float32)
-        for r0, t in self._row_tiles():
-            dx += dy[:, r0:r0 + t.shape[0]] @ t                       # [N, rows] @ [rows, n]
-        return dx
 
     def mul_q8(self, a) -> np.ndarray:
         """ggml's mul_mat over the file's blocks: ggml_kernels.py's row kernels"""

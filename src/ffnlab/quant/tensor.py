@@ -53,7 +53,7 @@ class QuantTensor:
         # (read-only, C-contiguous) keeps it to one compilation per type
         self.data.flags.writeable = False
         self.table = table_for(self.qtype)            # 16-bit -> float32 lookup for the block scales
-        self.blocks = Blocks(self.qtype, self.data, self.table, n)   # the file's layout (quant/layout.py)
+        self.blocks = Blocks(self.qtype, self.data, self.table, n)   # the file's layout (quant/blocks.py)
         self.packed = None                            # the packed layout once pack() ran: what the products read
         self.stack = None                             # the stacked matrix this one is a part of (stacked())
 
