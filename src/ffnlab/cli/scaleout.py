@@ -31,7 +31,8 @@ def add_ray_arguments(p):
                         "ray://HOST:10001, or local (a new instance on 127.0.0.1); the flag alone uses RAY_ADDRESS "
                         "or the cluster `ray start` made (docs/scale-out.md)")
     p.add_argument("--workers", type=positive("--workers"), default=None, metavar="N",
-                   help="with --ray: at most N workers, one per node, each holding the model (default: every node)")
+                   help="with --ray: at most N workers, each holding the model (default: one per node with all its "
+                        "CPUs as threads; with -t T, CPUs // T per node of T threads each)")
     needs(p, "--workers", "--ray", "the in-process default is one worker")
 
 
@@ -61,7 +62,8 @@ def backend(args, model=None):
         b.model = model
         return b
     from ..runtime.ray_backend import RayBackend
-    return RayBackend.connect(args.ray or None, args.workers)
+    threads = getattr(args, "threads", None)                  # -t N: each worker N threads, CPUs // N per node
+    return RayBackend.connect(args.ray or None, args.workers, threads if threads and threads > 0 else None)
 
 
 def output_dir(args, command, key, units):

@@ -1,7 +1,10 @@
-"""The Ray backend of the executor (`--ray ADDRESS`): one actor per node holds the loaded model,
-and the units go to the actors as method calls, a few in flight per actor.
+"""The Ray backend of the executor (`--ray ADDRESS`): actors on the nodes hold the loaded model,
+and the units go to the actors as method calls, a few in flight per actor. A node runs one actor
+with all its CPUs as threads, or, given threads per worker (`-t N`), CPUs // N actors of N threads:
+a grid of small training runs keeps every core busy that way.
 
     backend = RayBackend.connect("auto")              # or HOST:PORT, ray://HOST:10001, "local", None
+    backend = RayBackend.connect("local", threads=1)  # one worker per CPU
     execute(task, units, merge, backend=backend)      # executor.py: the same merge as in-process
 
 The model file (and a LoRA adapter) is read on the driver and put in Ray's object store once; each
@@ -12,7 +15,7 @@ installed, at the driver's version; nothing else.
 
 Faults: a unit whose code raises is a failure of that unit (reported, the others go on). A lost
 actor (its node died, its process was killed) is a lost worker: its units in flight go back to the
-queue, and a new actor is started on any live node without one.
+queue, and a new actor is started on any live node with room for one.
 
 Security: a Ray cluster has no authentication on its dashboard and Jobs API: anyone who reaches the
 head runs code on it. `--ray local` binds to 127.0.0.1; docs/scale-out.md says what to do before
@@ -152,39 +155,51 @@ class ModelHost:
 class RayBackend:
     name = "ray"
 
-    def __init__(self, workers=None):
-        self.workers = workers
-        self.actors = {}                   # node id -> actor handle
-        self.infos = {}                    # node id -> info() of its actor
-        self.lost = set()                  # nodes whose actor died: not used again in this job
+    def __init__(self, workers=None, threads=None):
+        self.workers = workers             # at most this many actors in all (None: as many as the nodes hold)
+        self.threads = threads             # threads of each actor (None: one actor per node, all its CPUs)
+        self.actors = {}                   # (node id, slot) -> actor handle
+        self.infos = {}                    # (node id, slot) -> info() of its actor
+        self.lost = set()                  # nodes where an actor died: no new actor there in this job
         self.shipped = None                # (model files, LoRA files) in the object store, once per job
 
     @classmethod
-    def connect(cls, address, workers=None):
-        """address: as connect() takes it."""
+    def connect(cls, address, workers=None, threads=None):
+        """address: as connect() takes it; workers: a cap on the actors; threads: each actor's threads."""
         connect(address)
-        return cls(workers)
+        return cls(workers, threads)
 
     # --- the actors --------------------------------------------------------------------------
     def _live_nodes(self):
         return [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1]
 
+    def slots(self, cpus):
+        """-> (actors, threads of each) for a node of `cpus` CPUs"""
+        per = self.threads or cpus
+        return max(1, cpus // per), per
+
     def _start_actors(self, task):
-        """One actor per live node without one (up to `workers`); -> the nodes that joined."""
+        """Actors on the live nodes' free slots (up to `workers` in all); -> the slots that joined.
+        The actors go round the nodes slot by slot, so a cap of N workers spreads over N nodes."""
         host = ray.remote(max_restarts=0, max_task_retries=0)(ModelHost)
         pending = {}
-        for n in self._live_nodes():
-            if n["NodeID"] in self.actors or n["NodeID"] in self.lost:
-                continue
-            if self.workers is not None and len(self.actors) + len(pending) >= self.workers:
-                break
-            cpus = int(n["Resources"]["CPU"])
-            a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                             ).remote(cpus)
-            pending[n["NodeID"]] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
+        nodes = [n for n in self._live_nodes() if n["NodeID"] not in self.lost]
+        layout = {n["NodeID"]: self.slots(int(n["Resources"]["CPU"])) for n in nodes}
+        for slot in range(max((k for k, _ in layout.values()), default=0)):
+            for n in nodes:
+                key, (k, per) = (n["NodeID"], slot), layout[n["NodeID"]]
+                if slot >= k or key in self.actors:
+                    continue
+                if self.workers is not None and len(self.actors) + len(pending) >= self.workers:
+                    break
+                cpus = min(per, int(n["Resources"]["CPU"]))
+                a = host.options(num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"],
+                                                                                                   soft=False)
+                                 ).remote(per)
+                pending[key] = (a, f"{n.get('NodeManagerAddress', '?')} ({n['NodeID'][:8]})")
         if self.shipped is None:           # read, hashed and put while the actors' processes start
             self.shipped = (_ship(task.model.path), _ship(task.model.lora)) if task.model is not None else (None, None)
-        for node_id, (a, where) in pending.items():
+        for key, (a, where) in pending.items():
             try:
                 info = ray.get(a.info.remote())
             except ray.exceptions.RayActorError as e:
@@ -193,18 +208,19 @@ class RayBackend:
             if info["ffnlab"] != _version():
                 raise UsageError(f"node {where}: ffnlab {info['ffnlab']} is installed there, the driver runs "
                                  f"{_version()}; install the same version on every node")
-            self.infos[node_id] = info
-        # every node checked: now the model goes out, once per node
-        loads = {node_id: a.load.remote(task.model, *self.shipped) for node_id, (a, _) in pending.items()}
-        for node_id, ref in loads.items():
+            self.infos[key] = info
+        # every actor checked: now the model goes out (once into each node's store, loaded by each actor)
+        loads = {key: a.load.remote(task.model, *self.shipped) for key, (a, _) in pending.items()}
+        for key, ref in loads.items():
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError:                      # the node died while loading: not used
-                self.lost.add(node_id)
+                self.lost.add(key[0])
+                self.infos.pop(key, None)
                 continue
             except ray.exceptions.RayTaskError as e:
-                raise UsageError(f"node {pending[node_id][1]}: cannot load {task.model.path} ({_cause(e)})") from None
-            self.actors[node_id] = pending[node_id][0]
+                raise UsageError(f"node {pending[key][1]}: cannot load {task.model.path} ({_cause(e)})") from None
+            self.actors[key] = pending[key][0]
         return list(pending)
 
     def run(self, task, units, on_result, on_failure, on_retry):
@@ -219,7 +235,7 @@ class RayBackend:
         self._start_actors(task)
         if not self.actors:
             raise UsageError("the Ray cluster has no live node with a CPU to run an ffnlab worker")
-        queue, flight = deque(units), {}                             # ref -> (node id, unit)
+        queue, flight = deque(units), {}                             # ref -> ((node id, slot), unit)
 
         def send():
             # every idle actor gets a unit first; an actor gets a second, queued behind its running one,
@@ -227,21 +243,21 @@ class RayBackend:
             # waits there while another actor sits idle (8 units on 2 actors could end with one unit
             # running alone), and there a dispatch's few milliseconds cost less than that wait
             for depth in range(1, IN_FLIGHT + 1):
-                for node_id, a in list(self.actors.items()):
+                for key, a in list(self.actors.items()):
                     if not queue or (depth > 1 and len(queue) < 2 * len(self.actors)):
                         return
-                    if sum(1 for nid, _ in flight.values() if nid == node_id) < depth:
+                    if sum(1 for k, _ in flight.values() if k == key) < depth:
                         u = queue.popleft()
-                        flight[a.run.remote(task.fn, task.params, u.payload)] = (node_id, u)
+                        flight[a.run.remote(task.fn, task.params, u.payload)] = (key, u)
 
         send()
         while flight:
             [ref], _ = ray.wait(list(flight), num_returns=1)
-            node_id, u = flight.pop(ref)
+            key, u = flight.pop(ref)
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayActorError:                     # the worker is gone, not the unit's fault
-                self._lose(node_id, u, queue, flight, on_retry)
+                self._lose(key, u, queue, flight, on_retry)
                 if not self.actors:
                     self._start_actors(task)
                 if not self.actors:
@@ -253,15 +269,15 @@ class RayBackend:
             else:
                 on_result(u, result)
             send()
-        for node_id, a in self.actors.items():                       # peak RSS after the work, per worker
-            self.infos[node_id] = ray.get(a.info.remote())
+        for key, a in self.actors.items():                           # peak RSS after the work, per worker
+            self.infos[key] = ray.get(a.info.remote())
 
-    def _lose(self, node_id, unit, queue, flight, on_retry):
-        """The actor on node_id died: its units in flight go back to the front of the queue."""
-        self.actors.pop(node_id, None)
-        self.lost.add(node_id)
-        back = [unit] + [v for ref, (nid, v) in list(flight.items()) if nid == node_id]
-        for ref in [r for r, (nid, _) in flight.items() if nid == node_id]:
+    def _lose(self, key, unit, queue, flight, on_retry):
+        """The actor at key died: its units in flight go back to the front of the queue."""
+        self.actors.pop(key, None)
+        self.lost.add(key[0])
+        back = [unit] + [v for ref, (k, v) in list(flight.items()) if k == key]
+        for ref in [r for r, (k, _) in flight.items() if k == key]:
             flight.pop(ref)
         for v in sorted(back, key=lambda v: v.id, reverse=True):
             queue.appendleft(v)
