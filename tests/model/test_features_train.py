@@ -1,6 +1,7 @@
 """The trainer (features/trainer.py) on synthetic activations with a known sparse structure: it learns, keeps
 the decoder rows at unit norm, starts b_dec at the data's mean, marks dead latents by the window, runs
-BatchTopK's threshold, and a resumed run equals an uninterrupted one."""
+BatchTopK's threshold, folds the sites' constants into what it saves, and a resumed run equals an
+uninterrupted one."""
 import dataclasses
 import os
 
@@ -10,7 +11,8 @@ import pytest
 from ffnlab.features import dictionary as D
 from ffnlab.features.evaluate import reconstruct
 from ffnlab.features.harvest import ActivationBuffer, ArrayHarvest
-from ffnlab.features.trainer import TRAINER_FILE, FeatureSettings, Trainer
+from ffnlab.features import saelens_io
+from ffnlab.features.trainer import TRAINER_FILE, FeatureSettings, Trainer, folded, scale_to_sqrt_width
 
 D_IN, N_ATOMS = 16, 48
 
@@ -43,7 +45,7 @@ def test_training_learns_the_sparse_structure(act, tmp_path):
     t, x = trainer(act)
     before, _ = fvu(t.p, t.cfg, x[:2000])
     t.run(str(tmp_path))
-    after, l0 = fvu(t.p, t.cfg, x[:2000])
+    after, l0 = fvu(t.params(), t.cfg, x[:2000])
     assert after < 0.5 * before and after < 0.3, (before, after)
     if act != "relu":
         np.testing.assert_allclose(np.linalg.norm(t.p["W_dec"], axis=1), 1, rtol=1e-5)
@@ -51,13 +53,66 @@ def test_training_learns_the_sparse_structure(act, tmp_path):
         assert t.p["threshold"].min() > 0 and 2 <= l0 <= 8, l0
     for f in ("cfg.json", "sae_weights.safetensors", TRAINER_FILE):
         assert os.path.isfile(tmp_path / f)
+    saved, _, _ = saelens_io.load(str(tmp_path))
+    for n, a in t.params().items():                # the file holds the dictionary on the model's activations
+        np.testing.assert_array_equal(saved[n], a, err_msg=n)
 
 
-def test_b_dec_starts_at_the_mean_of_the_first_buffer():
-    t, _ = trainer()
+@pytest.mark.parametrize("normalize", ["scale", "none"])
+def test_b_dec_starts_at_the_mean_of_the_first_buffer(normalize):
+    t, _ = trainer(normalize=normalize)
     t.init_b_dec()
     b = t.harvest.buffer
-    np.testing.assert_allclose(t.p["b_dec"], b.y[:b.n].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(t.params()["b_dec"], b.y[:b.n].mean(0), rtol=1e-5)
+    norm = np.linalg.norm(b.x[:b.n].astype(np.float64) * t.c_in, axis=1).mean()
+    assert norm == pytest.approx(np.sqrt(D_IN) if normalize == "scale" else np.linalg.norm(b.x[:b.n], axis=1).mean(),
+                                 rel=1e-6)
+
+
+def test_scale_to_sqrt_width_of_rows_that_are_all_zero_is_one():
+    assert scale_to_sqrt_width(np.zeros((4, 8), np.float32)) == 1.0
+
+
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+@pytest.mark.parametrize("kind,act", [("sae", "topk"), ("transcoder", "topk"), ("skip-transcoder", "jumprelu"),
+                                      ("transcoder", "relu"), ("sae", "batchtopk")])
+def test_the_folded_dictionary_on_x_is_the_trained_one_on_scaled_x(kind, act):
+    """out_folded(x) = out(c_in x) / c_out, to float32 rounding: the bound is the error of the folded weights'
+    rounding and of the sums' order, (terms + 4) eps of the sums of magnitudes, through pre and the decode."""
+    rng = np.random.default_rng(3)
+    d_in, d_sae, d_out, B = 24, 96, 24 if kind == "sae" else 20, 32
+    cfg = D.DictConfig(kind, act, d_in, d_sae, d_out, k=6)
+    p = D.init_params(cfg, rng, 1.0, 0.05)
+    p["b_enc"][:] = rng.normal(0, 0.1, d_sae)
+    p["b_dec"][:] = rng.normal(0, 1.0, d_out)
+    if "W_skip" in p:
+        p["W_skip"][:] = rng.normal(0, 0.2, p["W_skip"].shape)
+    if "threshold" in p:
+        p["threshold"][:] = 0.05
+    c_in = float(np.float32(7.25))
+    c_out = c_in if kind == "sae" else float(np.float32(0.8))
+    x = (rng.normal(0, 0.4, (B, d_in)) + 0.3).astype(np.float32)
+    want, acts = reconstruct(p, cfg, x * np.float32(c_in))
+    q = folded(p, cfg, c_in, c_out)
+    got, acts_q = reconstruct(q, cfg, x)
+    np.testing.assert_array_equal(acts_q.idx, acts.idx)                                # the same latents fire
+    # float64 magnitudes of every sum the two sides compute
+    sae_in = np.abs(x.astype(np.float64) * c_in - (p["b_dec"] if cfg.apply_b_dec_to_input else 0))
+    pre_mag = sae_in @ np.abs(p["W_enc"]) + np.abs(p["b_enc"])                         # [B, d_sae]
+    da = (d_in + 4) * EPS32 * pre_mag                                                  # error of each activation
+    mag = np.zeros((B, d_out))
+    err_a = np.zeros((B, d_out))
+    for b in range(B):
+        sl = slice(acts.ptr[b], acts.ptr[b + 1])
+        mag[b] = np.abs(acts.val[sl]) @ np.abs(p["W_dec"][acts.idx[sl]])
+        err_a[b] = da[b, acts.idx[sl]] @ np.abs(p["W_dec"][acts.idx[sl]])
+    mag += np.abs(p["b_dec"])
+    if "W_skip" in p:
+        mag += np.abs(x.astype(np.float64) * c_in) @ np.abs(p["W_skip"]).T
+    bound = ((cfg.k + d_in + 4) * EPS32 * mag + err_a) / c_out
+    assert np.all(np.abs(got - want / np.float32(c_out)) <= bound), np.max(np.abs(got - want / c_out) / bound)
 
 
 def test_a_latent_is_dead_after_the_window_without_firing():

@@ -41,6 +41,9 @@ def add_arguments(p):
     p.add_argument("--seed", type=nonneg("--seed"), default=0, help="train: seed of the init and the batches (default 0)")
     p.add_argument("--buffer-mb", type=positive_float("--buffer-mb"), default=64.0,
                    help="train: memory of the shuffled activation buffer in MiB (default 64)")
+    p.add_argument("--normalize", choices=("scale", "none"), default="scale",
+                   help="train: scale each site by a constant to mean row norm sqrt(width) while training, folded "
+                        "into the saved weights (default scale; SAELens's expected_average_only_in); none: as they are")
     p.add_argument("--dead-window", type=positive("--dead-window"), default=None,
                    help="train: a latent is dead after this many tokens without firing (default: a tenth of --tokens, "
                         "at least one batch and at most 100000, so that AuxK can act within a short run)")
@@ -113,7 +116,7 @@ def _settings_and_cfg(args, model):
     dead_window = args.dead_window or max(args.batch, min(100_000, tokens // 10))
     s = FeatureSettings(tokens=tokens, batch=args.batch, lr=args.lr,
                         warmup=-1 if args.warmup is None else args.warmup, coef=coef, dead_window=dead_window,
-                        seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every)
+                        seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every, normalize=args.normalize)
     return dcfg, s, in_node, out_node
 
 

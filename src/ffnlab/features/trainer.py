@@ -2,6 +2,9 @@
 
 One step (the recipe of SAELens's SAETrainer and the TopK/JumpReLU papers):
     x, y = buffer.next_batch(B)                      shuffled rows of the sites (harvest.py)
+    x, y = c_in x, c_out y                           normalize "scale": constants that bring each site's mean
+                                                     row norm to sqrt(width) (SAELens's expected_average_only_in,
+                                                     on both sites); "none": c = 1
     terms, grads = loss_and_grads(...)               MSE + L1 | L0 | AuxK (losses.py)
     clip the global gradient norm to 1               (SAELens clips at 1.0)
     AdamW(lr_t) on every trainable parameter         training/optim.py: torch.optim.AdamW's arithmetic;
@@ -11,7 +14,16 @@ One step (the recipe of SAELens's SAETrainer and the TopK/JumpReLU papers):
     tokens since each latent last fired += B; 0 where it fired; dead = that count >= dead_window
 
 b_dec starts at the mean of the targets in the first full buffer (the MSE-optimal constant; SAELens's
-"mean" init, not its geometric median, which minimises the L2 distance rather than its square).
+"mean" init, not its geometric median, which minimises the L2 distance rather than its square). c_in and
+c_out come from the same buffer. Why "scale" is the default: a site's norm sets how far the encoder must
+grow before a latent's activation can match the target, and the latents that win the first top-k places
+grow first and keep them. SmolLM2's ffn_norm rows have norm ~3.3 against ffn_out's ~30; trained on them as
+they are, 82% of a transcoder's latents never fired (docs/features.md has the figures).
+
+The saved dictionary takes the model's own activations: c_in and c_out are folded into its weights
+(params(): W_enc c_in, W_dec / c_out, b_dec / c_out, W_skip c_in / c_out; the pre-activations, and so
+the thresholds, are the same numbers), so it is an ordinary SAELens file. The state keeps the weights
+the optimizer moves.
 
 DIR holds cfg.json + sae_weights.safetensors (SAELens's format, saelens_io.py), rewritten at each
 checkpoint, and the resume state: state-NNNNNN.safetensors (parameters, AdamW moments, the latents'
@@ -49,6 +61,7 @@ class FeatureSettings:
     ckpt_every: int = 50             # steps between checkpoints (0: only at the end)
     decoder_init_norm: float = -1.0  # -1: 1 (unit rows) for topk/batchtopk/jumprelu, 0.1 for relu (Anthropic)
     threshold_init: float = 0.001    # jumprelu's initial threshold
+    normalize: str = "scale"         # scale: each site to mean row norm sqrt(width) while training; none
 
     @property
     def steps(self):
@@ -66,6 +79,31 @@ def renorm_decoder(p):
     p["W_dec"] /= np.linalg.norm(p["W_dec"], axis=1, keepdims=True)
 
 
+NORMALIZE = ("scale", "none")
+
+
+def scale_to_sqrt_width(rows):
+    """-> the constant c that makes the mean row norm of c * rows sqrt(width) (1 for rows that are all zero)"""
+    total = sum(float(np.linalg.norm(rows[i:i + 65536].astype(np.float64), axis=1).sum())
+                for i in range(0, len(rows), 65536))                     # in slices: a large buffer is not copied
+    mean_norm = total / max(len(rows), 1)
+    return float(np.float32(np.sqrt(rows.shape[1]) / mean_norm)) if mean_norm > 0 else 1.0
+
+
+def folded(p, cfg, c_in, c_out):
+    """The weights trained on (c_in x, c_out y) -> the same dictionary on (x, y): out(x) = out'(c_in x) / c_out.
+    An SAE centres its input on b_dec, so it has one constant (c_in = c_out) and the same algebra holds."""
+    if c_in == 1.0 and c_out == 1.0:
+        return {n: a.copy() for n, a in p.items()}
+    q = {n: a.astype(np.float64) for n, a in p.items()}
+    q["W_enc"] *= c_in                                         # pre = (c_in x) @ W' + b = x @ (c_in W') + b
+    q["W_dec"] /= c_out
+    q["b_dec"] /= c_out
+    if "W_skip" in q:
+        q["W_skip"] *= c_in / c_out
+    return {n: a.astype(p[n].dtype) for n, a in q.items()}
+
+
 class Trainer:
     def __init__(self, cfg: DictConfig, settings: FeatureSettings, harvest, meta):
         self.cfg, self.s, self.harvest, self.meta = cfg, settings, harvest, meta
@@ -77,11 +115,20 @@ class Trainer:
         self.fired_ever = np.zeros(cfg.d_sae, np.int64)    # tokens each latent fired on (density)
         self.step = 0
         self.history = []
+        self.c_in = self.c_out = 1.0         # the sites' constants (normalize), set from the first buffer
 
     def init_b_dec(self):
+        """c_in, c_out and b_dec from the first full buffer"""
         self.harvest.fill()
         b = self.harvest.buffer
-        self.p["b_dec"][:] = b.y[:b.n].astype(np.float64).mean(0)
+        if self.s.normalize == "scale":
+            self.c_in = scale_to_sqrt_width(b.x[:b.n])
+            self.c_out = self.c_in if self.cfg.kind == "sae" else scale_to_sqrt_width(b.y[:b.n])
+        self.p["b_dec"][:] = (b.y[:b.n].astype(np.float64) * self.c_out).mean(0)
+
+    def params(self):
+        """-> the dictionary as it is used: on the model's own activations (the constants folded in)"""
+        return folded(self.p, self.cfg, self.c_in, self.c_out)
 
     def dead(self):
         return self.since_fired >= self.s.dead_window
@@ -89,6 +136,8 @@ class Trainer:
     def train_step(self):
         cfg, s = self.cfg, self.s
         x, y = self.harvest.next_batch(s.batch)
+        if self.c_in != 1.0 or self.c_out != 1.0:
+            x, y = x * np.float32(self.c_in), y * np.float32(self.c_out)
         terms, grads, out, acts = loss_and_grads(self.p, cfg, x, y, self.dead(), s.coef, s.aux_coef)
         grads = {n: grads[n] for n in trainable(cfg)}
         clip_grad_norm(grads, s.grad_clip)
@@ -105,7 +154,8 @@ class Trainer:
         self.fired_ever += fires
         self.step += 1
         var = float(((y - y.mean(0)) ** 2).sum()) / len(y)
-        rec = {"step": self.step, **{k: round(v, 6) for k, v in terms.items()},
+        units = {k: v / self.c_out ** 2 if k in ("mse", "aux") else v for k, v in terms.items()}   # the model's units
+        rec = {"step": self.step, **{k: round(v, 6) for k, v in units.items()},
                "l0": round(float(acts.l0().mean()), 3), "fvu": round(terms["mse"] / var, 6) if var > 0 else None,
                "dead": round(float(self.dead().mean()), 6)}
         self.history.append(rec)
@@ -118,9 +168,10 @@ class Trainer:
                  "since_fired": self.since_fired, "fired_ever": self.fired_ever, **arrays}
         name = f"state-{self.step:06d}.safetensors"
         atomic_write_safetensors(os.path.join(out, name), state)
-        saelens_io.save(out, self.p, self.cfg, self.meta_now())
+        saelens_io.save(out, self.params(), self.cfg, self.meta_now())
         atomic_write_json(os.path.join(out, TRAINER_FILE),
                           {"step": self.step, "state_file": name, "optimizer": self.opt.state_scalars(),
+                           "scales": {"in": self.c_in, "out": self.c_out},
                            "harvest": scalars, "settings": dataclasses.asdict(self.s), "config": dataclasses.asdict(self.cfg),
                            "history": self.history})
         remove_old_states(out, name)
@@ -129,7 +180,8 @@ class Trainer:
         m = dict(self.meta)
         tokens = self.step * self.s.batch
         m["ffnlab"] = {**m["ffnlab"], "steps": self.step, "tokens": tokens,
-                       "dead_fraction": float(self.dead().mean())}
+                       "dead_fraction": float(self.dead().mean()), "normalize": self.s.normalize,
+                       "scale_in": self.c_in, "scale_out": self.c_out}
         return saelens_io.cfg_dict(self.cfg, m["hook_name"], m["hook_name_out"], m["model_name"], m["ffnlab"])
 
     def load(self, out, record):
@@ -141,6 +193,8 @@ class Trainer:
         self.since_fired[:], self.fired_ever[:] = st["since_fired"], st["fired_ever"]
         self.harvest.load(st, record["harvest"])
         self.step, self.history = int(record["step"]), list(record["history"])
+        scales = record.get("scales", {"in": 1.0, "out": 1.0})
+        self.c_in, self.c_out = float(scales["in"]), float(scales["out"])
 
     def run(self, out, on_step=None):
         """Trains to settings.steps from wherever self.step is, checkpointing into out (created)."""
