@@ -23,7 +23,7 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"     # read when Ray is imported: every address is 127.0.0.1
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install ffnlab[ray]")
 
-from mlp_models import TEXT, smollm2, tiny_gguf, write_text   # noqa: E402
+from mlp_models import TEXT, smollm2, sweep_table, tiny_gguf, write_text   # noqa: E402
 
 pytestmark = pytest.mark.slow
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
@@ -207,15 +207,6 @@ def test_ray_local_listens_on_loopback_only(tmp_path):
     assert seen and all(a.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for a in seen), seen
 
 
-def _sweep_table(out):
-    """results.json's rows without the speed columns (they measure the machine, not the runs)."""
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
-    def drop(d):
-        return {k: ([drop(s) for s in v] if k == "per_seed" else v) for k, v in d.items() if k != "tokens_per_s"}
-    return [drop(r) for r in rows]
-
-
 def test_ablate_grid_on_the_cluster_gives_the_same_sweep_table(cluster, corpus, tmp_path):
     grid = ["ablate", "--data", corpus, "--ffn", "gelu,swiglu", "--mult", "1,2", "--seeds", "1", "--steps", "4",
             "--batch", "2", "--seq-len", "16", "--eval-every", "2", "--eval-batches", "1", "--d-model", "16",
@@ -223,7 +214,7 @@ def test_ablate_grid_on_the_cluster_gives_the_same_sweep_table(cluster, corpus, 
     here = ffnlab(*grid, "--out", str(tmp_path / "here"))
     there = ffnlab(*grid, "--out", str(tmp_path / "there"), "--ray", cluster.address)
     assert here.returncode == 0 and there.returncode == 0, there.stderr
-    assert _sweep_table(tmp_path / "here") == _sweep_table(tmp_path / "there")
+    assert sweep_table(tmp_path / "here") == sweep_table(tmp_path / "there")
 
 
 def test_a_node_with_another_ffnlab_version_is_refused_in_one_line_naming_it(cluster, corpus, tmp_path):
@@ -334,9 +325,9 @@ def test_early_stop_stops_the_weak_config_and_the_finished_runs_equal_the_in_pro
     for run in finished:                                                    # bit for bit: losses, curves, the finals
         mine, theirs = _run_files(here, run)[1], _run_files(there, run)[1]
         assert theirs["history"] == mine["history"] and theirs["final"] == mine["final"]
-    rows = {row["variant"]: row for row in _sweep_table(there)}
+    rows = {row["variant"]: row for row in sweep_table(there)}
     assert rows["gelu-x0.0625"]["stopped"] == 1 and rows["gelu-x0.0625"]["per_seed"][0]["stopped_at"] == 8
-    table_here = {row["variant"]: row for row in _sweep_table(here)}
+    table_here = {row["variant"]: row for row in sweep_table(here)}
     for run in finished:
         v = run[:-3]
         assert rows[v]["val_loss_mean"] == table_here[v]["val_loss_mean"]
@@ -391,7 +382,7 @@ def test_a_node_killed_during_tune_trials_restarts_its_trial_and_the_runs_equal_
             assert name == "trainer.json"
             mine = _run_files(here, run)[1]
             assert theirs["history"] == mine["history"] and theirs["final"] == mine["final"]
-        assert _sweep_table(there) == _sweep_table(here)
+        assert sweep_table(there) == sweep_table(here)
     finally:
         if p.poll() is None:
             p.kill()

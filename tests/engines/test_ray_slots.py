@@ -5,7 +5,6 @@ threads each, so a grid of small runs keeps every core busy (a 2-CPU node runs t
 The node is a one-node ray.cluster_utils.Cluster of 2 logical CPUs on 127.0.0.1 (as in
 test_ray_cluster.py); the units sleep, so two of them overlap whatever the machine's cores.
 """
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"     # read when Ray is imported: every address is 127.0.0.1
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install ffnlab[ray]")
 
-from mlp_models import TEXT, write_text   # noqa: E402
+from mlp_models import TEXT, sweep_table, write_text   # noqa: E402
 
 pytestmark = pytest.mark.slow
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "src")
@@ -68,15 +67,6 @@ def test_a_node_runs_its_cpus_over_t_workers_of_t_threads(node, threads, workers
     assert {r["threads"] for r in rs} == {min(threads or 2, available_cores())}
 
 
-def _sweep_table(out):
-    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
-
-    def drop(d):
-        return {k: ([drop(s) for s in v] if k == "per_seed" else v) for k, v in d.items() if k != "tokens_per_s"}
-    return [drop(r) for r in rows]
-
-
 def test_an_ablate_grid_on_two_one_thread_workers_of_one_node_gives_the_in_process_table(node, tmp_path):
     corpus = write_text(tmp_path, TEXT * 8)
     grid = [sys.executable, "-m", "ffnlab.cli.main", "ablate", "--data", corpus, "--ffn", "gelu,swiglu",
@@ -87,4 +77,4 @@ def test_an_ablate_grid_on_two_one_thread_workers_of_one_node_gives_the_in_proce
     there = subprocess.run(grid + ["--out", str(tmp_path / "there"), "--ray", node.address], capture_output=True,
                            text=True, timeout=600)
     assert here.returncode == 0 and there.returncode == 0, there.stderr
-    assert _sweep_table(tmp_path / "here") == _sweep_table(tmp_path / "there")
+    assert sweep_table(tmp_path / "here") == sweep_table(tmp_path / "there")

@@ -3,8 +3,10 @@
 tiny_gguf(kind)  a 2-layer Llama (SwiGLU) with lively random weights and the byte tokenizer,
                  written by ffnlab's exporter: "f32", "q8_0", or "bos" (f32, tokenizer adds BOS = 0)
 smollm2()        the real SmolLM2-135M-Instruct Q4_1 GGUF through ffnlab.load
+sweep_table(out) an ablate --out folder's results.json rows without the speed columns
 """
 import functools
+import json
 import os
 import tempfile
 
@@ -50,3 +52,13 @@ def write_text(dirpath, text, name="data.txt"):
     with open(p, "w", encoding="utf-8") as f:
         f.write(text)
     return p
+
+
+def sweep_table(out):
+    """results.json's rows without the speed columns (they measure the machine, not the runs)."""
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+
+    def drop(d):
+        return {k: ([drop(s) for s in v] if k == "per_seed" else v) for k, v in d.items() if k != "tokens_per_s"}
+    return [drop(r) for r in rows]
