@@ -69,6 +69,11 @@ def test_b_dec_starts_at_the_mean_of_the_first_buffer(normalize):
                                  rel=1e-6)
 
 
+def test_an_unknown_normalize_is_refused():
+    with pytest.raises(ValueError, match="normalize 'std'"):
+        trainer(normalize="std")
+
+
 def test_scale_to_sqrt_width_of_rows_that_are_all_zero_is_one():
     assert scale_to_sqrt_width(np.zeros((4, 8), np.float32)) == 1.0
 

@@ -106,6 +106,8 @@ def folded(p, cfg, c_in, c_out):
 
 class Trainer:
     def __init__(self, cfg: DictConfig, settings: FeatureSettings, harvest, meta):
+        if settings.normalize not in NORMALIZE:
+            raise ValueError(f"normalize {settings.normalize!r}: expected one of {', '.join(NORMALIZE)}")
         self.cfg, self.s, self.harvest, self.meta = cfg, settings, harvest, meta
         rng = np.random.default_rng(settings.seed)
         norm = settings.decoder_init_norm if settings.decoder_init_norm > 0 else (0.1 if cfg.act == "relu" else 1.0)
