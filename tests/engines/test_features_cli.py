@@ -52,10 +52,23 @@ def contents(d):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2, data, tmp_path_factory):
+def reference_run(smollm2, data, tmp_path_factory):
     out = tmp_path_factory.mktemp("ref") / "run"
-    subprocess.run(train_cmd(smollm2, data, out), check=True, env=env_with(), capture_output=True)
-    return str(out)
+    p = subprocess.run(train_cmd(smollm2, data, out), check=True, env=env_with(), capture_output=True, text=True)
+    return str(out), p.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[0]
+
+
+def test_a_log_file_gets_a_line_at_each_checkpoint(reference_run):
+    out, stderr = reference_run                         # stderr a pipe, not a terminal: no bar, plain lines
+    lines = [line for line in stderr.splitlines() if line.startswith("step ")]
+    assert [line.split(":")[0] for line in lines] == ["step 6/24", "step 12/24", "step 18/24", "step 24/24"]
+    last = json.load(open(os.path.join(out, "trainer.json")))["history"][-1]
+    assert f"FVU {last['fvu']:.3f}, dead {100 * last['dead']:.1f}%" in lines[-1]
 
 
 def test_fixed_seed_gives_the_same_directory_bit_for_bit(smollm2, data, reference, tmp_path):

@@ -192,10 +192,17 @@ def train(args):
     import time
     t0, n0 = time.perf_counter(), trainer.step
 
+    every = s.ckpt_every or max(1, s.steps // 20)      # unwatched (a log file): a plain line this often
+    plain = not bar.enabled and not args.json
+
     def on_step(rec):
         dt = time.perf_counter() - t0
-        bar.update(1, f"{(trainer.step - n0) * s.batch / max(dt, 1e-9):.0f} tok/s, mse {rec['mse']:.4g}, "
-                      f"L0 {rec['l0']:.1f}, FVU {rec['fvu']:.3f}, dead {100 * rec['dead']:.1f}%")
+        note = (f"{(trainer.step - n0) * s.batch / max(dt, 1e-9):.0f} tok/s, mse {rec['mse']:.4g}, "
+                f"L0 {rec['l0']:.1f}, FVU {'n/a' if rec['fvu'] is None else format(rec['fvu'], '.3f')}, "   # None: a constant target
+                f"dead {100 * rec['dead']:.1f}%")
+        bar.update(1, note)
+        if plain and (trainer.step % every == 0 or trainer.step == s.steps):
+            bar.write(f"step {trainer.step}/{s.steps}: {note}")
     trainer.run(args.out, on_step)
     seconds = bar.close()
     last = trainer.history[-1] if trainer.history else {}
