@@ -1,7 +1,5 @@
-"""ffnlab's dictionaries against SAELens (tests/reference/features_saelens.py, run by an interpreter where
-sae_lens imports: this one, $FFNLAB_SAELENS_PYTHON, or the venv scripts/install.sh --test makes at
-$FFNLAB_SAELENS_VENV (default ~/.cache/ffnlab/venv-saelens); SAELens pins transformer-lens < 4, so it lives in
-its own venv).
+"""ffnlab's dictionaries against SAELens (tests/reference/features_saelens.py, run where sae_lens imports:
+tests/reference/saelens_env.py says where).
 
 Bounds: a reconstruction is a sum of ~d_in + k float32 products, so the two libraries' orders of summation
 differ by at most (d_in + k) * eps32 relative to the output's scale (64 * 1.2e-7 here, taken as 1e-5 with room).
@@ -9,44 +7,17 @@ Training: 100 Adam steps from the same weights on the same batches; each step's 
 reordering (~B * eps32 relative), Adam divides by sqrt(v) so a relative gradient error stays relative in the
 step; 100 steps of lr 1e-3 keep the weights within 1e-4 of their scale, the losses within 1e-5 relative.
 A TopK selection that flipped on a near-tie would break these bounds, and the test with it."""
-import json
-import os
-import shutil
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
+from saelens_env import run_driver
+
 pytestmark = pytest.mark.slow
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-DRIVER = os.path.join(HERE, "..", "reference", "features_saelens.py")
-SRC = os.path.join(HERE, "..", "..", "src")
-
-
-def saelens_python():
-    import importlib.util
-    if importlib.util.find_spec("sae_lens") is not None:
-        return sys.executable
-    venv = os.environ.get("FFNLAB_SAELENS_VENV", os.path.expanduser("~/.cache/ffnlab/venv-saelens"))
-    py = os.environ.get("FFNLAB_SAELENS_PYTHON", os.path.join(venv, "bin", "python"))
-    if shutil.which(py) is None and not os.path.exists(py):
-        pytest.skip(f"sae_lens is not importable here and {py} does not exist (scripts/install.sh --test makes it)")
-    ok = subprocess.run([py, "-c", "import sae_lens"], capture_output=True)
-    if ok.returncode:
-        pytest.skip(f"{py} cannot import sae_lens: {ok.stderr.decode().strip().splitlines()[-1:]}")
-    return py
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    py = saelens_python()
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.abspath(SRC), os.path.dirname(DRIVER)]),
-               OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    p = subprocess.run([py, DRIVER, str(tmp_path_factory.mktemp("saelens"))], capture_output=True, env=env, timeout=900)
-    assert p.returncode == 0, p.stderr.decode()[-3000:]
-    return json.loads(p.stdout.decode().strip().splitlines()[-1])
+    return run_driver("features_saelens.py", tmp_path_factory.mktemp("saelens"))
 
 
 @pytest.mark.parametrize("case", ["ours_topk_in_saelens", "ours_jumprelu_in_saelens", "ours_relu_in_saelens",

@@ -7,8 +7,6 @@ patch() runs the same patches on l_out / ffn_out / attn_out, a layer's positions
 Both normalize by (clean - corrupt), so the effects compare directly: torch and NumPy differ by
 float32 rounding of logits of size ~1 (d_model * eps ~ 1e-5), over a clean-corrupt span of ~1.
 """
-import json
-
 import numpy as np
 import pytest
 
@@ -18,6 +16,7 @@ tl_bridge = pytest.importorskip("transformer_lens.model_bridge")
 
 import ffnlab  # noqa: E402
 from ffnlab.interventions.patching import patch  # noqa: E402
+from hf_dense_models import tiny_llama_dir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -28,27 +27,7 @@ NODES = {"l_out": "hook_resid_post", "ffn_out": "hook_mlp_out", "attn_out": "hoo
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    d = tmp_path_factory.mktemp("tl-llama")
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokenizer"] * 20
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "</s>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tk.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    cfg = transformers.LlamaConfig(vocab_size=tk.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():                                    # weights big enough that patches matter
-        for name, p in model.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0.0, 1.0 / p.shape[1] ** 0.5)
-    model.save_pretrained(d, safe_serialization=True)
-    return d
+    return tiny_llama_dir(tmp_path_factory.mktemp("tl-llama"))
 
 
 def transformer_lens_patching(model_dir, target, foil):

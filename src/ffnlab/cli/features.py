@@ -8,6 +8,7 @@ HELP = "MLP features: train a transcoder or SAE on a layer, evaluate it spliced 
 
 
 def add_arguments(p):
+    from ..features import ABLATIONS
     from .common import add_model_argument, nonneg, positive, positive_float
     from .neurons import add_min_context_argument
     p.add_argument("action", choices=("train", "eval", "show"),
@@ -59,8 +60,10 @@ def add_arguments(p):
     p.add_argument("--compare-arith", choices=("f32", "ggml"), default=None,
                    help="eval: the second side's arithmetic (default: --arith); alone, -m's model in the other "
                         "arithmetic")
-    p.add_argument("--ablation", choices=("zero", "mean"), default="zero",
-                   help="eval: what replaces the site for CE_ablated (default zero, as SAELens's run_evals)")
+    p.add_argument("--ablation", choices=ABLATIONS, default="zero",
+                   help="eval: what replaces the site for CE_ablated: zero (at every position, as SAELens's "
+                        "run_evals; default), zero-after-first (every position but each window's first) or mean "
+                        "(the site's mean, every position but the first)")
     p.add_argument("--features", default=None, metavar="I,J,...", help="show: these latents (default: the --top-n densest)")
     p.add_argument("--top-n", type=positive("--top-n"), default=10, help="show: how many latents without --features")
     p.add_argument("--top", type=positive("--top"), default=5, help="show: text windows per latent (default 5)")

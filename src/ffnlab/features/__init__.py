@@ -10,3 +10,6 @@
     evaluate.py    L0, FVU, CE loss score, KL score with the dictionary spliced into the forward
     pages.py       feature pages (JSON, HTML)
 """
+
+# what replaces the site for CE_ablated (evaluate.py says what each does); here, where the CLI's parser can read it cheaply
+ABLATIONS = ("zero", "zero-after-first", "mean")

@@ -9,17 +9,22 @@ On the scored rows (harvest.py's windows), with y the target node and y_hat the 
 
 Spliced (an Editor on the target node replaces its value with y_hat, computed from the input node's value
 in the same forward; at every position but each window's first, BOS or the attention sink that no
-dictionary is trained on), the next-token loss at the scored positions, as SAELens's run_evals:
-    CE loss score  (CE_ablated - CE_spliced) / (CE_ablated - CE_clean)
-    KL score       (KL_ablated - KL_spliced) / KL_ablated,   KL(clean || new) per position, averaged
-ablated: the target node zeroed (SAELens's zero ablation; the default) or set to the mean of the target over
-the first batch's scored rows (mean ablation).
+dictionary is trained on, as SAELens's run_evals keeps its special tokens), as run_evals defines them:
+    CE loss score  (CE_ablated - CE_spliced) / (CE_ablated - CE_clean)   next-token loss at the scored
+                                                                         positions that have a next token
+    KL score       (KL_ablated - KL_spliced) / KL_ablated    KL(clean || new) at every scored position, averaged
+ablated (ABLATIONS): "zero", the target node zeroed at every position, the first too (run_evals' zero
+ablation, the default); "zero-after-first", zeroed at every position but each window's first; "mean", set
+to the mean of the target over the first batch's scored rows at every position but the first.
+tests/engines/test_features_evals_vs_saelens.py holds these to run_evals on the same model and tokens.
 """
 import re
 
 import numpy as np
 
+from ..errors import UsageError
 from ..model.hooks import Editor
+from . import ABLATIONS
 from . import dictionary as D
 from .harvest import capture
 
@@ -75,18 +80,23 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def next_token_terms(logits, ids, pred_mask, clean_logp=None):
-    """logits [B, T, V], ids [B, T], pred_mask [B, T] (positions whose next token is scored) ->
-    (CE per position [n], KL(clean || this) per position [n] or None, log-probs at the positions)"""
-    lp = log_softmax(logits[:, :-1][pred_mask[:, :-1]])                       # [n, V]
-    target = ids[:, 1:][pred_mask[:, :-1]]                                      # [n]
-    ce = -lp[np.arange(len(target)), target]
+def next_token_terms(logits, ids, scored, clean_logp=None):
+    """logits [B, T, V], ids [B, T], scored [B, T] bool ->
+    (CE per scored position that has a next token [n], KL(clean || this) per scored position [m] or None,
+    log-probs at the scored positions [m, V])"""
+    lp = log_softmax(logits[scored])                                            # [m, V]
+    has_next = np.zeros_like(scored)
+    has_next[:, :-1] = scored[:, :-1]                                           # the last position has no next token
+    target = ids[:, 1:][has_next[:, :-1]]                                       # [n]
+    ce = -lp[has_next[scored]][np.arange(len(target)), target]
     kl = None if clean_logp is None else (np.exp(clean_logp) * (clean_logp - lp)).sum(-1)
     return ce, kl, lp
 
 
 def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, batch, ablation="zero"):
     from ..evaluation.activations import batches
+    if ablation not in ABLATIONS:
+        raise UsageError(f"ablation {ablation!r}: not one of {', '.join(ABLATIONS)}")
     sums = {"sq_res": 0.0, "sq_norm": 0.0, "l0": 0.0}
     sum_y = None
     fires = np.zeros(cfg.d_sae, np.int64)
@@ -110,13 +120,12 @@ def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, b
         n_rows += len(y)
         if ablation == "mean" and mean is None:
             mean = y.astype(np.float64).mean(0)
-        pred = scored.copy()
-        pred[:, -1] = False                                                       # the last position has no next token
-        c_clean, _, clean_lp = next_token_terms(clean, ids, pred)
+        c_clean, _, clean_lp = next_token_terms(clean, ids, scored)
         spliced = model.forward(ids, hooks=splice(p, cfg, in_node, out_node))
-        c_spl, k_spl, _ = next_token_terms(spliced, ids, pred, clean_lp)
-        ablated = model.forward(ids, hooks=ablate(out_node, mean if ablation == "mean" else None))
-        c_abl, k_abl, _ = next_token_terms(ablated, ids, pred, clean_lp)
+        c_spl, k_spl, _ = next_token_terms(spliced, ids, scored, clean_lp)
+        ablated = model.forward(ids, hooks=ablate(out_node, mean if ablation == "mean" else None,
+                                                  skip_first=ablation != "zero"))
+        c_abl, k_abl, _ = next_token_terms(ablated, ids, scored, clean_lp)
         ce["clean"].append(c_clean), ce["spliced"].append(c_spl), ce["ablated"].append(c_abl)
         kl["spliced"].append(k_spl), kl["ablated"].append(k_abl)
     N = max(n_rows, 1)
