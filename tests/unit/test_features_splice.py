@@ -112,3 +112,19 @@ def test_the_neurons_of_a_relu_mlp_as_a_transcoder_reproduce_it_within_rounding(
     assert (err <= bound).all(), float((err / bound).max())
     ref = h @ down + b_down                                                      # float64 on the same x
     assert np.abs(ref - y).max() > 0, "the float32 MLP should differ from float64 somewhere (else the bound is idle)"
+
+
+def test_ce_counts_the_scored_positions_with_a_next_token_and_kl_every_scored_position():
+    """run_evals' masks: CE at the positions whose next token is in the window, KL at every scored position
+    (each window's last included), both in float64 from the same log-softmax."""
+    from ffnlab.features.evaluate import log_softmax, next_token_terms
+    rng = np.random.default_rng(0)
+    logits, other = rng.standard_normal((2, 2, 5, 7)).astype(np.float32)      # [B, T, V] twice
+    ids = rng.integers(0, 7, (2, 5))
+    scored = np.array([[False, True, True, True, True], [False, False, True, True, True]])
+    ce, kl, lp = next_token_terms(other, ids, scored, log_softmax(logits[scored]))
+    want_ce = [-log_softmax(other[b, t])[ids[b, t + 1]] for b in range(2) for t in range(4) if scored[b, t]]
+    np.testing.assert_array_equal(ce, want_ce)                            # 3 + 2 positions: none at t = 4
+    p, q = log_softmax(logits[scored]), log_softmax(other[scored])
+    np.testing.assert_array_equal(kl, (np.exp(p) * (p - q)).sum(-1))     # 4 + 3 positions: t = 4 included
+    assert len(ce) == 5 and len(kl) == len(lp) == 7
