@@ -1,11 +1,11 @@
-"""scripts/pydocs_corpus.py: what it keeps of a page, where it cuts the held-out text, how it mixes manuals."""
+"""scripts/manual_corpus.py: what it keeps of a page, where it cuts the held-out text, how it mixes manuals."""
 import importlib.util
 import os
 import subprocess
 import sys
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "pydocs_corpus.py")
-spec = importlib.util.spec_from_file_location("pydocs_corpus", SCRIPT)
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "manual_corpus.py")
+spec = importlib.util.spec_from_file_location("manual_corpus", SCRIPT)
 corpus = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(corpus)
 

@@ -2,7 +2,7 @@
 Django 3.2 and PostgreSQL 15 manuals.
 
     apt-get install python3.11-doc python-django-doc postgresql-doc-15
-    python3 scripts/pydocs_corpus.py OUT.txt [--manual python|django|postgresql|python,django,...]
+    python3 scripts/manual_corpus.py OUT.txt [--manual python|django|postgresql|python,django,...]
                                      [--html DIR] [--heldout HELDOUT.txt [--fraction 0.1]]
 
 Every page's main text (Sphinx's `<div role="main">`, `<div id="yui-main">` in Django's theme, the
