@@ -122,9 +122,10 @@ def test_ce_counts_the_scored_positions_with_a_next_token_and_kl_every_scored_po
     logits, other = rng.standard_normal((2, 2, 5, 7)).astype(np.float32)      # [B, T, V] twice
     ids = rng.integers(0, 7, (2, 5))
     scored = np.array([[False, True, True, True, True], [False, False, True, True, True]])
-    ce, kl, lp = next_token_terms(other, ids, scored, log_softmax(logits[scored]))
     want_ce = [-log_softmax(other[b, t])[ids[b, t + 1]] for b in range(2) for t in range(4) if scored[b, t]]
-    np.testing.assert_array_equal(ce, want_ce)                            # 3 + 2 positions: none at t = 4
     p, q = log_softmax(logits[scored]), log_softmax(other[scored])
-    np.testing.assert_array_equal(kl, (np.exp(p) * (p - q)).sum(-1))     # 4 + 3 positions: t = 4 included
-    assert len(ce) == 5 and len(kl) == len(lp) == 7
+    for rows in (1, 3, 64):                                              # the same values in any grouping
+        ce, kl = next_token_terms(other, ids, scored, logits, rows=rows)
+        np.testing.assert_array_equal(ce, want_ce)                        # 3 + 2 positions: none at t = 4
+        np.testing.assert_array_equal(kl, (np.exp(p) * (p - q)).sum(-1))  # 4 + 3 positions: t = 4 included
+        assert len(ce) == 5 and len(kl) == 7

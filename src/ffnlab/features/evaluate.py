@@ -80,17 +80,23 @@ def log_softmax(z):
     return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
-def next_token_terms(logits, ids, scored, clean_logp=None):
-    """logits [B, T, V], ids [B, T], scored [B, T] bool ->
-    (CE per scored position that has a next token [n], KL(clean || this) per scored position [m] or None,
-    log-probs at the scored positions [m, V])"""
-    lp = log_softmax(logits[scored])                                            # [m, V]
-    has_next = np.zeros_like(scored)
-    has_next[:, :-1] = scored[:, :-1]                                           # the last position has no next token
-    target = ids[:, 1:][has_next[:, :-1]]                                       # [n]
-    ce = -lp[has_next[scored]][np.arange(len(target)), target]
-    kl = None if clean_logp is None else (np.exp(clean_logp) * (clean_logp - lp)).sum(-1)
-    return ce, kl, lp
+def next_token_terms(logits, ids, scored, clean=None, rows=64):
+    """logits [B, T, V], ids [B, T], scored [B, T] bool, clean: the clean forward's logits [B, T, V] or None ->
+    (CE per scored position that has a next token [n], KL(clean || this) per scored position [m] or None).
+    Log-softmax in float64, `rows` positions at a time: each row's value is the same however they are grouped,
+    and memory stays at rows x V doubles, not B x T x V (262k-token vocabularies)."""
+    b, t = np.nonzero(scored)                                                   # the rows of logits[scored]
+    has_next = t < scored.shape[1] - 1                                          # the last position has no next token
+    ce, kl = [], []
+    for i in range(0, len(b), rows):
+        bi, ti, nx = b[i:i + rows], t[i:i + rows], has_next[i:i + rows]
+        lp = log_softmax(logits[bi, ti])                                        # [r, V]
+        ce.append(-lp[np.nonzero(nx)[0], ids[bi[nx], ti[nx] + 1]])
+        if clean is not None:
+            cp = log_softmax(clean[bi, ti])
+            kl.append((np.exp(cp) * (cp - lp)).sum(-1))
+    ce = np.concatenate(ce) if ce else np.zeros(0)
+    return ce, None if clean is None else (np.concatenate(kl) if kl else np.zeros(0))
 
 
 def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, batch, ablation="zero"):
@@ -120,12 +126,14 @@ def evaluate_dictionary(model, p, cfg, windows, in_node, out_node, max_tokens, b
         n_rows += len(y)
         if ablation == "mean" and mean is None:
             mean = y.astype(np.float64).mean(0)
-        c_clean, _, clean_lp = next_token_terms(clean, ids, scored)
+        c_clean, _ = next_token_terms(clean, ids, scored)
         spliced = model.forward(ids, hooks=splice(p, cfg, in_node, out_node))
-        c_spl, k_spl, _ = next_token_terms(spliced, ids, scored, clean_lp)
+        c_spl, k_spl = next_token_terms(spliced, ids, scored, clean)
+        del spliced
         ablated = model.forward(ids, hooks=ablate(out_node, mean if ablation == "mean" else None,
                                                   skip_first=ablation != "zero"))
-        c_abl, k_abl, _ = next_token_terms(ablated, ids, scored, clean_lp)
+        c_abl, k_abl = next_token_terms(ablated, ids, scored, clean)
+        del ablated, clean
         ce["clean"].append(c_clean), ce["spliced"].append(c_spl), ce["ablated"].append(c_abl)
         kl["spliced"].append(k_spl), kl["ablated"].append(k_abl)
     N = max(n_rows, 1)
