@@ -3,12 +3,19 @@ activations and budget, both evaluated by `features eval`'s code (which equals S
 scripts/saelens_evals.py) on the same held-out text.
 
     python3 scripts/saelens_quality.py --data train.txt --heldout heldout.txt --rows 262144 --out DIR \
-        [-m smollm2] [--layer 12] [--width 4608] [--k 32] [--batch 512] [--lr 1e-3] [--eval-tokens 20000]
+        [-m smollm2] [--layer 12] [--width 4608] [--k 32] [--batch 512] [--lr 1e-3] [--eval-tokens 20000] \
+        [--seeds 0,1,2] [--variant as-is|bdec0|project]
 
 The rows: l_out-L of the model on the first windows of --data (ffnlab's harvest, f32 arithmetic), shuffled once
 with seed 0 and saved (DIR/rows.npy). ffnlab: `features train`'s Trainer on those rows (ArrayHarvest: its own
 buffer and draws, one pass). SAELens: SAETrainer on the same rows in their saved order
-(tests/reference/features_saelens_train.py says how the recipe maps onto its options). Prints a table.
+(tests/reference/features_saelens_train.py says how the recipe maps onto its options). One SAE per seed from
+each side (the seed draws the initial weights; ffnlab's also its buffer's draws), each kept in DIR/NAME-sSEED
+with its evaluation (eval.json), so a second call with more seeds trains only the new ones. --variant changes
+one thing in ffnlab's recipe (DIR/ffnlab-VARIANT-sSEED): bdec0 starts b_dec at zero, as SAELens does, instead of
+at the rows' mean; project removes from W_dec's gradient its component along each row before the step (the
+part that renormalising the rows undoes; SAELens's rescale_acts_by_decoder_norm differentiates through the
+row norms, which leaves that component out). Prints a row per SAE and, over the seeds, ffnlab - SAELens with Welch's 95% interval (the two sides' seeds do not pair).
 """
 import argparse
 import json
@@ -19,6 +26,7 @@ import time
 
 import numpy as np
 
+VARIANTS = ("as-is", "bdec0", "project")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.join(HERE, "..", "tests", "reference")
 sys.path.insert(0, REFERENCE)
@@ -37,6 +45,10 @@ def main():
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-tokens", type=int, default=20000)
+    ap.add_argument("--seeds", default="0", help="comma-separated seeds, each trained on both sides")
+    ap.add_argument("--variant", choices=VARIANTS, default="as-is",
+                    help="ffnlab's recipe: as-is; bdec0: b_dec starts at zero (SAELens's start); project: W_dec's "
+                         "gradient without its component along each (unit) row")
     ap.add_argument("-t", "--threads", type=int, default=1)
     args = ap.parse_args()
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -49,6 +61,7 @@ def main():
     from ffnlab.features.evaluate import evaluate_dictionary
     from ffnlab.features.harvest import ActivationBuffer, ArrayHarvest, stream_rows
     from ffnlab.features.trainer import FeatureSettings, Trainer
+    from ffnlab.experiments.stats import summary, unpaired
     from ffnlab.formats.installed import resolve_model
     import pytest
     from saelens_env import saelens_python
@@ -81,48 +94,79 @@ def main():
         x = x[np.random.default_rng(0).permutation(len(x))]
         np.save(rows_path, x)
         print(f"harvest: {len(x)} rows of {site} in {time.perf_counter() - t:.0f} s", flush=True)
-    x = np.load(rows_path)
+    x = np.load(rows_path, mmap_mode="r")
     steps = len(x) // args.batch
     cfg = DictConfig(kind="sae", act="topk", d_in=x.shape[1], d_sae=args.width, d_out=x.shape[1], k=args.k)
-    s = FeatureSettings(tokens=steps * args.batch, batch=args.batch, lr=args.lr, dead_window=len(x) // 10,
-                        ckpt_every=0, normalize="scale")
-    buffer = ActivationBuffer(ActivationBuffer.rows_for(s.buffer_mb, cfg.d_in, cfg.d_out), cfg.d_in, cfg.d_out, 1)
-    trainer = Trainer(cfg, s, ArrayHarvest(x, x, buffer), {})
-    ours_dir, theirs_dir = os.path.join(args.out, "ffnlab"), os.path.join(args.out, "saelens")
-    t = time.perf_counter()
-    trainer.init_b_dec()
-    while trainer.step < s.steps:
-        trainer.train_step()
-    t_ours = time.perf_counter() - t
-    os.makedirs(ours_dir, exist_ok=True)
-    saelens_io.save(ours_dir, trainer.params(), cfg, saelens_io.cfg_dict(cfg, site, site, args.model, {}))
-    settings = {"d_sae": args.width, "k": args.k, "batch": args.batch, "steps": steps, "lr": args.lr,
-                "warmup": s.warmup_steps(), "dead_steps": s.dead_window // args.batch,
-                "norm_batches": max(1, buffer.capacity // args.batch), "threads": args.threads}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "src"), REFERENCE]))
-    r = subprocess.run([py, os.path.join(REFERENCE, "features_saelens_train.py"), rows_path, theirs_dir,
-                        json.dumps(settings)], capture_output=True, env=env)
-    if r.returncode:
-        raise SystemExit(r.stderr.decode()[-3000:])
-    theirs_run = json.loads(r.stdout.decode().strip().splitlines()[-1])
     held = windows(args.heldout)
-    results = {}
-    for name, d in (("ffnlab", ours_dir), ("SAELens", theirs_dir)):
-        p, c, _ = saelens_io.load(d)
-        m = evaluate_dictionary(model, p, c, held, site, site, args.eval_tokens, 4)
-        m.pop("density")
-        results[name] = m
-    results["train_seconds"] = {"ffnlab": t_ours, "SAELens": theirs_run["seconds"]}
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"settings": settings, "rows": len(x), **results}, f, indent=1)
-    a, b = results["ffnlab"], results["SAELens"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "src"), REFERENCE]))
+
+    def recipe(seed):
+        s = FeatureSettings(tokens=steps * args.batch, batch=args.batch, lr=args.lr, dead_window=len(x) // 10,
+                            ckpt_every=0, normalize="scale", seed=seed,
+                            project_decoder_grad=args.variant == "project")
+        buffer = ActivationBuffer(ActivationBuffer.rows_for(s.buffer_mb, cfg.d_in, cfg.d_out), cfg.d_in, cfg.d_out, 1)
+        theirs = {"d_sae": args.width, "k": args.k, "batch": args.batch, "steps": steps, "lr": args.lr,
+                  "warmup": s.warmup_steps(), "dead_steps": s.dead_window // args.batch,
+                  "norm_batches": max(1, buffer.capacity // args.batch), "threads": args.threads, "seed": seed}
+        return s, buffer, theirs
+
+    def train_ffnlab(seed, out):
+        s, buffer, _ = recipe(seed)
+        trainer = Trainer(cfg, s, ArrayHarvest(np.asarray(x), np.asarray(x), buffer), {})
+        t = time.perf_counter()
+        trainer.init_b_dec()
+        if args.variant == "bdec0":
+            trainer.p["b_dec"][:] = 0
+        while trainer.step < s.steps:
+            trainer.train_step()
+        seconds = time.perf_counter() - t
+        saelens_io.save(out, trainer.params(), cfg, saelens_io.cfg_dict(cfg, site, site, args.model, {}))
+        return seconds
+
+    def train_saelens(seed, out):
+        r = subprocess.run([py, os.path.join(REFERENCE, "features_saelens_train.py"), rows_path, out,
+                            json.dumps(recipe(seed)[2])], capture_output=True, env=env)
+        if r.returncode:
+            raise SystemExit(r.stderr.decode()[-3000:])
+        return json.loads(r.stdout.decode().strip().splitlines()[-1])["seconds"]
+
+    ours = "ffnlab" if args.variant == "as-is" else f"ffnlab-{args.variant}"
+    runs = {ours: {}, "SAELens": {}}
+    for seed in [int(v) for v in args.seeds.split(",")]:
+        for name in (ours, "SAELens"):
+            d = os.path.join(args.out, f"{name.lower()}-s{seed}")
+            done = os.path.join(d, "eval.json")
+            if not os.path.exists(done):
+                os.makedirs(d, exist_ok=True)
+                seconds = (train_saelens if name == "SAELens" else train_ffnlab)(seed, d)
+                p, c, _ = saelens_io.load(d)
+                m = evaluate_dictionary(model, p, c, held, site, site, args.eval_tokens, 4)
+                m.pop("density")
+                m["train_seconds"] = seconds
+                with open(done, "w") as f:
+                    json.dump({"seed": seed, "settings": recipe(seed)[2], **m}, f, indent=1)
+            with open(done) as f:
+                runs[name][seed] = json.load(f)
+
+    some = next(iter(runs[ours].values()))
     print(f"TopK SAE on {site}, {args.width} latents, k {args.k}: {len(x)} rows ({steps} steps of {args.batch}); "
-          f"held out: {a['tokens']} tokens of {args.heldout}")
-    print("| | FVU | explained var. | L0 | CE loss score | KL score | dead | train seconds |\n|---|---|---|---|---|---|---|---|")
-    for name, m in (("ffnlab", a), ("SAELens", b)):
-        print(f"| {name} | {m['fvu']:.4f} | {m['explained_variance']:.4f} | {m['l0']:.1f} | {m['ce_loss_score']:.4f} | "
-              f"{m['kl_score']:.4f} | {100 * m['dead_fraction']:.1f}% | {results['train_seconds'][name]:.0f} |")
-    print(f"ffnlab - SAELens: FVU {a['fvu'] - b['fvu']:+.4f}, CE loss score {a['ce_loss_score'] - b['ce_loss_score']:+.4f}")
+          f"held out: {some['tokens']} tokens of {args.heldout}; ffnlab's recipe: {args.variant}")
+    print("| trainer | seed | FVU | L0 | CE spliced | CE loss score | KL score | dead | dense | train seconds |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+    for name in runs:
+        for seed, m in sorted(runs[name].items()):
+            print(f"| {name} | {seed} | {m['fvu']:.4f} | {m['l0']:.1f} | {m['ce_spliced']:.4f} | {m['ce_loss_score']:.4f} | "
+                  f"{m['kl_score']:.4f} | {100 * m['dead_fraction']:.1f}% | {100 * m['dense_fraction']:.2f}% | "
+                  f"{m['train_seconds']:.0f} |")
+    table = {}
+    for key in ("fvu", "ce_loss_score", "kl_score"):
+        a, b = [m[key] for m in runs[ours].values()], [m[key] for m in runs["SAELens"].values()]
+        table[key] = {ours: summary(a), "SAELens": summary(b), "difference": unpaired(a, b)}
+        u = table[key]["difference"]
+        print(f"{key}: {ours} {np.mean(a):.4f} (sd {table[key][ours]['sd']:.4f}), SAELens {np.mean(b):.4f} "
+              f"(sd {table[key]['SAELens']['sd']:.4f}); difference {u['mean']:+.4f} [{u['lo']:+.4f}, {u['hi']:+.4f}]")
+    with open(os.path.join(args.out, f"results-{ours}.json"), "w") as f:
+        json.dump({"rows": len(x), "runs": runs, "summary": table}, f, indent=1)
 
 
 if __name__ == "__main__":

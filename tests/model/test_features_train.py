@@ -12,7 +12,8 @@ from ffnlab.features import dictionary as D
 from ffnlab.features.evaluate import reconstruct
 from ffnlab.features.harvest import ActivationBuffer, ArrayHarvest
 from ffnlab.features import saelens_io
-from ffnlab.features.trainer import TRAINER_FILE, FeatureSettings, Trainer, folded, scale_to_sqrt_width
+from ffnlab.features.trainer import (TRAINER_FILE, FeatureSettings, Trainer, folded, project_out_radial,
+                                    scale_to_sqrt_width)
 
 D_IN, N_ATOMS = 16, 48
 
@@ -72,6 +73,25 @@ def test_b_dec_starts_at_the_mean_of_the_first_buffer(normalize):
 def test_an_unknown_normalize_is_refused():
     with pytest.raises(ValueError, match="normalize 'std'"):
         trainer(normalize="std")
+
+
+def test_the_projected_decoder_gradient_is_the_gradient_through_the_row_norms():
+    """At unit rows W, d/dW f(W / ||W||) = g - (g . w) w per row, g = f's gradient at W: checked by central
+    differences of f(V) = sum(C * V / ||V||) (float64, step 1e-6: truncation ~1e-12, rounding ~1e-10)."""
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((6, 5))
+    W /= np.linalg.norm(W, axis=1, keepdims=True)
+    C = rng.standard_normal((6, 5))
+    f = (lambda V: float((C * V / np.linalg.norm(V, axis=1, keepdims=True)).sum()))
+    fd = np.zeros_like(W)
+    for i, j in np.ndindex(W.shape):
+        e = np.zeros_like(W)
+        e[i, j] = 1e-6
+        fd[i, j] = (f(W + e) - f(W - e)) / 2e-6
+    g = C.copy()                                       # f's gradient with the norms held at 1
+    project_out_radial(g, W)
+    np.testing.assert_allclose(g, fd, atol=1e-8)
+    assert np.abs(np.einsum("ij,ij->i", g, W)).max() < 1e-12
 
 
 def test_scale_to_sqrt_width_of_rows_that_are_all_zero_is_one():

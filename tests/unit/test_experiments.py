@@ -111,6 +111,16 @@ def test_paired_is_the_t_interval_of_the_differences_by_seed():
     assert p["excludes_zero"] == (ref.low > 0 or ref.high < 0)
 
 
+@pytest.mark.parametrize("a,b", [([0.92, 0.91, 0.93], [0.94, 0.935, 0.9375, 0.93]),
+                                 ([1.0, 1.2, 0.9, 1.4, 1.1], [1.05, 1.06])])
+def test_unpaired_is_welchs_interval(a, b):
+    u = stats.unpaired(a + [float("nan")], b)                                 # a nan run is left out
+    ref = sps.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert u["n"] == (len(a), len(b)) and u["mean"] == pytest.approx(np.mean(a) - np.mean(b), abs=1e-15)
+    assert (u["lo"], u["hi"]) == pytest.approx((ref.low, ref.high), abs=1e-12)
+    assert math.isnan(stats.unpaired([1.0], b)["lo"])
+
+
 def test_oscillation_measures_the_jumps_around_the_trend():
     t = np.arange(300, dtype=np.float64)
     smooth = 3.0 * np.exp(-t / 100) + 1.0

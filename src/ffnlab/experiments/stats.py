@@ -8,6 +8,9 @@
     paired(a, b)            a - b by seed (a seed fixes the init and the batch order of both runs):
                             the mean difference, its t and bootstrap intervals, and the relative
                             difference a/b - 1 per seed with its t interval
+    unpaired(a, b)          mean(a) - mean(b) for runs whose seeds do not pair (two implementations
+                            that draw their own init): Welch's interval, the standard error
+                            sqrt(s_a^2/n_a + s_b^2/n_b) with Welch-Satterthwaite degrees of freedom
     oscillation(loss)       how much the training loss jumps around its own trend: the RMS of
                             loss[t] - mean(loss[t-w:t]) (the trailing moving average of the w steps
                             before), and the number of spikes, steps where loss[t] exceeds that
@@ -79,6 +82,21 @@ def paired(a, b, confidence=CONFIDENCE) -> dict:
             "sd": float(np.std(d, ddof=1)) if len(d) > 1 else float("nan"),
             "boot_lo": blo, "boot_hi": bhi, "rel_mean": rm, "rel_lo": rlo, "rel_hi": rhi,
             "excludes_zero": bool(len(d) > 1 and (lo > 0 or hi < 0))}
+
+
+def unpaired(a, b, confidence=CONFIDENCE) -> dict:
+    """a, b: values of independent runs -> mean(a) - mean(b) and its Welch t interval
+    (scipy.stats.ttest_ind(a, b, equal_var=False).confidence_interval())"""
+    x = np.asarray([v for v in a if _finite(v)], np.float64)
+    y = np.asarray([v for v in b if _finite(v)], np.float64)
+    d = float(x.mean() - y.mean()) if len(x) and len(y) else float("nan")
+    if len(x) < 2 or len(y) < 2:
+        return {"n": (len(x), len(y)), "mean": d, "lo": float("nan"), "hi": float("nan"), "df": float("nan")}
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (len(x) - 1) + vb ** 2 / (len(y) - 1)) if se > 0 else float(len(x) + len(y) - 2)
+    h = t_quantile(0.5 + confidence / 2, df) * se
+    return {"n": (len(x), len(y)), "mean": d, "lo": d - h, "hi": d + h, "df": float(df)}
 
 
 def _finite(v):

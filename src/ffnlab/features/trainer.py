@@ -62,6 +62,7 @@ class FeatureSettings:
     decoder_init_norm: float = -1.0  # -1: 1 (unit rows) for topk/batchtopk/jumprelu, 0.1 for relu (Anthropic)
     threshold_init: float = 0.001    # jumprelu's initial threshold
     normalize: str = "scale"         # scale: each site to mean row norm sqrt(width) while training; none
+    project_decoder_grad: bool = False  # unit-norm rows: drop each W_dec row's gradient along the row first
 
     @property
     def steps(self):
@@ -73,6 +74,11 @@ class FeatureSettings:
 
 def unit_norm_rows(cfg):
     return cfg.act != "relu"
+
+
+def project_out_radial(g, W):
+    """g, W [d_sae, d_out], W's rows unit: g minus its component along each row (the part renorm_decoder undoes)"""
+    g -= np.einsum("ij,ij->i", g, W)[:, None] * W
 
 
 def renorm_decoder(p):
@@ -142,6 +148,8 @@ class Trainer:
             x, y = x * np.float32(self.c_in), y * np.float32(self.c_out)
         terms, grads, out, acts = loss_and_grads(self.p, cfg, x, y, self.dead(), s.coef, s.aux_coef)
         grads = {n: grads[n] for n in trainable(cfg)}
+        if s.project_decoder_grad and unit_norm_rows(cfg):
+            project_out_radial(grads["W_dec"], self.p["W_dec"])
         clip_grad_norm(grads, s.grad_clip)
         self.opt.step({n: self.p[n] for n in trainable(cfg)}, grads,
                       lr_at(self.step, s.lr, s.steps, s.warmup_steps(), s.min_lr_frac))
