@@ -103,7 +103,8 @@ def main():
     def recipe(seed):
         s = FeatureSettings(tokens=steps * args.batch, batch=args.batch, lr=args.lr, dead_window=len(x) // 10,
                             ckpt_every=0, normalize="scale", seed=seed,
-                            project_decoder_grad=args.variant == "project")
+                            project_decoder_grad=args.variant == "project",
+                            b_dec_init="zero" if args.variant == "bdec0" else "mean")
         buffer = ActivationBuffer(ActivationBuffer.rows_for(s.buffer_mb, cfg.d_in, cfg.d_out), cfg.d_in, cfg.d_out, 1)
         theirs = {"d_sae": args.width, "k": args.k, "batch": args.batch, "steps": steps, "lr": args.lr,
                   "warmup": s.warmup_steps(), "dead_steps": s.dead_window // args.batch,
@@ -115,8 +116,6 @@ def main():
         trainer = Trainer(cfg, s, ArrayHarvest(np.asarray(x), np.asarray(x), buffer), {})
         t = time.perf_counter()
         trainer.init_b_dec()
-        if args.variant == "bdec0":
-            trainer.p["b_dec"][:] = 0
         while trainer.step < s.steps:
             trainer.train_step()
         seconds = time.perf_counter() - t

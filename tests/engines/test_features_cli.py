@@ -3,6 +3,7 @@ SIGKILL mid-checkpoint writes what the uninterrupted run writes, the splice with
 model's logits exactly, and each bad input is one line with nothing written."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -87,6 +88,21 @@ def test_resume_after_a_kill_mid_checkpoint_equals_the_uninterrupted_run(smollm2
     assert json.load(open(out / "trainer.json"))["step"] == 6          # the second commit (step 12) never landed
     subprocess.run(train_cmd(smollm2, data, out, "--resume"), check=True, env=env_with(), capture_output=True)
     assert contents(out) == contents(reference)
+
+
+def test_resume_reads_a_record_from_before_a_setting_existed_and_refuses_other_flags(smollm2, data, reference,
+                                                                                   tmp_path):
+    out = tmp_path / "old"
+    shutil.copytree(reference, out)
+    record = json.load(open(out / "trainer.json"))
+    assert record["settings"]["b_dec_init"] == "mean"
+    del record["settings"]["b_dec_init"], record["settings"]["project_decoder_grad"]    # a record of an earlier version
+    (out / "trainer.json").write_text(json.dumps(record))
+    p = subprocess.run(train_cmd(smollm2, data, out, "--resume", "--b-dec-init", "zero"), env=env_with(),
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "--resume: the flags differ" in p.stderr and "Traceback" not in p.stderr
+    subprocess.run(train_cmd(smollm2, data, out, "--resume"), check=True, env=env_with(), capture_output=True)
+    assert json.load(open(out / "cfg.json"))["ffnlab"]["b_dec_init"] == "mean"
 
 
 def test_eval_and_show_read_the_trained_directory(smollm2, data, reference, capsys):

@@ -70,6 +70,17 @@ def test_b_dec_starts_at_the_mean_of_the_first_buffer(normalize):
                                  rel=1e-6)
 
 
+def test_b_dec_init_zero_leaves_b_dec_at_zero_and_still_scales():
+    t, _ = trainer(b_dec_init="zero")
+    t.init_b_dec()
+    b = t.harvest.buffer
+    assert not t.p["b_dec"].any()
+    norm = np.linalg.norm(b.x[:b.n].astype(np.float64) * t.c_in, axis=1).mean()
+    assert norm == pytest.approx(np.sqrt(D_IN), rel=1e-6)
+    with pytest.raises(ValueError, match="b_dec_init 'median'"):
+        trainer(b_dec_init="median")
+
+
 def test_an_unknown_normalize_is_refused():
     with pytest.raises(ValueError, match="normalize 'std'"):
         trainer(normalize="std")

@@ -45,6 +45,9 @@ def add_arguments(p):
     p.add_argument("--normalize", choices=("scale", "none"), default="scale",
                    help="train: scale each site by a constant to mean row norm sqrt(width) while training, folded "
                         "into the saved weights (default scale; SAELens's expected_average_only_in); none: as they are")
+    p.add_argument("--b-dec-init", choices=("mean", "zero"), default="mean",
+                   help="train: b_dec's start, the targets' mean in the first buffer (default) or zero (SAELens 6's): "
+                        "the mean gives a lower FVU, zero a higher CE loss score (docs/features.md)")
     p.add_argument("--dead-window", type=positive("--dead-window"), default=None,
                    help="train: a latent is dead after this many tokens without firing (default: a tenth of --tokens, "
                         "at least one batch and at most 100000, so that AuxK can act within a short run)")
@@ -119,7 +122,8 @@ def _settings_and_cfg(args, model):
     dead_window = args.dead_window or max(args.batch, min(100_000, tokens // 10))
     s = FeatureSettings(tokens=tokens, batch=args.batch, lr=args.lr,
                         warmup=-1 if args.warmup is None else args.warmup, coef=coef, dead_window=dead_window,
-                        seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every, normalize=args.normalize)
+                        seed=args.seed, buffer_mb=args.buffer_mb, ckpt_every=args.ckpt_every, normalize=args.normalize,
+                        b_dec_init=args.b_dec_init)
     return dcfg, s, in_node, out_node
 
 
@@ -143,7 +147,7 @@ def train(args):
 
     from ..errors import UsageError
     from ..features.harvest import ActivationBuffer, Harvest
-    from ..features.trainer import TRAINER_FILE, Trainer
+    from ..features.trainer import TRAINER_FILE, FeatureSettings, Trainer
     from ..formats.installed import resolve_model
     from ..progress import Progress
     from ..training.data import read_text
@@ -169,7 +173,7 @@ def train(args):
     dcfg, s, in_node, out_node = _settings_and_cfg(args, model)
     digest = file_digest(model_path) if os.path.isfile(model_path) else None
     if record is not None:
-        saved = record.get("settings", {})
+        saved = {**dataclasses.asdict(FeatureSettings()), **record.get("settings", {})}   # fields added since: defaults
         if saved != dataclasses.asdict(s) or record.get("config") != dataclasses.asdict(dcfg):
             raise UsageError(f"--resume: the flags differ from the run in {args.out} (settings {saved}); give the "
                              f"same flags as the first command")

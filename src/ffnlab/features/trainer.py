@@ -13,9 +13,10 @@ One step (the recipe of SAELens's SAETrainer and the TopK/JumpReLU papers):
     batchtopk: threshold <- (1 - 0.01) threshold + 0.01 * (smallest kept activation)   (SAELens's update)
     tokens since each latent last fired += B; 0 where it fired; dead = that count >= dead_window
 
-b_dec starts at the mean of the targets in the first full buffer (the MSE-optimal constant; SAELens's
-"mean" init, not its geometric median, which minimises the L2 distance rather than its square). c_in and
-c_out come from the same buffer. Why "scale" is the default: a site's norm sets how far the encoder must
+b_dec starts at the mean of the targets in the first full buffer (b_dec_init "mean": the MSE-optimal
+constant; earlier SAELens's "mean" init, not its geometric median, which minimises the L2 distance rather
+than its square), or at zero ("zero": SAELens 6's start; docs/features.md measures what each costs). c_in
+and c_out come from the same buffer. Why "scale" is the default: a site's norm sets how far the encoder must
 grow before a latent's activation can match the target, and the latents that win the first top-k places
 grow first and keep them. SmolLM2's ffn_norm rows have norm ~3.3 against ffn_out's ~30; trained on them as
 they are, 82% of a transcoder's latents never fired (docs/features.md has the figures).
@@ -63,6 +64,7 @@ class FeatureSettings:
     threshold_init: float = 0.001    # jumprelu's initial threshold
     normalize: str = "scale"         # scale: each site to mean row norm sqrt(width) while training; none
     project_decoder_grad: bool = False  # unit-norm rows: drop each W_dec row's gradient along the row first
+    b_dec_init: str = "mean"         # mean: the targets' mean in the first buffer; zero
 
     @property
     def steps(self):
@@ -86,6 +88,7 @@ def renorm_decoder(p):
 
 
 NORMALIZE = ("scale", "none")
+B_DEC_INIT = ("mean", "zero")
 
 
 def scale_to_sqrt_width(rows):
@@ -114,6 +117,8 @@ class Trainer:
     def __init__(self, cfg: DictConfig, settings: FeatureSettings, harvest, meta):
         if settings.normalize not in NORMALIZE:
             raise ValueError(f"normalize {settings.normalize!r}: expected one of {', '.join(NORMALIZE)}")
+        if settings.b_dec_init not in B_DEC_INIT:
+            raise ValueError(f"b_dec_init {settings.b_dec_init!r}: expected one of {', '.join(B_DEC_INIT)}")
         self.cfg, self.s, self.harvest, self.meta = cfg, settings, harvest, meta
         rng = np.random.default_rng(settings.seed)
         norm = settings.decoder_init_norm if settings.decoder_init_norm > 0 else (0.1 if cfg.act == "relu" else 1.0)
@@ -126,13 +131,14 @@ class Trainer:
         self.c_in = self.c_out = 1.0         # the sites' constants (normalize), set from the first buffer
 
     def init_b_dec(self):
-        """c_in, c_out and b_dec from the first full buffer"""
+        """c_in, c_out and (b_dec_init "mean") b_dec from the first full buffer"""
         self.harvest.fill()
         b = self.harvest.buffer
         if self.s.normalize == "scale":
             self.c_in = scale_to_sqrt_width(b.x[:b.n])
             self.c_out = self.c_in if self.cfg.kind == "sae" else scale_to_sqrt_width(b.y[:b.n])
-        self.p["b_dec"][:] = (b.y[:b.n].astype(np.float64) * self.c_out).mean(0)
+        if self.s.b_dec_init == "mean":
+            self.p["b_dec"][:] = (b.y[:b.n].astype(np.float64) * self.c_out).mean(0)
 
     def params(self):
         """-> the dictionary as it is used: on the model's own activations (the constants folded in)"""
@@ -191,6 +197,7 @@ class Trainer:
         tokens = self.step * self.s.batch
         m["ffnlab"] = {**m["ffnlab"], "steps": self.step, "tokens": tokens,
                        "dead_fraction": float(self.dead().mean()), "normalize": self.s.normalize,
+                       "b_dec_init": self.s.b_dec_init,
                        "scale_in": self.c_in, "scale_out": self.c_out}
         return saelens_io.cfg_dict(self.cfg, m["hook_name"], m["hook_name_out"], m["model_name"], m["ffnlab"])
 
