@@ -47,7 +47,8 @@ def add_arguments(p):
                         "into the saved weights (default scale; SAELens's expected_average_only_in); none: as they are")
     p.add_argument("--b-dec-init", choices=("mean", "zero"), default="mean",
                    help="train: b_dec's start, the targets' mean in the first buffer (default) or zero (SAELens 6's): "
-                        "the mean gives a lower FVU, zero a higher CE loss score (docs/features.md)")
+                        "on an SAE the mean gives a lower FVU, zero a higher CE loss score; on a transcoder the mean did "
+                        "better on both (docs/features.md)")
     p.add_argument("--dead-window", type=positive("--dead-window"), default=None,
                    help="train: a latent is dead after this many tokens without firing (default: a tenth of --tokens, "
                         "at least one batch and at most 100000, so that AuxK can act within a short run)")
