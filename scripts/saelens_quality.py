@@ -100,19 +100,21 @@ def main():
     held = windows(args.heldout)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "..", "src"), REFERENCE]))
 
+    buffer_rows = ActivationBuffer.rows_for(FeatureSettings().buffer_mb, cfg.d_in, cfg.d_out)
+
     def recipe(seed):
+        """ffnlab's settings for one seed, and the same recipe in the words of SAELens's side."""
         s = FeatureSettings(tokens=steps * args.batch, batch=args.batch, lr=args.lr, dead_window=len(x) // 10,
                             ckpt_every=0, normalize="scale", seed=seed,
                             project_decoder_grad=args.variant == "project",
                             b_dec_init="zero" if args.variant == "bdec0" else "mean")
-        buffer = ActivationBuffer(ActivationBuffer.rows_for(s.buffer_mb, cfg.d_in, cfg.d_out), cfg.d_in, cfg.d_out, 1)
         theirs = {"d_sae": args.width, "k": args.k, "batch": args.batch, "steps": steps, "lr": args.lr,
                   "warmup": s.warmup_steps(), "dead_steps": s.dead_window // args.batch,
-                  "norm_batches": max(1, buffer.capacity // args.batch), "threads": args.threads, "seed": seed}
-        return s, buffer, theirs
+                  "norm_batches": max(1, buffer_rows // args.batch), "threads": args.threads, "seed": seed}
+        return s, theirs
 
-    def train_ffnlab(seed, out):
-        s, buffer, _ = recipe(seed)
+    def train_ffnlab(s, out):
+        buffer = ActivationBuffer(buffer_rows, cfg.d_in, cfg.d_out, 1)
         trainer = Trainer(cfg, s, ArrayHarvest(np.asarray(x), np.asarray(x), buffer), {})
         t = time.perf_counter()
         trainer.init_b_dec()
@@ -122,9 +124,9 @@ def main():
         saelens_io.save(out, trainer.params(), cfg, saelens_io.cfg_dict(cfg, site, site, args.model, {}))
         return seconds
 
-    def train_saelens(seed, out):
+    def train_saelens(theirs, out):
         r = subprocess.run([py, os.path.join(REFERENCE, "features_saelens_train.py"), rows_path, out,
-                            json.dumps(recipe(seed)[2])], capture_output=True, env=env)
+                            json.dumps(theirs)], capture_output=True, env=env)
         if r.returncode:
             raise SystemExit(r.stderr.decode()[-3000:])
         return json.loads(r.stdout.decode().strip().splitlines()[-1])["seconds"]
@@ -132,18 +134,19 @@ def main():
     ours = "ffnlab" if args.variant == "as-is" else f"ffnlab-{args.variant}"
     runs = {ours: {}, "SAELens": {}}
     for seed in [int(v) for v in args.seeds.split(",")]:
+        s, theirs = recipe(seed)
         for name in (ours, "SAELens"):
             d = os.path.join(args.out, f"{name.lower()}-s{seed}")
             done = os.path.join(d, "eval.json")
             if not os.path.exists(done):
                 os.makedirs(d, exist_ok=True)
-                seconds = (train_saelens if name == "SAELens" else train_ffnlab)(seed, d)
+                seconds = train_saelens(theirs, d) if name == "SAELens" else train_ffnlab(s, d)
                 p, c, _ = saelens_io.load(d)
                 m = evaluate_dictionary(model, p, c, held, site, site, args.eval_tokens, 4)
                 m.pop("density")
                 m["train_seconds"] = seconds
                 with open(done, "w") as f:
-                    json.dump({"seed": seed, "settings": recipe(seed)[2], **m}, f, indent=1)
+                    json.dump({"seed": seed, "settings": theirs, **m}, f, indent=1)
             with open(done) as f:
                 runs[name][seed] = json.load(f)
 
@@ -162,6 +165,10 @@ def main():
         a, b = [m[key] for m in runs[ours].values()], [m[key] for m in runs["SAELens"].values()]
         table[key] = {ours: summary(a), "SAELens": summary(b), "difference": unpaired(a, b)}
         u = table[key]["difference"]
+        if len(a) < 2 or len(b) < 2:
+            print(f"{key}: {ours} {np.mean(a):.4f}, SAELens {np.mean(b):.4f}; difference {u['mean']:+.4f} "
+                  "(no interval: it needs two seeds a side)")
+            continue
         print(f"{key}: {ours} {np.mean(a):.4f} (sd {table[key][ours]['sd']:.4f}), SAELens {np.mean(b):.4f} "
               f"(sd {table[key]['SAELens']['sd']:.4f}); difference {u['mean']:+.4f} [{u['lo']:+.4f}, {u['hi']:+.4f}]")
     with open(os.path.join(args.out, f"results-{ours}.json"), "w") as f:
