@@ -8,7 +8,7 @@ One line per node of a traced forward (name, op, shape, sources, sha1 of the arr
 one per logits array, for: every family's tiny random model (the configs of
 tests/reference/block_checks.py and a mixture of experts with a shared expert), in float32 and ggml
 arithmetic, the full forward, a KV-cache decode of 4 tokens (the one-token fast path), and the
-real models (SmolLM2, Gemma 3) when installed; then the results of the lab's own computations
+real models (SmolLM2, Gemma 3) when installed, and LoRA adapters on two tiny models; then the results of the lab's own computations
 (lens, patching, causal tracing, attribution, neuron and expert scans, perplexity) in both
 arithmetics. --quick leaves out the real models.
 """
@@ -56,7 +56,20 @@ def tiny_models():
         yield arch, cfg, random_params(cfg)
     cfg = moe_config(shared=True)
     yield "moe_shexp", cfg, moe_params(cfg)
+    for arch in ("llama", "gpt2"):                  # LoRA on every weight: the adapter's nodes, the ADDs
+        yield f"{arch}_lora", CONFIGS[arch], lora_params(CONFIGS[arch], random_params(CONFIGS[arch]))
     del Model
+
+
+def lora_params(cfg, params):
+    """params with a rank-2 adapter on every projection, B drawn (not PEFT's zero) so it counts"""
+    from ffnlab.training.lora import attach, init_adapters, target_tensors
+    adapters = init_adapters(params, cfg, target_tensors(cfg, "all" if cfg.gated else "q,o,up,down"), 2, seed=3)
+    rng = np.random.default_rng(5)
+    for n in adapters:
+        if n.endswith(".lora_b"):
+            adapters[n] = rng.normal(0, 0.1, adapters[n].shape).astype(np.float32)
+    return attach(params, adapters, 2.0)
 
 
 def lab_results(label, model, text, foil_text):
