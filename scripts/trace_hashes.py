@@ -8,7 +8,7 @@ One line per node of a traced forward (name, op, shape, sources, sha1 of the arr
 one per logits array, for: every family's tiny random model (the configs of
 tests/reference/block_checks.py and a mixture of experts with a shared expert), in float32 and ggml
 arithmetic, the full forward, a KV-cache decode of 4 tokens (the one-token fast path), and the
-real models (SmolLM2, Gemma 3) when installed, and LoRA adapters on two tiny models; then the results of the lab's own computations
+real models (SmolLM2, Gemma 3) when installed, Granite's multipliers, SmolLM3's NoPE layers, OLMoE's whole-projection q/k norms on the tiny llama, and LoRA adapters on two tiny models; then the results of the lab's own computations
 (lens, patching, causal tracing, attribution, neuron and expert scans, perplexity) in both
 arithmetics. --quick leaves out the real models.
 """
@@ -56,6 +56,14 @@ def tiny_models():
         yield arch, cfg, random_params(cfg)
     cfg = moe_config(shared=True)
     yield "moe_shexp", cfg, moe_params(cfg)
+    from ffnlab.config import ModelConfig
+    llama = CONFIGS["llama"].to_dict()
+    for arch, over in (("granite", dict(embedding_multiplier=3.0, residual_multiplier=0.4, logits_scaling=2.5,
+                                        attn_scale=0.3)),
+                       ("smollm3", dict(no_rope_layer_step=2)),
+                       ("olmoe", dict(qk_norm=True, qk_norm_full=True))):
+        cfg = ModelConfig.from_dict({**llama, "arch": arch, **over})
+        yield arch, cfg, random_params(cfg)
     for arch in ("llama", "gpt2"):                  # LoRA on every weight: the adapter's nodes, the ADDs
         yield f"{arch}_lora", CONFIGS[arch], lora_params(CONFIGS[arch], random_params(CONFIGS[arch]))
     del Model

@@ -190,7 +190,7 @@ def test_editing_the_router_choice_reroutes_tokens():
     p, w = layer(cfg, np.float64)
     x = np.random.default_rng(9).normal(size=(1, 4, cfg.d_model))
 
-    def hook(name, a, op=None, srcs=(), bare=False):
+    def hook(name, a, op=None, srcs=None, bare=False):
         return np.tile(np.array([0, 1], np.int32), a.shape[:-1] + (1,)) if name.startswith("ffn_moe_topk") else a
     y, _ = moe_forward(x, w, hook)
     probs = R.to_numpy(torch.softmax(torch.from_numpy(x @ w.gate_inp.T), -1))[..., :2]

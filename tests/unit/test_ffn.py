@@ -105,7 +105,7 @@ def traced(kind, bias):
     w, x = make_weights(kind, bias), inputs()
     seen = {}
 
-    def observe(name, a, op, srcs=(), bare=False):
+    def observe(name, a, op=None, srcs=None, bare=False):
         seen.setdefault(name, (op, a.copy()))
         return a
     y, _ = ffn_forward(x, w, kind, observe)

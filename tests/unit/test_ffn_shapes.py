@@ -65,7 +65,7 @@ def test_table_reads_the_forward_arrays(monkeypatch):
     real = fs.ffn_forward
 
     def widened(x, w, kind, hook):
-        def narrowed(name, a, op, srcs=(), bare=False):       # the table's hook sees a narrower ffn_gelu
+        def narrowed(name, a, op=None, srcs=None, bare=False):       # the table's hook sees a narrower ffn_gelu
             hook(name, a[..., :1] if name == "ffn_gelu" else a, op, srcs, bare)
             return a
         return real(x, w, kind, narrowed)

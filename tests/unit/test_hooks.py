@@ -149,3 +149,58 @@ def test_a_hook_returning_the_wrong_shape_or_dtype_is_one_line(fn, msg):
     with pytest.raises(UsageError, match=msg) as e, ffnlab.hooks(m, {"ffn_out-1": fn}):
         m.forward(IDS)
     assert "\n" not in str(e.value)
+
+
+# --- the node table (model/nodes.py): a hook call that only names its node --------------------
+def traced_nodes(m, ids=IDS):
+    with ffnlab.trace(m) as t:
+        m.forward(ids)
+    return {(n.name, n.op): [s for s, _ in n.srcs] for n in t.nodes}
+
+
+def test_first_of_sources_follow_the_bias_the_block_has():
+    """ffn_gelu reads ffn_up_b where the up bias exists and ffn_up where it does not; the GLU
+    reads the gate and up nodes as the block emitted them."""
+    with_b = traced_nodes(model("gpt2"))
+    without_b = traced_nodes(model("gpt2", ffn_bias=False, attn_bias=False, attn_out_bias=False))
+    assert with_b[("ffn_gelu-0", "GELU")] == ["ffn_up_b-0"]
+    assert without_b[("ffn_gelu-0", "GELU")] == ["ffn_up-0"]
+    assert with_b[("ffn_down-0", "MUL_MAT")] == ["blk.0.ffn_down.weight", "ffn_gelu-0"]
+    assert without_b[("ffn_out-0", "MUL_MAT")] == ["blk.0.ffn_down.weight", "ffn_gelu-0"]
+    gated = traced_nodes(model("llama"))
+    assert gated[("ffn_swiglu-1", "SWIGLU")] == ["ffn_gate-1", "ffn_up-1"]
+    assert gated[("kq_soft_max-1", "SOFT_MAX")] == ["kq-1", "attn_inp_kq_mask"]
+    capped = traced_nodes(model("gemma2"))
+    assert capped[("kq_soft_max-0", "SOFT_MAX")] == ["kq_scaled_2-0", "attn_inp_kq_mask"]
+
+
+def test_gelu_node_takes_its_op_from_the_ffn_kind():
+    """ffn_gelu is GELU_ERF for the exact GELU and GELU for the tanh form (kinds.py), as llama.cpp
+    prints ggml_gelu_erf and ggml_gelu."""
+    ops = {op for name, op in traced_nodes(model("gpt2", ffn="gelu")) if name == "ffn_gelu-0"}
+    assert ops == {"GELU_ERF"}
+    ops = {op for name, op in traced_nodes(model("gpt2", ffn="gelu_tanh")) if name == "ffn_gelu-0"}
+    assert ops == {"GELU"}
+
+
+def test_a_lora_adapted_product_is_an_add_after_its_delta():
+    """llama.cpp's build_lora_mm names base + scale * B A x: the node is an ADD, the base
+    product alone (no adapter) a MUL_MAT."""
+    from ffnlab.training.lora import attach, init_adapters
+    m = model("llama")
+    adapters = init_adapters(m.params, m.config, ["attn_q", "ffn_down"], 2)
+    nodes = traced_nodes(Model(m.config, attach(m.params, adapters, 2.0)))
+    assert ("Qcur-0", "ADD") in nodes and ("Qcur-0", "MUL_MAT") not in nodes
+    assert ("ffn_out-1", "ADD") in nodes and ("ffn_out-1", "MUL_MAT") not in nodes
+    assert nodes[("Qcur_lora_scaled-0", "SCALE")] == ["Qcur_lora_b-0"]
+    assert ("Kcur-0", "MUL_MAT") in nodes and ("ffn_up-0", "MUL_MAT") in nodes
+
+
+def test_a_node_missing_from_the_table_must_give_its_op():
+    from ffnlab.model.hooks import Hooks
+    from ffnlab.tracing.tracer import Tracer
+    hook = Hooks(Tracer()).point(0, np.arange(2))
+    with pytest.raises(KeyError, match="no_such_node"):
+        hook("no_such_node", np.zeros((1, 2, 3), np.float32))
+    x = hook("no_such_node", np.zeros((1, 2, 3), np.float32), "SCALE", ("ffn_out",))   # op and srcs given
+    assert x.shape == (1, 2, 3)

@@ -18,6 +18,7 @@ from ..config import ModelConfig
 from ..errors import UsageError
 from ..ops.activations import ACTIVATIONS
 from ..model.ffn import FFN_KINDS, ffn_forward
+from ..model.nodes import describe
 from ..model.weights import layer_weights
 from ..model.params import param_shapes
 
@@ -77,10 +78,10 @@ def ffn_shape_table(cfg, T=None):
     params = {n: _zeros(s, np.float32) for n, s in shapes.items()}
     x = np.zeros((0, T or 1, cfg.d_model), np.float32)                # zero sequences of T tokens
 
-    nodes = []                                                        # (name, op, shape, srcs)
+    nodes = []                                                        # (name, op, srcs, shape)
 
-    def record(name, a, op, srcs=(), bare=False):                    # a hook that observes (model/hooks.py)
-        nodes.append((name, op, a.shape, srcs))
+    def record(name, a, op=None, srcs=None, bare=False):              # a hook that observes (model/hooks.py)
+        nodes.append((name, *describe(name, None, op, srcs), a.shape))   # op and srcs: model/nodes.py's table
         return a
     y, cache = ffn_forward(x, layer_weights(params, cfg, 0).ffn, cfg.ffn, record)
     act = cache.act
@@ -92,7 +93,7 @@ def ffn_shape_table(cfg, T=None):
         return ("T" if T is None else T,) + tuple(shape[2:])
 
     steps = []
-    for name, op, shape, srcs in nodes:
+    for name, op, srcs, shape in nodes:
         tensor = next(("blk.0." + s for s in srcs if s and "." in s), None)   # the weight or bias it reads
         if op == "ADD" and tensor and tensor.endswith(".bias"):     # a bias joins its matmul's row
             st = steps[-1]

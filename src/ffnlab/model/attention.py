@@ -10,7 +10,7 @@ import numpy as np
 
 from ..families import family
 from ..ops.attention import attention_backward
-from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, mm_op, plain
+from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, plain
 from ..ops.norms import rmsnorm_backward
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
@@ -92,14 +92,14 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
     """
     B, T, _ = x.shape
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
-    il, blk = w.il, f"blk.{w.il}."
+    il = w.il
     heads = {"q": H, "k": Hkv, "v": Hkv}
     if cfg.uses_rope(il):                                  # not SmolLM3's NoPE layers
         cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
     else:
         cos = sin = None
     # q, k, v from w.qkv's products, each made when its first part is wanted
-    parts = _split(_fused_qkv(x, w, blk, hook), "qkv", cfg) if cfg.fused_qkv else {}
+    parts = _split(_fused_qkv(x, w, hook), "qkv", cfg) if cfg.fused_qkv else {}
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
     fast_qk = (arith.qk_rows is not None and cos is not None and x.dtype == np.float32
                and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
@@ -109,7 +109,7 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
             a = hook(name, parts[which].reshape(B, T, heads[which], hd), "VIEW",
                      ("wqkv_b" if w.wqkv_b is not None else "wqkv",))
         else:
-            a = _proj(x, w, cfg, blk, which, name, hook, parts)
+            a = _proj(x, w, cfg, which, name, hook, parts)
             a = a.reshape(B, T, heads[which], hd)                                       # [B, T, h, hd]
             if not (cfg.qk_norm_full and which != "v"):   # OLMoE norms q/k first; its reshape is unnamed
                 a = hook(name, a, "RESHAPE", (name,))
@@ -118,8 +118,7 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
             t[which] = (pre, None, _qk_fast(a, w, cfg, which, cos, sin, arith.qk_rows))
             continue
         if cfg.qk_norm and which != "v":
-            a, ncache = _head_norm(a, getattr(w, which + "_norm"), cfg, blk + f"attn_{which}_norm.weight", name, hook,
-                                   arith)
+            a, ncache = _head_norm(a, getattr(w, which + "_norm"), cfg, name, hook, arith)
         if cos is not None and which != "v":
             a = hook(name, arith.rope(a, cos, sin, cfg.rope_pairing), "ROPE",
                      (name + "_normed" if cfg.qk_norm else name, "inp_pos"))
@@ -154,16 +153,15 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
         merged, probs, capped = out.reshape(B, T, H * hd), None, None
     else:
         merged, probs, capped = _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith)
-    wo, bo = blk + "attn_output.weight", blk + "attn_output.bias"
     node = "attn_out_w" if w.wo_b is not None else "attn_out"
     y = linear_forward(merged, w.wo, hook=hook, node=node)                 # [B, T, H*hd] -> [B, T, d_model]
     # llama.cpp names the output projection attn_out only in its llama graph (other graphs
     # leave it node_N); ffnlab names it attn_out everywhere so every block reads the same
     if w.wo_b is not None:
-        y = hook("attn_out_w", y, mm_op(w.wo), (wo, "kqv_out"))
-        y = hook("attn_out", y + w.wo_b, "ADD", ("attn_out_w", bo))
+        y = hook("attn_out_w", y)
+        y = hook("attn_out", y + w.wo_b, "ADD", ("attn_out_w", "attn_output.bias"))   # the bias after the product
     else:
-        y = hook("attn_out", y, mm_op(w.wo), (wo, "kqv_out"))
+        y = hook("attn_out", y)
     return y, AttnCache(x, t["q"][0], t["k"][0], t["q"][1], t["k"][1], q, k, v, cos, sin, probs, merged, scale,
                         capped)
 
@@ -180,8 +178,7 @@ def _attend(q, k_all, v_all, scale, allowed, cfg, il, hook, arith):
     capped = None
     if cfg.attn_softcap:
         kq, capped = _softcap(kq, scale, cfg.attn_softcap, hook)
-    probs = hook("kq_soft_max", arith.soft_max(kq, 1.0 if cfg.attn_softcap else scale, allowed), "SOFT_MAX",
-                 ("kq_scaled_2" if cfg.attn_softcap else "kq", "attn_inp_kq_mask"))   # capped: scaled already
+    probs = hook("kq_soft_max", arith.soft_max(kq, 1.0 if cfg.attn_softcap else scale, allowed))   # capped: scaled already
     out = hook("kqv", arith.kqv(probs, v_all), "MUL_MAT",                     # [B, H, T, hd]
                ((f"cache_v_l{il} (view) (permuted)", (Hkv, hd, S)), "kq_soft_max"))
     merged = hook("kqv_out", out.transpose(0, 2, 1, 3).reshape(B, T, H * hd), "CONT",   # [B, T, H*hd]
@@ -194,12 +191,12 @@ def _softcap(kq, scale, c, hook):
     and the tanh (its derivative 1 - tanh^2 is the backward). The cap bounds every score to (-c, c)
     before the mask, so no head can put all its weight on one key by a large margin. llama.cpp
     (build_attn_mha) scales by 1/c, takes the tanh and scales by c, as three nodes."""
-    z = hook("kq_scaled_1", kq * np.asarray(scale / c, dtype=kq.dtype), "SCALE", ("kq",))
-    t = hook("kq_tanh", np.tanh(z), "TANH", ("kq_scaled_1",))
-    return hook("kq_scaled_2", t * np.asarray(c, dtype=t.dtype), "SCALE", ("kq_tanh",)), t
+    z = hook("kq_scaled_1", kq * np.asarray(scale / c, dtype=kq.dtype))
+    t = hook("kq_tanh", np.tanh(z))
+    return hook("kq_scaled_2", t * np.asarray(c, dtype=t.dtype)), t
 
 
-def _head_norm(a, weight, cfg, wname, name, hook, arith=F32):
+def _head_norm(a, weight, cfg, name, hook, arith=F32):
     """Gemma 3, Qwen3: RMS-norm each head's vector (over hd) before RoPE; OLMoE (qk_norm_full):
     the whole projection, all heads at once -> normed [B, T, h, hd], cache"""
     shape = a.shape
@@ -209,7 +206,7 @@ def _head_norm(a, weight, cfg, wname, name, hook, arith=F32):
     x_hat = hook("norm", ncache[0], "RMS_NORM", (name,))
     if x_hat is not ncache[0]:                 # a hook replaced the unscaled norm: scale what it gave
         a, ncache = x_hat * weight, (x_hat, ncache[1])
-    return hook(name + "_normed", a, "MUL", ("norm", wname)).reshape(shape), ncache
+    return hook(name + "_normed", a).reshape(shape), ncache
 
 
 def _qk_fast(a, lw, cfg, which, cos, sin, qk_rows):
@@ -237,16 +234,15 @@ def _split(y, parts, cfg):
     return out
 
 
-def _fused_qkv(x, w, blk, hook):
+def _fused_qkv(x, w, hook):
     """GPT-2: one matmul for q, k and v (llama.cpp: wqkv, then wqkv_b after the bias)."""
-    wn, bn = blk + "attn_qkv.weight", blk + "attn_qkv.bias"
-    qkv = hook("wqkv", linear_forward(x, w.wqkv, hook=hook, node="wqkv"), mm_op(w.wqkv), (wn, "attn_norm"))   # [B, T, 3*d]
+    qkv = hook("wqkv", linear_forward(x, w.wqkv, hook=hook, node="wqkv"))   # [B, T, 3*d]
     if w.wqkv_b is not None:
-        qkv = hook("wqkv_b", qkv + w.wqkv_b, "ADD", ("wqkv", bn))
+        qkv = hook("wqkv_b", qkv + w.wqkv_b)
     return qkv
 
 
-def _proj(x, w, cfg, blk, which, node, hook, done):
+def _proj(x, w, cfg, which, node, hook, done):
     """One of the q/k/v projections, from its product in w.qkv (done: the parts of the products made so far)."""
     if which not in done and len(w.qkv) > 1 and all(plain(m) for m, _ in w.qkv):   # float weights: all at once
         for (m, parts), y in zip(w.qkv, linear_forwards(x, [m for m, _ in w.qkv])):
@@ -255,9 +251,9 @@ def _proj(x, w, cfg, blk, which, node, hook, done):
         m, parts = next(pr for pr in w.qkv if which in pr[1])
         done.update(_split(linear_forward(x, m, hook=hook, node=node if len(parts) == 1 else None), parts, cfg))
     b = getattr(w, which + "_b")
-    y = hook(node, done[which], mm_op(getattr(w, which)), (blk + ATTN_TENSOR[which], "attn_norm"))
+    y = hook(node, done[which])
     if b is not None:
-        y = hook(node, y + b, "ADD", (node, blk + ATTN_TENSOR[which + "_b"]))
+        y = hook(node, y + b, "ADD", (node, ATTN_TENSOR[which + "_b"]))   # the same name again, after the bias
     return y
 
 

@@ -97,14 +97,12 @@ def block_forward(x, w, cfg, pos, allowed, kv=None, hook=identity, rope=None, ar
     pa_cache = None
     if cfg.post_attn_norm:
         a, pa_cache = norm_forward(a, w.post_attn_norm, cfg, "attn_post_norm", hook, src="attn_out", arith=arith)
-    a_node = "attn_post_norm" if cfg.post_attn_norm else "attn_out"
     if cfg.residual_multiplier:                                        # Granite: a * r before the residual add
-        a, a_node = hook(names.residual_scaled[0], _times(a, cfg.residual_multiplier), "SCALE", (a_node,)), \
-            names.residual_scaled[0]
+        a = hook(names.residual_scaled[0], _times(a, cfg.residual_multiplier))
     if cfg.parallel_residual:                                          # GPT-NeoX: the FFN reads x, not h
         h, res1 = x, "inp"
     else:
-        h = hook(res1, x + a, "ADD", (a_node, "inp"))                  # [B, T, d_model]
+        h = hook(res1, x + a)                                          # [B, T, d_model]
     f_in, fn_cache = _pre_norm(h, w.ffn_norm, cfg, "ffn_norm", hook, res1, arith)
     f, ffn_cache = ffn_forward(f_in, w.ffn, cfg.ffn, hook, fused_gate_up=names.fused_gate_up, arith=arith)
     cache = (an_cache, attn_cache, pa_cache, fn_cache, ffn_cache)
@@ -113,15 +111,12 @@ def block_forward(x, w, cfg, pos, allowed, kv=None, hook=identity, rope=None, ar
         out = hook("l_out", f + a, "ADD", ("ffn_out", "attn_out"))
         return out, BlockCache(*cache, None)
     pf_cache = None
-    f_node = ffn_out_node(cfg)
     if cfg.post_ffn_norm:
         f, pf_cache = norm_forward(f, w.post_ffn_norm, cfg, "ffn_post_norm", hook, bare_norm=True, src="ffn_out",
                                    bare_out=names.bare_ffn_post_norm, arith=arith)
-        f_node = "ffn_post_norm"
     if cfg.residual_multiplier:                                        # Granite: f * r before the residual add
-        f, f_node = hook(names.residual_scaled[1], _times(f, cfg.residual_multiplier), "SCALE", (f_node,)), \
-            names.residual_scaled[1]
-    out = hook("l_out", h + f, "ADD", (f_node, res1))                  # [B, T, d_model]
+        f = hook(names.residual_scaled[1], _times(f, cfg.residual_multiplier))
+    out = hook("l_out", h + f)                                         # [B, T, d_model]
     return out, BlockCache(*cache, pf_cache)
 
 

@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..ops.activations import ACTIVATIONS, glu_backward, sigmoid
-from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, mm_op, plain
+from ..ops.linear import linear_backward, linear_backwards, linear_forward, linear_forwards, plain
 from ..ops.softmax import softmax_backward, softmax_forward
 from ..kinds import FFN_KINDS
 from .arith import F32
@@ -53,22 +53,21 @@ def ffn_forward(x, w: LayerWeights, kind, hook=identity, fused_gate_up=False, ar
     if fused_gate_up and k.gated and w.gate_b is None and w.up_b is None:
         return _fused_gate_up_forward(x, w, k, hook, arith)
     gate, up, whole = _gate_up(x, w, k, hook)       # [..., d_ff] each, hooked (gate: None for dense kinds)
-    up_src = "ffn_up_b" if w.up_b is not None else "ffn_up"
     if k.gated:
         if _compiled_glu(k.act, arith, gate, up, whole):
             act, h = arith.glu(gate, up, k.act == "gelu_tanh", whole)      # one pass over gate and up
         else:
             act = _act(k.act, arith)(gate)                                # [..., d_ff]
             h = act * up
-        h = hook(k.node, h, k.op, ("ffn_gate_b" if w.gate_b is not None else "ffn_gate", up_src))
+        h = hook(k.node, h, k.op)                                         # [..., d_ff]
     else:
-        act = h = hook(k.node, _act(k.act, arith)(up), k.op, (up_src,))   # [..., d_ff]
+        act = h = hook(k.node, _act(k.act, arith)(up), k.op)              # [..., d_ff]
     y = linear_forward(h, w.down, hook=hook, node="ffn_down" if w.down_b is not None else "ffn_out")   # [..., d_model]
     if w.down_b is not None:
-        y = hook("ffn_down", y, mm_op(w.down), ("ffn_down.weight", k.node))
-        y = hook("ffn_out", y + w.down_b, "ADD", ("ffn_down", "ffn_down.bias"))
+        y = hook("ffn_down", y)
+        y = hook("ffn_out", y + w.down_b, "ADD", ("ffn_down", "ffn_down.bias"))   # the bias after the product
     else:
-        y = hook("ffn_out", y, mm_op(w.down), ("ffn_down.weight", k.node))
+        y = hook("ffn_out", y)
     return y, FFNCache(x, up, gate, act, h)
 
 
@@ -88,13 +87,13 @@ def _gate_up(x, w, k, hook):
     if k.gated:
         # gate before up, the order ggml executes them in (GLU's src0 is the gate)
         gate = made[0] if made[0] is not None else linear_forward(x, w.gate, hook=hook, node="ffn_gate")
-        gate = hook("ffn_gate", gate, mm_op(w.gate), ("ffn_gate.weight", "ffn_norm"))
+        gate = hook("ffn_gate", gate)
         if w.gate_b is not None:
-            gate = hook("ffn_gate_b", gate + w.gate_b, "ADD", ("ffn_gate", "ffn_gate.bias"))
+            gate = hook("ffn_gate_b", gate + w.gate_b)
     up = made[1] if made[1] is not None else linear_forward(x, w.up, hook=hook, node="ffn_up")
-    up = hook("ffn_up", up, mm_op(w.up), ("ffn_up.weight", "ffn_norm"))
+    up = hook("ffn_up", up)
     if w.up_b is not None:
-        up = hook("ffn_up_b", up + w.up_b, "ADD", ("ffn_up", "ffn_up.bias"))   # a new array: ffn_up stays
+        up = hook("ffn_up_b", up + w.up_b)                                # a new array: ffn_up stays
     return gate, up, (gu if gu is not None and gate is made[0] and up is made[1] else None)
 
 
@@ -120,12 +119,12 @@ def _fused_gate_up_forward(x, w, k, hook, arith=F32):
         gu = linear_forward(x, w.gate_up)                                  # [..., 2*d_ff]
     else:
         gu = np.concatenate([linear_forward(x, w.gate), linear_forward(x, w.up)], axis=-1)
-    gu = hook("ffn_up", gu, "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
+    gu = hook("ffn_up", gu)
     d_ff = gu.shape[-1] // 2
     gate, up = gu[..., :d_ff], gu[..., d_ff:]                              # [..., d_ff] views
     act = _act(k.act, arith)(gate)
-    h = hook(k.node, act * up, k.op, ("ffn_up",))                          # [..., d_ff]
-    y = hook("ffn_out", linear_forward(h, w.down), "MUL_MAT", ("ffn_down.weight", k.node))
+    h = hook(k.node, act * up, k.op, ("ffn_up",))                          # [..., d_ff] from the one node
+    y = hook("ffn_out", linear_forward(h, w.down))
     return y, FFNCache(x, up, gate, act, h)
 
 
@@ -210,58 +209,48 @@ def moe_forward(x, w: MoEWeights, hook=identity):
     x2 = x.reshape(-1, D)                                                 # [N, d_model]
     N, K, E = x2.shape[0], w.n_used, w.gate_inp.shape[0]
 
-    def node(name, a, op, srcs, per_token=()):
+    def node(name, a, per_token=(), op=None, srcs=None):
         """hook a [N, ...] value as [..., *per_token] (the trace's shape); back to [N, ...]"""
         return hook(name, a.reshape(*lead, *(per_token or a.shape[1:])), op, srcs).reshape(a.shape)
 
-    logits = node("ffn_moe_logits", linear_forward(x2, w.gate_inp), "MUL_MAT",
-                  ("ffn_gate_inp.weight", "ffn_norm"))                    # [N, E]
-    probs = node("ffn_moe_probs", softmax_forward(logits.copy()), "SOFT_MAX", ("ffn_moe_logits",))
+    logits = node("ffn_moe_logits", linear_forward(x2, w.gate_inp))     # [N, E]
+    probs = node("ffn_moe_probs", softmax_forward(logits.copy()))
     # top-k by a stable descending sort (ties keep the lower expert first), as llama.cpp: the
     # whole order (ffn_moe_argsort), then a view of its first k columns (ffn_moe_topk)
-    order = node("ffn_moe_argsort", np.argsort(-probs, axis=-1, kind="stable").astype(np.int32), "ARGSORT",
-                 ("ffn_moe_probs",))                                      # [N, E]
-    topk = node("ffn_moe_topk", order[:, :K], "VIEW", ("ffn_moe_argsort",))   # [N, K]
+    order = node("ffn_moe_argsort", np.argsort(-probs, axis=-1, kind="stable").astype(np.int32))   # [N, E]
+    topk = node("ffn_moe_topk", order[:, :K])                              # [N, K]
     if topk.size and (topk.min() < 0 or topk.max() >= E):
         raise ValueError(f"ffn_moe_topk holds expert {int(topk.max())}; the layer has {E}")
-    weights = node("ffn_moe_weights", np.take_along_axis(probs, topk, -1), "GET_ROWS",
-                   ("ffn_moe_probs", "ffn_moe_topk"), (K, 1))             # [N, K]
+    weights = node("ffn_moe_weights", np.take_along_axis(probs, topk, -1), (K, 1))   # [N, K]
     wsum = None
     if w.norm:
-        wsum = node("ffn_moe_weights_sum", weights.sum(-1, keepdims=True), "SUM_ROWS", ("ffn_moe_weights",))
-        wsum = node("ffn_moe_weights_sum_clamped", np.maximum(wsum, np.asarray(WEIGHTS_SUM_MIN, wsum.dtype)),
-                    "CLAMP", ("ffn_moe_weights_sum",))                    # [N, 1]
-        weights = node("ffn_moe_weights_norm", weights / wsum, "DIV",
-                       ("ffn_moe_weights", "ffn_moe_weights_sum_clamped"))
+        wsum = node("ffn_moe_weights_sum", weights.sum(-1, keepdims=True))
+        wsum = node("ffn_moe_weights_sum_clamped",
+                    np.maximum(wsum, np.asarray(WEIGHTS_SUM_MIN, wsum.dtype)))   # [N, 1]
+        weights = node("ffn_moe_weights_norm", weights / wsum)
     groups = expert_groups(topk, E)
     xr = x2[np.repeat(np.arange(N), K)]                                    # [N*K, d_model] row n*K+j is token n
-    src = ("ffn_norm", "ffn_moe_topk")
     # gate before up, the order ggml evaluates them in
-    gate = node("ffn_moe_gate", experts_forward(xr, w.gate_exps, groups), "MUL_MAT_ID",
-                ("ffn_gate_exps.weight",) + src, (K, w.gate_exps.shape[1]))   # [N*K, d_ff]
-    up = node("ffn_moe_up", experts_forward(xr, w.up_exps, groups), "MUL_MAT_ID",
-              ("ffn_up_exps.weight",) + src, (K, w.up_exps.shape[1]))
+    gate = node("ffn_moe_gate", experts_forward(xr, w.gate_exps, groups), (K, w.gate_exps.shape[1]))   # [N*K, d_ff]
+    up = node("ffn_moe_up", experts_forward(xr, w.up_exps, groups), (K, w.up_exps.shape[1]))
     act = ACTIVATIONS["silu"].forward(gate)
-    h = node("ffn_moe_swiglu", act * up, "SWIGLU", ("ffn_moe_gate", "ffn_moe_up"), (K, up.shape[1]))
-    out = node("ffn_moe_down", experts_forward(h, w.down_exps, groups), "MUL_MAT_ID",
-               ("ffn_down_exps.weight", "ffn_moe_swiglu", "ffn_moe_topk"), (K, D)).reshape(N, K, D)
-    weighted = node("ffn_moe_weighted", out * weights[..., None], "MUL", ("ffn_moe_down", "ffn_moe_weights"))
+    h = node("ffn_moe_swiglu", act * up, (K, up.shape[1]))
+    out = node("ffn_moe_down", experts_forward(h, w.down_exps, groups), (K, D)).reshape(N, K, D)
+    weighted = node("ffn_moe_weighted", out * weights[..., None])
     y = weighted[:, 0].copy()                                             # [N, d_model]
     for j in range(1, K):                                                 # llama.cpp adds the k views in order
         y += weighted[:, j]
-    y = node("ffn_moe_out", y, "ADD", ("ffn_moe_weighted",))
+    y = node("ffn_moe_out", y)
     sh = sh_y = s = None
     if w.shexp is not None:
-        def shexp_hook(name, a, op=None, srcs=(), bare=False):            # the shared FFN's result is ffn_shexp
+        def shexp_hook(name, a, op=None, srcs=None, bare=False):          # the shared FFN's result is ffn_shexp
             return hook("ffn_shexp" if name == "ffn_out" else name, a, op, srcs, bare)
         # the shared FFN, then its gate: the order ggml evaluates them in
         sh_y, sh = ffn_forward(x2.reshape(*lead, D), w.shexp, "swiglu", shexp_hook)
         sh_y = sh_y.reshape(N, D)
-        z = node("ffn_shexp_gate_inp", linear_forward(x2, w.gate_inp_shexp[None]), "MUL_MAT",
-                 ("ffn_gate_inp_shexp.weight", "ffn_norm"))               # [N, 1]
-        s = node("ffn_shexp_gate", sigmoid(z), "DIV", ("ffn_shexp_gate_inp",))   # llama.cpp: silu(z) / z
-        y = node("ffn_out", y + node("ffn_shexp_out", sh_y * s, "MUL", ("ffn_shexp", "ffn_shexp_gate")),
-                 "ADD", ("ffn_moe_out", "ffn_shexp_out"))
+        z = node("ffn_shexp_gate_inp", linear_forward(x2, w.gate_inp_shexp[None]))   # [N, 1]
+        s = node("ffn_shexp_gate", sigmoid(z))                            # llama.cpp: silu(z) / z
+        y = node("ffn_out", y + node("ffn_shexp_out", sh_y * s), op="ADD", srcs=("ffn_moe_out", "ffn_shexp_out"))
     return y.reshape(*lead, D), MoECache(x2, probs, topk, wsum, weights, up, gate, act, h, out, sh, sh_y, s)
 
 

@@ -1,6 +1,6 @@
-"""Hook points: every named node of the forward passes through one call, `x = hook("ffn_up", x, ...)`.
+"""Hook points: every named node of the forward passes through one call, `x = hook("ffn_up", x)`.
 
-    up = hook("ffn_up", linear_forward(x, w.up), "MUL_MAT", ("ffn_up.weight", "ffn_norm"))
+    up = hook("ffn_up", linear_forward(x, w.up))
 
 The forward reads as its equations; a hook is the identity when nothing is attached (the
 `identity` function below: one Python call, no copy), so observing and editing never fork the
@@ -8,7 +8,9 @@ code (TransformerLens's HookPoint idea). Node names are llama.cpp's graph names;
 the full name is `{name}-{L}` (`ffn_out-5`), as `ffnlab trace` prints it.
 
 op and srcs describe the node the way llama.cpp's eval callback prints it (the ggml op, its
-inputs); only observers read them (tracing/tracer.py documents the source notation).
+inputs). model/nodes.py's table holds them for every node; a call passes them only where the
+node is built another way in some families. Only observers read them (tracing/tracer.py
+documents the source notation).
 
 What can be attached (Hooks holds them, in two lists):
   editors    Editor: {pattern: fn}; fn(value, name, positions) -> array or None (unchanged).
@@ -24,9 +26,10 @@ import re
 import numpy as np
 
 from ..errors import UsageError
+from .nodes import describe
 
 
-def identity(name, x, op=None, srcs=(), bare=False):
+def identity(name, x, op=None, srcs=None, bare=False):
     """The hook of a forward with nothing attached: the node's value, unchanged."""
     return x
 
@@ -56,12 +59,18 @@ class Hooks:
             o.enter(layer)
         editors, observers = self.editors, self.observers
 
-        def hook(name, x, op=None, srcs=(), bare=False):
+        prev = None                                # the node hooked last (a LoRA delta's ADD, model/nodes.py)
+
+        def hook(name, x, op=None, srcs=None, bare=False):
+            nonlocal prev
             full = f"{name}-{layer}" if layer >= 0 and not bare else name
             for e in editors:
                 x = e.edit(full, x, positions)
-            for o in observers:
-                o.observe(full, op, x, srcs, layer)
+            if observers:
+                op, srcs = describe(name, prev, op, srcs)
+                for o in observers:
+                    o.observe(full, op, x, srcs, layer)
+                prev = name
             return x
         return hook
 

@@ -67,15 +67,15 @@ def _forward(w, cfg, ids, kv, hooks, train, last_only, arith):
     ops = fused(arith) if kv is not None and not hooks and not train else arith
     # llama.cpp's build_inp_embd names its last step embd: the rows, or Granite's multiplier after them
     rows = "embd_rows" if cfg.embedding_multiplier else "embd"
-    x = hook(rows, w.token_embd[ids], "GET_ROWS", ("token_embd.weight", "inp_tokens"))   # [B, T, d_model]
+    x = hook(rows, w.token_embd[ids])                                          # [B, T, d_model]
     if cfg.embed_scale:
         # Gemma: scale by sqrt(d_model)
-        x = hook("inp_scaled", x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype), "SCALE", ("embd",))
+        x = hook("inp_scaled", x * np.asarray(math.sqrt(cfg.d_model), dtype=x.dtype))
     if cfg.embedding_multiplier:                                               # Granite
-        x = hook("embd", x * np.asarray(cfg.embedding_multiplier, dtype=x.dtype), "SCALE", (rows,))
+        x = hook("embd", x * np.asarray(cfg.embedding_multiplier, dtype=x.dtype), "SCALE", (rows,))   # not the rows
     if cfg.positions == "learned":
-        pe = hook("pos_embd", w.position_embd[pos][None], "GET_ROWS", ("position_embd.weight", "inp_pos"))
-        x = hook("inpL", x + pe, "ADD", ("embd", "pos_embd"))                    # [B, T, d_model]
+        pe = hook("pos_embd", w.position_embd[pos][None])
+        x = hook("inpL", x + pe)                                               # [B, T, d_model]
     k_pos = np.arange(0, pos0 + T)
     masks, ropes = {}, {}                      # shared by the layers: built once per forward
     block_caches = []

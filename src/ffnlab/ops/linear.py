@@ -15,14 +15,9 @@ class ComposedWeight:
     backward(dy2 [N, out], x2) -> (dx2 [N, in], its gradient or None when it learns nothing).
     forward's hook, when given, is called as hook(suffix, value [N, k], op, srcs) on the parts
     of the product (a LoRA adapter's, as llama.cpp's graph has them) and returns the value;
-    "{node}" in a source name stands for the node the product feeds."""
+    "{node}" in a source name stands for the node the product feeds (the node itself, after
+    its parts, is then an ADD: model/nodes.py)."""
     shape: tuple
-
-
-def mm_op(w):
-    """The ggml op of the node a product with w gives: MUL_MAT, or ADD for a LoRA-adapted weight
-    (llama.cpp's build_lora_mm adds the adapter's product to the base's and names the sum)."""
-    return getattr(w, "op", "MUL_MAT")
 
 
 def linear_forward(x, w, b=None, hook=None, node=None):

@@ -1,7 +1,7 @@
 """The tracer: observes every named intermediate tensor of a forward pass.
 
 A Tracer is an observer on the model's hook points (model/hooks.py): each node
-`x = hook(name, x, op, srcs)` reaches observe() with its full name (`{name}-{L}` inside block
+`x = hook(name, x)` reaches observe() with its full name (`{name}-{L}` inside block
 L, as llama.cpp's cb() names it; bare outside the blocks), after any editing hooks. The tracer
 only observes: it copies what it keeps and never hands anything back.
 
@@ -14,6 +14,9 @@ srcs name the node's inputs the way llama.cpp's eval callback prints src[0], src
   "inp_tokens", "inp_pos", "attn_inp_kq_mask"   llama.cpp's graph inputs; their shapes
                          follow from the node's own array
   (name, shape)          a literal name with its numpy shape (KV-cache views and the like)
+  "ffn_up_b|ffn_up"      the first of these nodes this block (else the model) has emitted
+
+A hook call without op and srcs takes them from model/nodes.py's table.
 """
 import re
 from dataclasses import dataclass, field
@@ -102,6 +105,9 @@ class Tracer:
                 src = f"blk.{layer}.{src}"          # the block's own tensor
             w = self.params.get(src)
             return (src, tuple(w.shape) if w is not None else None)
+        if "|" in src:                              # the first of these the block (or model) emitted
+            alts = src.split("|")
+            src = next((a for a in alts if f"{a}-{layer}" in self._last or a in self._last), alts[-1])
         if src == "inp":                            # the block's input (outside blocks: the last node)
             src = (self._layer_input if layer >= 0 else self._prev) or src
         elif layer >= 0 and f"{src}-{layer}" in self._last:

@@ -56,7 +56,6 @@ class Frozen(ComposedWeight):
 class LoraWeight(Frozen):
     """base + scale * B A. a [r, in] and b [out, r] are the arrays of the adapter dict (updated
     in place by the optimizer). training: dropout is on (fine-tuning), off for evaluation."""
-    op = "ADD"                        # the node it feeds is base + adapter (ops/linear.py mm_op)
 
     def __init__(self, base, a, b, scale, dropout=0.0, rng=None):
         super().__init__(base)
