@@ -131,7 +131,7 @@ def test_catches_a_compiled_layernorm_over_the_wrong_count():
 # --- 5. in-place residual --------------------------------------------------------------------
 def test_catches_residual_added_in_place_over_the_block_input():
     check_block(CONFIGS["gpt2"])
-    bad = mutated(model_block, ("h = hook(res1, x + a,", "x += a; h = hook(res1, x,"))   # the caller's x is still needed
+    bad = mutated(model_block, ("h = hook(res1, x + a)", "x += a; h = hook(res1, x)"))   # the caller's x is still needed
     with pytest.raises(AssertionError, match="modified its input"):
         check_block(CONFIGS["gpt2"], block=bad.block_forward)
 
