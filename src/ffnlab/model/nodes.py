@@ -13,11 +13,14 @@ from ..kinds import FFN_KINDS
 
 # the activation (dense) or GLU (gated) node: whichever of these the block's FFN kind emitted
 ACT = "|".join(dict.fromkeys(k.node for k in FFN_KINDS.values() if not k.moe))
+ROWS = ("GET_ROWS", ("token_embd.weight", "inp_tokens"))                 # the token embedding's rows
+DOWN = ("MUL_MAT", ("ffn_down.weight", ACT))                              # the FFN's down projection
+ATTN_RESIDUAL = ("ADD", ("residual_scaled_attn|attn_post_norm|attn_out", "inp"))
 
 NODES = {
     # the embedding (llama.cpp's build_inp_embd)
-    "embd": ("GET_ROWS", ("token_embd.weight", "inp_tokens")),
-    "embd_rows": ("GET_ROWS", ("token_embd.weight", "inp_tokens")),     # Granite: rows, then embd scales them
+    "embd": ROWS,
+    "embd_rows": ROWS,                                                   # Granite: rows, then embd scales them
     "inp_scaled": ("SCALE", ("embd",)),                                  # Gemma: times sqrt(d_model)
     "pos_embd": ("GET_ROWS", ("position_embd.weight", "inp_pos")),
     "inpL": ("ADD", ("embd", "pos_embd")),
@@ -38,8 +41,8 @@ NODES = {
     # the residual stream: the attention's residual add (sa_out in Gemma's graphs), the block's
     # output, and Granite's multiplier on each sub-layer's output before its add
     "residual_scaled_attn": ("SCALE", ("attn_post_norm|attn_out",)),
-    "ffn_inp": ("ADD", ("residual_scaled_attn|attn_post_norm|attn_out", "inp")),
-    "sa_out": ("ADD", ("residual_scaled_attn|attn_post_norm|attn_out", "inp")),
+    "ffn_inp": ATTN_RESIDUAL,
+    "sa_out": ATTN_RESIDUAL,
     "residual_scaled_ffn": ("SCALE", ("ffn_post_norm|ffn_out|ffn_moe_out",)),
     "l_out": ("ADD", ("residual_scaled_ffn|ffn_post_norm|ffn_out|ffn_moe_out", "sa_out|ffn_inp")),
     # the FFN (build_ffn)
@@ -50,8 +53,8 @@ NODES = {
     # the activation or GLU: its op is the FFN kind's (kinds.py: GELU_ERF or GELU for ffn_gelu)
     **{k.node: (None, ("ffn_gate_b|ffn_gate", "ffn_up_b|ffn_up") if k.gated else ("ffn_up_b|ffn_up",))
        for k in FFN_KINDS.values() if not k.moe},
-    "ffn_down": ("MUL_MAT", ("ffn_down.weight", ACT)),                   # before the down bias
-    "ffn_out": ("MUL_MAT", ("ffn_down.weight", ACT)),
+    "ffn_down": DOWN,                                                    # before the down bias
+    "ffn_out": DOWN,
     # a mixture of experts (build_moe_ffn)
     "ffn_moe_logits": ("MUL_MAT", ("ffn_gate_inp.weight", "ffn_norm")),
     "ffn_moe_probs": ("SOFT_MAX", ("ffn_moe_logits",)),
@@ -68,7 +71,7 @@ NODES = {
     "ffn_moe_weighted": ("MUL", ("ffn_moe_down", "ffn_moe_weights")),
     "ffn_moe_out": ("ADD", ("ffn_moe_weighted",)),
     # Qwen2-MoE's shared expert: the dense nodes, ffn_shexp for their result, then its gate
-    "ffn_shexp": ("MUL_MAT", ("ffn_down.weight", ACT)),
+    "ffn_shexp": DOWN,
     "ffn_shexp_gate_inp": ("MUL_MAT", ("ffn_gate_inp_shexp.weight", "ffn_norm")),
     "ffn_shexp_gate": ("DIV", ("ffn_shexp_gate_inp",)),                  # llama.cpp: silu(z) / z
     "ffn_shexp_out": ("MUL", ("ffn_shexp", "ffn_shexp_gate")),
