@@ -10,6 +10,7 @@ run by llama.cpp on the same ids, its graph observed through the eval callback
   - every node both engines name, in order, has the same name, op and shape: ffn_moe_logits ...
     ffn_moe_out, Qwen2-MoE's ffn_shexp* nodes (as test_trace_llamacpp.py checks the dense graphs);
   - the MoE nodes' values agree (rtol 1e-3 of each node's scale; top-k indices exactly).
+  - every FFN node's sources have llama.cpp's names (the shared expert's own tensors among them).
 """
 import numpy as np
 import pytest
@@ -103,3 +104,26 @@ def test_moe_node_values_match_llama_cpp(exported):
         else:
             err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
             assert err <= 1e-3, f"{family} {n.name}: relative error {err:.2e}"
+
+
+def test_ffn_node_sources_are_llama_cpps(exported):
+    """Each FFN node reads the tensors and nodes llama.cpp's reads, by name: the experts' stacked
+    weights, the normalised expert weights where the family normalises them, the k experts' views
+    that ffn_moe_out adds, and the shared expert's own ffn_gate_shexp / ffn_up_shexp / ffn_down_shexp
+    (Qwen2-MoE), not the dense FFN's names."""
+    family, _, path, theirs = exported
+    model = ffnlab.load(path, progress=False)
+    with ffnlab.trace(model, keep=False) as t:
+        model.forward(np.array(IDS))
+
+    def ffn(nodes):
+        # a source that is a view of a named node is named as that node ("ffn_moe_probs-0 (reshaped)");
+        # llama.cpp's unnamed nodes are left out: ffn_shexp_gate is its silu(z) / z, src0 silu(z) "node_N",
+        # where ffnlab computes sigmoid(z) from z
+        return [(n.name, tuple(s[0].split(" (")[0] for s in n.srcs if not s[0].startswith("node_"))) for n in nodes
+                if n.name.startswith("ffn_") and n.name.rsplit("-", 1)[0] != "ffn_inp"]   # ffn_inp: the residual
+    mine = ffn([n for n in t.nodes if not ffnlab_only(n.name, model.config.arch)])
+    ref = ffn([n for n in theirs if not is_auto_name(n.name) and not is_kv_node(n)])
+    assert len(mine) >= 11 * model.config.n_layer
+    assert [a for a, b in zip(mine, ref) if a != b] == [] and len(mine) == len(ref), \
+        [(a, b) for a, b in zip(mine, ref) if a != b][:8]

@@ -30,6 +30,7 @@ from ..ops.softmax import softmax_backward, softmax_forward
 from ..kinds import FFN_KINDS
 from .arith import F32
 from .hooks import identity
+from .nodes import SHEXP_SRCS
 from .weights import FFN_TENSOR, MOE_TENSOR, LayerWeights, MoEWeights  # noqa: F401 (FFN_TENSOR, MOE_TENSOR: the names)
 
 
@@ -240,10 +241,11 @@ def moe_forward(x, w: MoEWeights, hook=identity):
     y = weighted[:, 0].copy()                                             # [N, d_model]
     for j in range(1, K):                                                 # llama.cpp adds the k views in order
         y += weighted[:, j]
-    y = node("ffn_moe_out", y)
+    y = node("ffn_moe_out", y, op="CONT" if K == 1 else None, srcs=("ffn_moe_weighted",) if K == 1 else None)
     sh = sh_y = s = None
     if w.shexp is not None:
         def shexp_hook(name, a, op=None, srcs=None, bare=False):          # the shared FFN's result is ffn_shexp
+            srcs = SHEXP_SRCS.get(name) if srcs is None else srcs         # its products read its own weights
             return hook("ffn_shexp" if name == "ffn_out" else name, a, op, srcs, bare)
         # the shared FFN, then its gate: the order ggml evaluates them in
         sh_y, sh = ffn_forward(x2.reshape(*lead, D), w.shexp, "swiglu", shexp_hook)

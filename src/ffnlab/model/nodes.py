@@ -68,15 +68,19 @@ NODES = {
     "ffn_moe_up": ("MUL_MAT_ID", ("ffn_up_exps.weight", "ffn_norm", "ffn_moe_topk")),
     "ffn_moe_swiglu": ("SWIGLU", ("ffn_moe_gate", "ffn_moe_up")),
     "ffn_moe_down": ("MUL_MAT_ID", ("ffn_down_exps.weight", "ffn_moe_swiglu", "ffn_moe_topk")),
-    "ffn_moe_weighted": ("MUL", ("ffn_moe_down", "ffn_moe_weights")),
-    "ffn_moe_out": ("ADD", ("ffn_moe_weighted",)),
+    "ffn_moe_weighted": ("MUL", ("ffn_moe_down", "ffn_moe_weights_norm|ffn_moe_weights")),
+    # the sum of the k experts' views of ffn_moe_weighted (k > 2: src0 is llama.cpp's unnamed running sum)
+    "ffn_moe_out": ("ADD", ("ffn_moe_weighted", "ffn_moe_weighted")),
     # Qwen2-MoE's shared expert: the dense nodes, ffn_shexp for their result, then its gate
-    "ffn_shexp": DOWN,
+    "ffn_shexp": ("MUL_MAT", ("ffn_down_shexp.weight", ACT)),
     "ffn_shexp_gate_inp": ("MUL_MAT", ("ffn_gate_inp_shexp.weight", "ffn_norm")),
     "ffn_shexp_gate": ("DIV", ("ffn_shexp_gate_inp",)),                  # llama.cpp: silu(z) / z
     "ffn_shexp_out": ("MUL", ("ffn_shexp", "ffn_shexp_gate")),
 }
 
+
+# the shared expert's dense products read its own tensors (llama.cpp: blk.L.ffn_gate_shexp.weight, ...)
+SHEXP_SRCS = {"ffn_gate": ("ffn_gate_shexp.weight", "ffn_norm"), "ffn_up": ("ffn_up_shexp.weight", "ffn_norm")}
 
 def describe(name, prev, op=None, srcs=None):
     """The node `name`'s op and srcs: those the hook call gave, the table's for the rest.
