@@ -36,7 +36,8 @@ for name in sys.argv[5].split(","):
         for _ in range(n):
             tok = int(np.argmax(m.forward_last([tok], kv)))
         return (time.perf_counter() - t) / max(n, 1) * 1e3
-    ms = sorted(run(steps) for _ in range(repeats))[:-1] if repeats > 1 else [run(steps)]
+    times = [run(steps) for _ in range(repeats)]
+    ms = sorted(times[1:] if repeats > 1 else times)   # the first repeat warms the caches
     pr = cProfile.Profile(); pr.runcall(run, 8)
     calls = pstats.Stats(pr).total_calls
     pr = cProfile.Profile(); pr.runcall(run, 0)

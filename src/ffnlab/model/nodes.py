@@ -80,7 +80,8 @@ NODES = {
 
 
 # the shared expert's dense products read its own tensors (llama.cpp: blk.L.ffn_gate_shexp.weight, ...)
-SHEXP_SRCS = {"ffn_gate": ("ffn_gate_shexp.weight", "ffn_norm"), "ffn_up": ("ffn_up_shexp.weight", "ffn_norm")}
+SHEXP_SRCS = {n: (NODES[n][1][0].replace(".weight", "_shexp.weight"),) + NODES[n][1][1:] for n in ("ffn_gate", "ffn_up")}
+
 
 def describe(name, prev, op=None, srcs=None):
     """The node `name`'s op and srcs: those the hook call gave, the table's for the rest.
