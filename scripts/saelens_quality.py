@@ -82,18 +82,28 @@ def main():
 
     rows_path = os.path.join(args.out, "rows.npy")
     if not os.path.exists(rows_path):
-        xs, n, t = [], 0, time.perf_counter()
+        # row i of the harvest goes to place where[i] of the file: the file is the harvest permuted once
+        # (file[j] = harvest[perm[j]]), written as the rows arrive, so memory holds one chunk, not the rows
+        where = np.argsort(np.random.default_rng(0).permutation(args.rows))
+        part = rows_path + ".part"
+        n, t, mm = 0, time.perf_counter(), None
         for _, x, _ in stream_rows(model, windows(args.data), site, site, 4):
-            xs.append(x)
+            if mm is None:
+                mm = np.lib.format.open_memmap(part, "w+", np.float32, (args.rows, x.shape[1]))
+            x = x[:args.rows - n]
+            mm[where[n:n + len(x)]] = x
             n += len(x)
             if n >= args.rows:
                 break
-        x = np.concatenate(xs)[:args.rows]
-        if len(x) < args.rows:
-            raise SystemExit(f"{args.data}: {len(x)} rows, fewer than --rows {args.rows}")
-        x = x[np.random.default_rng(0).permutation(len(x))]
-        np.save(rows_path, x)
-        print(f"harvest: {len(x)} rows of {site} in {time.perf_counter() - t:.0f} s", flush=True)
+        if n < args.rows:
+            if mm is not None:
+                del mm
+                os.remove(part)
+            raise SystemExit(f"{args.data}: {n} rows, fewer than --rows {args.rows}")
+        mm.flush()
+        del mm
+        os.replace(part, rows_path)
+        print(f"harvest: {n} rows of {site} in {time.perf_counter() - t:.0f} s", flush=True)
     x = np.load(rows_path, mmap_mode="r")
     steps = len(x) // args.batch
     cfg = DictConfig(kind="sae", act="topk", d_in=x.shape[1], d_sae=args.width, d_out=x.shape[1], k=args.k)

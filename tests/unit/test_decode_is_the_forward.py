@@ -52,3 +52,28 @@ def test_each_decoded_token_is_the_one_token_forward(name, arith):
         n = kv_step.n
         assert np.array_equal(kv_step.k[il][:, :, :n], kv_fwd.k[il][:, :, :n])
         assert np.array_equal(kv_step.v[il][:, :, :n], kv_fwd.v[il][:, :, :n])
+
+
+# the real models' head shapes (SmolLM2: 9 heads over 3 of 64; Gemma 3: 4 over 1 of 256): the
+# reassociated sums of the attention's kernel round by their length, so a step that compiles them
+# otherwise than the forward (another kernel, or the same one inlined elsewhere) shows only once
+# the cache holds some dozens of positions, past the tiny models' 24
+LONG = {"llama_9x3x64": dataclasses.replace(CONFIGS["llama"], d_model=96, n_head=9, n_kv_head=3, head_dim=64,
+                                             n_ctx=160),
+        "gemma3_4x1x256": dataclasses.replace(CONFIGS["gemma3"], n_head=4, n_kv_head=1, head_dim=256, n_ctx=160,
+                                               sliding_window=100)}
+
+
+@pytest.mark.parametrize("name", sorted(LONG))
+def test_decoding_150_positions_is_the_forward(name):
+    cfg = LONG[name]
+    model = Model(cfg, random_params(cfg))
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, size=cfg.n_ctx - 10)
+    kv_step, kv_fwd = model.new_cache(), model.new_cache()
+    model.forward_last(ids[:2], kv_step)
+    model.forward_last(ids[:2], kv_fwd)
+    for i, tok in enumerate(ids[2:]):
+        step = model.forward_last(np.asarray([tok]), kv_step)
+        fwd = model.forward(np.asarray([tok]), kv=kv_fwd, last_only=True)[-1]
+        assert np.array_equal(step.view(np.uint8), fwd.view(np.uint8)), \
+            f"{name}: position {i + 2} differs by up to {np.abs(step - fwd).max():.3g}"

@@ -28,7 +28,7 @@ from ..ops.norms import layernorm_forward, rmsnorm_forward
 from ..ops.rope import rope_angles, rope_forward
 from ..quant import ggml_path
 from ..quant.blocks import F16_TABLE
-from .decode_kernels import attend_one, attend_rows, rms_norm1
+from .decode_kernels import attend_one, attend_rows, rms_norm1, rope_step
 
 
 class Arith(NamedTuple):
@@ -104,33 +104,31 @@ def _f32_attend1(qk, v, rot, K, V, n, window, cfg, q_scaled):
     """One token's attention in float32 as the forward computes it for a one-token step with
     nothing hooked (the fused set: RoPE and Gemma's q scale as qk_rows, the cache written,
     attend_one), so a decoded token has the forward's bits -> [H, hd]"""
-    H, hd = qk.shape[0] - v.shape[0], qk.shape[1]
-    q, k = qk[:H], qk[H:]
-    if rot is not None:
-        q, k = _rotate(q, rot, cfg, q_scaled), _rotate(k, rot, cfg, False)
-    elif q_scaled:
-        q = q * np.asarray(cfg.scale, dtype=q.dtype)
-    K[:, n], V[:, n] = k, v
-    scale = 1.0 if q_scaled else cfg.scale                          # Gemma: q was scaled already
+    H, hd, scale = qk.shape[0] - v.shape[0], qk.shape[1], cfg.scale
+    if rot is not None and qk.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
+        q = np.empty((1, H, hd), np.float32)                        # qk_rows on q and k, the cache write
+        rope_step(qk.reshape(1, H + v.shape[0], hd), v, rot[0][None], rot[1][None], cfg.rope_pairing == "neox",
+                  np.float32(scale), q_scaled, K, V, n, q)
+        q = q[0]
+    else:                                                           # the reference ops (OLMoE's q/k norm, GLM's pairs)
+        q, k = qk[:H], qk[H:]
+        if rot is not None:
+            q, k = _rope(q, rot, cfg), _rope(k, rot, cfg)
+        if q_scaled:
+            q = q * np.asarray(scale, dtype=q.dtype)
+        K[:, n], V[:, n] = k, v
+        q = np.ascontiguousarray(q)
+    f = q.dtype.type
     out = np.empty((H, hd), q.dtype)
-    attend_one(np.ascontiguousarray(q), K, V, n, max(0, n - window + 1) if window else 0, q.dtype.type(scale),
-               q.dtype.type(cfg.attn_softcap or 0.0), out)
+    attend_one(q, K, V, n, max(0, n - window + 1) if window else 0, f(1.0 if q_scaled else scale),
+               f(cfg.attn_softcap or 0.0), out)                    # Gemma: q was scaled already
     return out
 
 
-def _rotate(a, rot, cfg, scaled):
-    """a [h, hd] normed q or k of one position -> rotated (times the attention scale where the
-    graph scales q), as model/attention.py: qk_rows for the normal and NeoX pairings, the
-    reference ops otherwise"""
-    cos, sin, _ = rot
+def _rope(a, rot, cfg):
+    """a [h, hd] q or k of one position rotated by rot's angles, as the forward's reference ops"""
     h, hd = a.shape
-    if a.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
-        out = np.empty((1, h, hd), np.float32)
-        qk_rows(np.ascontiguousarray(a).reshape(1, h, hd), _NO_W, np.float32(cfg.norm_eps), False, cos[None],
-                sin[None], cfg.rope_pairing == "neox", np.float32(cfg.scale), scaled, out, 1)
-        return out.reshape(h, hd)
-    a = rope_forward(a.reshape(1, 1, h, hd), cos[None], sin[None], cfg.rope_pairing).reshape(h, hd)
-    return a * np.asarray(cfg.scale, dtype=a.dtype) if scaled else a
+    return rope_forward(a.reshape(1, 1, h, hd), rot[0][None], rot[1][None], cfg.rope_pairing).reshape(h, hd)
 
 
 def glu_halves(gate, up, gelu, gu=None):
@@ -147,8 +145,6 @@ def glu_halves(gate, up, gelu, gu=None):
     glu_rows(g2, 0, u2, u_off, gelu, np.float32(SQRT_2_OVER_PI), np.float32(GELU_TANH_COEF), act, h)
     return act.reshape(gate.shape), h.reshape(gate.shape)
 
-
-_NO_W = np.zeros(0, np.float32)
 
 F32 = Arith("f32", rmsnorm_forward, layernorm_forward, rope_angles, rope_forward, attention_scores, attention_probs,
             attention_mix, {k: a.forward for k, a in ACTIVATIONS.items()}, np.float32, rms_norm1, _f32_attend1,

@@ -94,8 +94,8 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     il = w.il
     heads = {"q": H, "k": Hkv, "v": Hkv}
-    if cfg.uses_rope(il):                                  # not SmolLM3's NoPE layers
-        cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *cfg.layer_rope(il))
+    if w.rope is not None:                                 # not SmolLM3's NoPE layers
+        cos, sin = rope if rope is not None else arith.rope_angles(pos, cfg.n_rot, *w.rope)
     else:
         cos = sin = None
     # q, k, v from w.qkv's products, each made when its first part is wanted
@@ -137,7 +137,7 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
     if last_only:
         q, T = q[:, -1:], 1
         allowed = allowed[-1:] if allowed is not None else None
-    window = cfg.sliding_window if cfg.is_sliding(il) else 0
+    window = w.window
     if arith.attend_one is not None and B == 1 and x.shape[1] == 1:
         # one token with nothing to observe (decoding): one query row over the cache
         out = np.empty((H, hd), q.dtype)

@@ -46,20 +46,19 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
     if cfg.positions == "learned":
         x = x + weights.position_embd[n]
     rotations = {}                                                    # (theta, scale) -> this position's rotation
-    fused_gate_up = family(cfg.arch).graph.fused_gate_up
+    graph = family(cfg.arch).graph
+    q_scaled = scales_q(cfg)                                          # Gemma: q times the scale after RoPE
     for L in weights.layers:
-        il = L.il
-        rope = cfg.layer_rope(il) if cfg.uses_rope(il) else None
-        if rope is not None and rope not in rotations:
-            rotations[rope] = _rotation(n, cfg, rope, x.dtype, arith)
-        a = _attention(_norm(x, L.attn_norm, cfg, arith), L, cfg, n, kv.k[il][0], kv.v[il][0], rotations.get(rope),
-                       arith)
+        if L.rope is not None and L.rope not in rotations:
+            rotations[L.rope] = _rotation(n, cfg, L.rope, x.dtype, arith)
+        a = _attention(_norm(x, L.attn_norm, cfg, arith), L, cfg, n, kv.k[L.il][0], kv.v[L.il][0],
+                       rotations.get(L.rope), q_scaled, arith)
         if L.post_attn_norm:
             a = _norm(a, L.post_attn_norm, cfg, arith)
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=fused_gate_up,
+        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=graph.fused_gate_up,
                         arith=arith)[0][0]                            # [1, d_model] -> [d_model]
         if cfg.parallel_residual:
             x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
@@ -91,9 +90,10 @@ def _norm(x, n, cfg, arith=F32):
     return arith.rms_norm(x, w, cfg.norm_eps)[0]                      # per head (Gemma 3's q/k norms)
 
 
-def _attention(x, L, cfg, n, K, V, rot, arith=F32):
+def _attention(x, L, cfg, n, K, V, rot, q_scaled, arith=F32):
     """x: [d_model] (attn_norm output), L: the layer's LayerWeights, K/V: this layer's cache
-    [Hkv, n_ctx, hd] -> [d_model]; writes position n's key and value into K and V."""
+    [Hkv, n_ctx, hd], rot: position n's rotation or None, q_scaled: the graph scales q (scales_q)
+    -> [d_model]; writes position n's key and value into K and V."""
     H, Hkv, hd = cfg.n_head, cfg.n_kv_head, cfg.head_dim
     if len(L.qkv) == 1:
         qkv = linear_forward(x, L.qkv[0][0])                          # [q_dim + 2*kv_dim]: one product
@@ -110,8 +110,7 @@ def _attention(x, L, cfg, n, K, V, rot, arith=F32):
                              _norm(qk[H:].reshape(-1), (L.k_norm, None), cfg, arith).reshape(Hkv, hd)])
     elif L.q_norm is not None:                                        # Gemma 3, Qwen3: RMS-norm each head
         qk = np.concatenate([_norm(qk[:H], (L.q_norm, None), cfg, arith), _norm(qk[H:], (L.k_norm, None), cfg, arith)])
-    window = cfg.sliding_window if cfg.is_sliding(L.il) else 0
-    out = arith.attend1(qk, v, rot, K, V, n, window, cfg, scales_q(cfg))   # [H, hd]; writes position n
+    out = arith.attend1(qk, v, rot, K, V, n, L.window, cfg, q_scaled)     # [H, hd]; writes position n
     y = linear_forward(out.reshape(H * hd), L.wo_padded)[:cfg.d_model]      # [q_dim] -> [d_model (+ padding)]
     if L.wo_b is not None:
         y += L.wo_b

@@ -12,7 +12,7 @@ of a hooked forward (tests/engines/test_generation.py bounds that).
 import numpy as np
 from numba import njit, prange
 
-from ..ops.fastmath import _sum_squares, exp32
+from ..ops.fastmath import _qk_serial, _sum_squares, exp32
 from ..quant.gemm import STRIP, empty_lines, gemm_prefix, gemm_strips
 
 # error_model "numpy": a division by zero gives inf or nan, as the NumPy path does (numba's default
@@ -187,3 +187,23 @@ def attend_one(q, K, V, n, lo, scale, softcap, out):
                 o = out[h0 + g]
                 for j in range(hd):
                     o[j] += p * vt[j]
+
+
+
+_NO_W = np.zeros(0, np.float32)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def rope_step(qk, v, cos, sin, neox, q_scale, scaled, K, V, n, q):
+    """One token's q and k as the forward's one-token path makes them, in one call: qk [1, H + Hkv,
+    hd] (normed) rotated by position n's angles (cos / sin [1, n_rot / 2]), q times q_scale when
+    scaled (Gemma), as ops/fastmath.py's qk_rows -> q [1, H, hd]; k and v [Hkv, hd] written to the
+    cache K / V [Hkv, n_ctx, hd] at n. No fastmath: the values are qk_rows' wherever it is inlined
+    (attend_one is not called from here: inlined, its reassociated sums would round otherwise)."""
+    Hkv, H = v.shape[0], q.shape[1]
+    k = np.empty((1, Hkv, v.shape[1]), np.float32)
+    _qk_serial(qk[:, :H], _NO_W, np.float32(0.0), False, cos, sin, neox, q_scale, scaled, q, 1)
+    _qk_serial(qk[:, H:], _NO_W, np.float32(0.0), False, cos, sin, neox, q_scale, False, k, 1)
+    for h in range(Hkv):
+        K[h, n] = k[0, h]
+        V[h, n] = v[h]

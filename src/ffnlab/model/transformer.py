@@ -80,18 +80,14 @@ def _forward(w, cfg, ids, kv, hooks, train, last_only, arith):
     masks, ropes = {}, {}                      # shared by the layers: built once per forward
     block_caches = []
     for il in range(cfg.n_layer):
-        window = cfg.sliding_window if cfg.is_sliding(il) else 0
-        if window not in masks:
-            m = causal_mask(pos, k_pos, window)                            # [T, S]
-            masks[window] = None if m.all() else m                         # None: nothing to mask
-        rope = None
-        if cfg.uses_rope(il):                                              # not SmolLM3's NoPE layers
-            key = cfg.layer_rope(il)
-            if key not in ropes:
-                cos, sin = arith.rope_angles(pos, cfg.n_rot, *key)       # once per forward, cast once
-                ropes[key] = (cos.astype(x.dtype), sin.astype(x.dtype))
-            rope = ropes[key]
-        x, c = block_forward(x, w.layers[il], cfg, pos, masks[window], kv, hooks.point(il, pos), rope, ops,
+        L = w.layers[il]
+        if L.window not in masks:
+            m = causal_mask(pos, k_pos, L.window)                          # [T, S]
+            masks[L.window] = None if m.all() else m                       # None: nothing to mask
+        if L.rope is not None and L.rope not in ropes:                     # not SmolLM3's NoPE layers
+            cos, sin = arith.rope_angles(pos, cfg.n_rot, *L.rope)        # once per forward, cast once
+            ropes[L.rope] = (cos.astype(x.dtype), sin.astype(x.dtype))
+        x, c = block_forward(x, L, cfg, pos, masks[L.window], kv, hooks.point(il, pos), ropes.get(L.rope), ops,
                              last_only=trim_last and il == cfg.n_layer - 1)
         if train:
             block_caches.append(c)

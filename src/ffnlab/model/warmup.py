@@ -132,8 +132,7 @@ def compile_decode(model) -> float:
     w, cfg = model.weights(), model.config
     kinds = {}
     for L in w.layers:
-        window = cfg.sliding_window if cfg.is_sliding(L.il) else 0
-        kinds.setdefault((_kind(L), window, cfg.layer_rope(L.il) if cfg.uses_rope(L.il) else None), L)
+        kinds.setdefault((_kind(L), L.window, L.rope), L)
     head = w.head[:min(R, w.head.shape[0])]
     decode_step(dataclasses.replace(w, layers=list(kinds.values()), head=head), cfg, 0, model.new_cache(n_ctx=1),
                 model.arith)

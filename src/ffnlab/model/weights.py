@@ -85,6 +85,9 @@ class LayerWeights:
     down_b: np.ndarray | None = None    # [d_model]
     moe: MoEWeights | None = None       # a mixture of experts (then gate/up/down are None)
     post_ffn_norm: Norm | None = None   # [d_model] (Gemma 2/3, OLMo 2)
+    # what the config says of this block's attention, read once
+    rope: tuple | None = None           # its RoPE's (theta, scale, factors), None: none (learned positions, NoPE)
+    window: int = 0                     # the sliding window it attends over, 0: every past position
     # the layouts of load, resolved (see the module docstring)
     qkv: tuple = ()                     # ((matrix [rows, d_model], "qkv" | "qk" | "q" | "k" | "v"), ...)
     gate_up: np.ndarray | None = None   # [2*d_ff, d_model] gate rows, then up rows: one product
@@ -151,7 +154,9 @@ def layer_weights(p, cfg, il, stacks=None) -> LayerWeights:
         il=il, attn_norm=_norm(p, blk + "attn_norm", cfg.pre_norm),
         post_attn_norm=_norm(p, blk + "post_attention_norm", cfg.post_attn_norm),
         ffn_norm=_norm(p, blk + "ffn_norm", cfg.pre_norm), moe=moe_weights(p, il, cfg) if moe else None,
-        post_ffn_norm=_norm(p, blk + "post_ffw_norm", cfg.post_ffn_norm), **t, qkv=qkv,
+        post_ffn_norm=_norm(p, blk + "post_ffw_norm", cfg.post_ffn_norm), **t,
+        rope=cfg.layer_rope(il) if cfg.uses_rope(il) else None,
+        window=cfg.sliding_window if cfg.is_sliding(il) else 0, qkv=qkv,
         gate_up=stack("gate_up", ("gate", "up")) if cfg.gated else None,
         wo_padded=t["wo"] if padded is None else padded)
 

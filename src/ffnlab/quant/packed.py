@@ -89,7 +89,7 @@ class Packed(Layout):
 
     def mul_vec(self, x):
         """x: [n] float32 -> W x [rows]"""
-        y = np.empty(self.n_groups * R, np.float32)
+        y = np.empty(self.qs.shape[0] * R, np.float32)                 # [G * R]: whole groups
         self.matvec(np.ascontiguousarray(x, np.float32), y)
         return y[:self.rows]
 
