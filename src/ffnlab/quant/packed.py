@@ -72,13 +72,6 @@ class Packed(Layout):
         self.kind, self.rows, self.n = kind, rows, n
         self.qs, self.qh, self.d, self.m, self.zero = qs, qh, d, m, zero
 
-    def matvec(self, x, y):
-        """x: [n] float32 -> y: [G * R] float32 (rows past self.rows are zeros)"""
-        if self.kind == "nib":
-            matvec_nib(self.qs, self.qh, self.d, self.m, self.zero, x, y)
-        else:
-            matvec_i8(self.qs, self.d, x, y, simd.HAS_AVX512)
-
     def lookup(self, ids, out):
         """Rows ids [k] dequantized into out [k, n] (an embedding lookup: the exact weights, read
         from this layout, so the file's pages stay released)."""
@@ -89,8 +82,12 @@ class Packed(Layout):
 
     def mul_vec(self, x):
         """x: [n] float32 -> W x [rows]"""
-        y = np.empty(self.qs.shape[0] * R, np.float32)                 # [G * R]: whole groups
-        self.matvec(np.ascontiguousarray(x, np.float32), y)
+        x = np.ascontiguousarray(x, np.float32)
+        y = np.empty(self.qs.shape[0] * R, np.float32)                 # [G * R]: rows past self.rows are zeros
+        if self.kind == "nib":
+            matvec_nib(self.qs, self.qh, self.d, self.m, self.zero, x, y)
+        else:
+            matvec_i8(self.qs, self.d, x, y, simd.HAS_AVX512)
         return y[:self.rows]
 
     def mul(self, x):
