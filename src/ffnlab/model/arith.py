@@ -100,12 +100,19 @@ def _ggml_attend1(qk, v, rot, K, V, n, window, cfg, q_scaled):
     return out
 
 
+def qk_in_one_pass(cfg, dtype):
+    """whether qk_rows (and the one-token step's rope_step, its loop) computes this config's q/k head
+    norm, RoPE and q scale: float32, the normal or NeoX pairing, per-head norms (not OLMoE's norm
+    over all heads). The forward and the step take the same path by it, so they keep the same bits."""
+    return dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox")
+
+
 def _f32_attend1(qk, v, rot, K, V, n, window, cfg, q_scaled):
     """One token's attention in float32 as the forward computes it for a one-token step with
     nothing hooked (the fused set: RoPE and Gemma's q scale as qk_rows, the cache written,
     attend_one), so a decoded token has the forward's bits -> [H, hd]"""
     H, hd, scale = qk.shape[0] - v.shape[0], qk.shape[1], cfg.scale
-    if rot is not None and qk.dtype == np.float32 and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"):
+    if rot is not None and qk_in_one_pass(cfg, qk.dtype):
         q = np.empty((1, H, hd), np.float32)                        # qk_rows on q and k, the cache write
         rope_step(qk.reshape(1, H + v.shape[0], hd), v, rot[0][None], rot[1][None], cfg.rope_pairing == "neox",
                   np.float32(scale), q_scaled, K, V, n, q)

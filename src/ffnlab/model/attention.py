@@ -14,7 +14,7 @@ from ..ops.linear import linear_backward, linear_backwards, linear_forward, line
 from ..ops.norms import rmsnorm_backward
 from ..ops.rope import rope_backward
 from ..quant.simd import HAS_AVX512, empty_aligned
-from .arith import F32
+from .arith import F32, qk_in_one_pass
 from .hooks import identity
 from .weights import ATTN_TENSOR
 
@@ -101,8 +101,7 @@ def attention_forward_layer(x, w, cfg, pos, allowed, kv=None, hook=identity, rop
     # q, k, v from w.qkv's products, each made when its first part is wanted
     parts = _split(_fused_qkv(x, w, hook), "qkv", cfg) if cfg.fused_qkv else {}
     t = {}          # per projection: (pre-norm [B,T,h,hd], norm cache, as attended [B,T,h,hd])
-    fast_qk = (arith.qk_rows is not None and cos is not None and x.dtype == np.float32
-               and not cfg.qk_norm_full and cfg.rope_pairing in ("normal", "neox"))
+    fast_qk = arith.qk_rows is not None and cos is not None and qk_in_one_pass(cfg, x.dtype)
     for which in qkv_order(cfg):
         name = NODE[which]
         if cfg.fused_qkv:
