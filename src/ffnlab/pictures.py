@@ -49,6 +49,8 @@ def check_folder(path, flag):
     parent = os.path.abspath(path)
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):                      # a/b/c where a is a file: makedirs would fail after the work
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK):
         raise UsageError(f"{flag} {path}: cannot write there (permission denied)")
 

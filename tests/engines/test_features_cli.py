@@ -70,6 +70,7 @@ def test_a_log_file_gets_a_line_at_each_checkpoint(reference_run):
     assert [line.split(":")[0] for line in lines] == ["step 6/24", "step 12/24", "step 18/24", "step 24/24"]
     last = json.load(open(os.path.join(out, "trainer.json")))["history"][-1]
     assert f"FVU {last['fvu']:.3f}, dead {100 * last['dead']:.1f}%" in lines[-1]
+    assert f"loss {last['loss']:.4g}, mse {last['mse']:.4g}, " in lines[-1]       # loss: mse + AuxK, as trained
 
 
 def test_fixed_seed_gives_the_same_directory_bit_for_bit(smollm2, data, reference, tmp_path):
@@ -229,5 +230,6 @@ def test_html_feature_pages_render_in_headless_chromium(smollm2, data, reference
                           dom, re.S)
         assert block, f"latent {f['latent']} is on the page"
         body = block.group(1)
-        assert body.count('<b class="tok">') == len(f["windows"])             # one marked token per window
+        shown = len(f["windows"]) + sum(len(q["windows"]) for q in f["quantiles"])
+        assert body.count('<b class="tok">') == shown                         # one marked token per window
         assert body.count("<rect") == sum(1 for c in f["hist"]["counts"] if c)  # a bar per non-empty bin

@@ -165,6 +165,57 @@ def test_a_latent_is_dead_after_the_window_without_firing():
     assert t.since_fired[7] == 50 * 64
 
 
+@pytest.mark.parametrize("act,term", [("topk", "aux"), ("relu", "l1"), ("jumprelu", "l0_loss")])
+def test_the_recorded_loss_is_the_sum_of_the_terms_the_step_minimised(act, term, monkeypatch):
+    """history's loss = mse + the sparsity / AuxK term, each the trainer's own loss_and_grads term over c_out^2
+    (here c_out != 1: the "scale" normalize); jumprelu's L0 term under its own name, beside the latents fired"""
+    import ffnlab.features.trainer as trainer_module
+    real, returned = trainer_module.loss_and_grads, []
+
+    def spy(*args, **kw):                                   # the trainer's loss_and_grads, its terms kept
+        out = real(*args, **kw)
+        returned.append(out[0])
+        return out
+    monkeypatch.setattr(trainer_module, "loss_and_grads", spy)
+    t, _ = trainer(act, steps=5)
+    t.init_b_dec()
+    t.since_fired[:32] = t.s.dead_window                   # half the latents dead: AuxK takes part (topk)
+    rec = t.train_step()
+    terms, c2 = returned[-1], t.c_out ** 2
+    assert t.c_out != 1.0 and set(terms) == {"mse", term.replace("_loss", "")}
+    assert rec[term] > 0 and rec[term] == pytest.approx(terms[term.replace("_loss", "")] / c2, abs=1e-6)
+    assert rec["mse"] == pytest.approx(terms["mse"] / c2, abs=1e-6)
+    assert rec["loss"] == pytest.approx(sum(terms.values()) / c2, abs=1e-6)        # the objective, over c_out^2
+    assert rec["loss"] == pytest.approx(rec["mse"] + rec[term], abs=1.5e-6)       # each rounded to 1e-6
+    assert t.history[-1] is rec
+    if act == "jumprelu":                                   # the count is not the loss term
+        assert rec["l0_loss"] == pytest.approx(t.s.coef * rec["l0"] / c2, rel=1e-3)
+
+
+def test_the_train_progress_line_prints_the_recorded_loss(tmp_path, capsys):
+    """`features train` on the tiny Llama: each plain progress line (stderr not a terminal) shows the step's loss
+    and mse as trainer.json's history records them, and the loss there is mse + AuxK"""
+    import json
+
+    from ffnlab.cli.main import main
+    from mlp_models import TEXT, tiny_gguf
+    data, out = tmp_path / "text.txt", tmp_path / "out"
+    data.write_text(TEXT)
+    assert main(["features", "train", "-m", tiny_gguf("f32"), "--data", str(data), "--out", str(out), "--layer", "1",
+                 "--width", "64", "--k", "4", "--tokens", "640", "--batch", "64", "--buffer-mb", "1", "--ctx", "48",
+                 "--min-context", "4", "--ckpt-every", "5", "--dead-window", "64", "-t", "1"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("step ")]
+    history = json.load(open(out / TRAINER_FILE))["history"]
+    assert [line.split(":")[0] for line in lines] == ["step 5/10", "step 10/10"]
+    for line in lines:
+        h = history[int(line.split()[1].split("/")[0]) - 1]
+        assert f"loss {h['loss']:.4g}, mse {h['mse']:.4g}, " in line, line
+        assert h["loss"] == pytest.approx(h["mse"] + h.get("aux", 0.0), abs=1.5e-6)
+    assert any(h.get("aux", 0) > 0 for h in history)       # dead latents within the run: the two differ
+    assert f"last step loss {history[-1]['loss']:.4g}, mse {history[-1]['mse']:.4g}" in captured.out
+
+
 def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path):
     full, _ = trainer(steps=40, ckpt_every=0)
     full.run(str(tmp_path / "full"))

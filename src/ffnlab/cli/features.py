@@ -72,6 +72,9 @@ def add_arguments(p):
     p.add_argument("--top-n", type=positive("--top-n"), default=10, help="show: how many latents without --features")
     p.add_argument("--top", type=positive("--top"), default=5, help="show: text windows per latent (default 5)")
     p.add_argument("--html", metavar="OUT.html", help="show: write one self-contained page of every shown latent")
+    p.add_argument("--neuronpedia", metavar="OUTDIR", default=None,
+                   help="show: also write OUTDIR/<latent>.json for each shown latent, in Neuronpedia's feature fields "
+                        "(as SAEDashboard's Neuronpedia export writes them)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
 
 
@@ -205,7 +208,8 @@ def train(args):
 
     def on_step(rec):
         dt = time.perf_counter() - t0
-        note = (f"{(trainer.step - n0) * s.batch / max(dt, 1e-9):.0f} tok/s, mse {rec['mse']:.4g}, "
+        note = (f"{(trainer.step - n0) * s.batch / max(dt, 1e-9):.0f} tok/s, "
+                f"loss {rec['loss']:.4g}, mse {rec['mse']:.4g}, "     # loss: mse + aux | l1 | l0_loss, as minimised
                 f"L0 {rec['l0']:.1f}, FVU {'n/a' if rec['fvu'] is None else format(rec['fvu'], '.3f')}, "   # None: a constant target
                 f"dead {100 * rec['dead']:.1f}%")
         bar.update(1, note)
@@ -223,7 +227,8 @@ def train(args):
         print(json.dumps(summary))
     else:
         print(f"{dcfg.kind} {in_node} -> {out_node}: {dcfg.d_sae} latents ({dcfg.act}), {trainer.step} steps of "
-              f"{s.batch} tokens; last step mse {last.get('mse', float('nan')):.4g}, L0 {last.get('l0', 0):.1f}, "
+              f"{s.batch} tokens; last step loss {last.get('loss', float('nan')):.4g}, mse "
+              f"{last.get('mse', float('nan')):.4g}, L0 {last.get('l0', 0):.1f}, "
               f"FVU {last.get('fvu') or float('nan'):.3f}, dead {100 * last.get('dead', 0):.1f}%; "
               f"{summary['tokens_per_s']:.0f} tok/s; wrote {args.out} (try: ffnlab features eval {args.out} "
               f"--data HELDOUT)")
@@ -335,12 +340,15 @@ def _second_model(args, model, loaded):
 
 def show(args):
     from ..errors import UsageError
-    from ..features.pages import feature_pages, write_html
-    from ..pictures import check_page, written
+    from ..features.neuronpedia import source_of, write_features
+    from ..features.pages import bin_label, feature_pages, write_html
+    from ..pictures import check_folder, check_page, model_label, written
     from ..training.data import read_text
     if not args.data:
         raise UsageError("features show needs --data TEXT (the windows its features are shown on)")
     check_page(args.html, "--html")
+    if args.neuronpedia is not None:
+        check_folder(args.neuronpedia, "--neuronpedia")
     text = read_text(args.data)
     model, p, dcfg, d, in_node, out_node = _load_for(args)
     latents = None
@@ -371,9 +379,17 @@ def show(args):
                           + "  ".join(f"{e['neuron']} {e['cosine']:+.2f}" for e in nb[k]))
             for w in f["windows"]:
                 print(f"  {w['value']:+9.4g}  {w['text']!r}")
+            for q in f["quantiles"]:
+                print(f"  {bin_label(q)}")
+                for w in q["windows"]:
+                    print(f"    {w['value']:+9.4g}  {w['text']!r}")
     sys.stdout.flush()
     if args.html:
         with written(args.html, "--html"):
             write_html(args.html, pages, args.dir, model.source)
         print(f"wrote {args.html} ({len(pages['features'])} latents)", file=sys.stderr)
+    if args.neuronpedia is not None:
+        with written(args.neuronpedia, "--neuronpedia"):
+            write_features(args.neuronpedia, pages, *source_of(d, args.dir, out_node, model_label(model)))
+        print(f"wrote {args.neuronpedia}/<latent>.json ({len(pages['features'])} latents)", file=sys.stderr)
     return 0

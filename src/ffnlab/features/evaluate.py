@@ -7,9 +7,10 @@ On the scored rows (harvest.py's windows), with y the target node and y_hat the 
     FVU                 1 - explained variance
     dead / dense        latents firing on no token / on more than 10% of the tokens
 
-Spliced (an Editor on the target node replaces its value with y_hat, computed from the input node's value
-in the same forward; at every position but each window's first, BOS or the attention sink that no
-dictionary is trained on, as SAELens's run_evals keeps its special tokens), as run_evals defines them:
+Spliced (splice_fns, the hooks splice_hooks hands to ffnlab.hooks: the target node's value replaced by y_hat,
+computed from the input node's value in the same forward, at every position but each window's first, BOS or
+the attention sink that no dictionary is trained on, as SAELens's run_evals keeps its special tokens), as
+run_evals defines them:
     CE loss score  (CE_ablated - CE_spliced) / (CE_ablated - CE_clean)   next-token loss at the scored
                                                                          positions that have a next token
     KL score       (KL_ablated - KL_spliced) / KL_ablated    KL(clean || new) at every scored position, averaged
@@ -24,9 +25,9 @@ import numpy as np
 
 from ..errors import UsageError
 from ..model.hooks import Editor
-from . import ABLATIONS
+from .choices import ABLATIONS
 from . import dictionary as D
-from .harvest import capture
+from .harvest import capture, dictionary_for
 
 
 def reconstruct(p, cfg, x):
@@ -35,11 +36,13 @@ def reconstruct(p, cfg, x):
     return D.decode(p, cfg, acts, x), acts
 
 
-def splice(p, cfg, in_node, out_node, error=False, skip_first=True, record=None):
-    """An Editor that replaces out_node by the dictionary's output on in_node's value of the same forward.
+def splice_fns(p, cfg, in_node, out_node, error=False, skip_first=True, record=None):
+    """{node: fn} for ffnlab.hooks / Editor: out_node's value [..., T, d_out] replaced by the dictionary's output
+    on in_node's value [..., T, d_in] of the same forward (in_node's fn keeps it; an SAE's two are one node).
     error: add the error term back, y_hat + (y - y_hat), summed in float64 so it gives y exactly (a float32
     difference of two float32 values is exact in float64, and so is adding it back), which makes the splice
-    with its error term the clean forward bit for bit. record: a list that receives (x, y, y_hat) per call."""
+    with its error term the clean forward bit for bit. skip_first: position 0 keeps its own value (BOS or the
+    attention sink, which no dictionary is trained on). record: a list that receives (x, y, y_hat) per call."""
     seen = {}
 
     def take_input(value, name, positions):
@@ -49,7 +52,7 @@ def splice(p, cfg, in_node, out_node, error=False, skip_first=True, record=None)
     def replace(value, name, positions):
         x = seen.pop("x", value) if in_node != out_node else value
         lead, d_in = x.shape[:-1], x.shape[-1]
-        y_hat, _ = reconstruct(p, cfg, x.reshape(-1, d_in))
+        y_hat, _ = reconstruct(p, cfg, x.reshape(-1, d_in))                      # [R, d_in] -> [R, d_out]
         y_hat = y_hat.reshape(*lead, -1)
         if record is not None:
             record.append((x, value, y_hat))
@@ -59,10 +62,27 @@ def splice(p, cfg, in_node, out_node, error=False, skip_first=True, record=None)
             y_hat[..., 0, :] = value[..., 0, :]
         return np.ascontiguousarray(y_hat, dtype=value.dtype)
 
-    fns = {re.escape(out_node): replace}
-    if in_node != out_node:
-        fns = {re.escape(in_node): take_input, **fns}
-    return Editor(fns)
+    # node names hold no regular-expression characters, so each key matches its node alone (Editor's patterns)
+    return {in_node: take_input, out_node: replace} if in_node != out_node else {out_node: replace}
+
+
+def splice(p, cfg, in_node, out_node, error=False, skip_first=True, record=None):
+    """An Editor of splice_fns (features eval's spliced forward: model.forward(ids, hooks=splice(...)))"""
+    return Editor(splice_fns(p, cfg, in_node, out_node, error, skip_first, record))
+
+
+def splice_hooks(model, dirpath, error=False, skip_first=True):
+    """A dictionary directory (cfg.json + sae_weights.safetensors) -> {node: fn} for ffnlab.hooks(model, ...):
+    the dictionary spliced into the forward as `features eval` splices it. A transcoder's ffn_out-L becomes
+    its output on ffn_norm-L's value, an SAE's site its reconstruction; error: plus the error term (the clean
+    forward bit for bit); skip_first: position 0 left as it is. The directory is checked against the model
+    first (harvest.dictionary_for: vocabulary, sites, widths), one line on a misfit.
+
+        with ffnlab.hooks(model, splice_hooks(model, "tc12")):
+            logits = model.forward(ids)
+    """
+    p, cfg, _, in_node, out_node = dictionary_for(model, dirpath)
+    return splice_fns(p, cfg, in_node, out_node, error, skip_first)
 
 
 def ablate(out_node, mean=None, skip_first=True):

@@ -31,15 +31,20 @@ def sites(kind, layer, site=None):
     return f"ffn_norm-{layer}", f"ffn_out-{layer}"
 
 
-def check_sites(model, nodes):
-    """Each node must be one the model's forward names (interventions.node_names) -> its layer (-1 outside blocks)"""
+def check_sites(model, nodes, named_by="--site"):
+    """Each node must be one the model's forward names (interventions.node_names) -> its layer (-1 outside blocks).
+    named_by: where the nodes came from (a flag, a file's field), the start of the message."""
     from ..interventions import node_names
     names = node_names(model)
+    n_layer = model.config.n_layer
     for n in nodes:
         if n not in names:
             near = sorted({re.sub(r"-\d+$", "-L", m) for m in names})
-            raise UsageError(f"--site {n} is not a node of {model.source} (node names: {', '.join(near)}; "
-                             f"L is the layer 0..{model.config.n_layer - 1})")
+            m = re.fullmatch(r"(.+)-(\d+)", n)
+            why = (f"layer {m.group(2)} is out of range, 0..{n_layer - 1}"
+                   if m and f"{m.group(1)}-L" in near else
+                   f"node names: {', '.join(near)}; L is the layer 0..{n_layer - 1}")
+            raise UsageError(f"{named_by} {n} is not a node of {model.source} ({why})")
     m = re.search(r"-(\d+)$", nodes[-1])
     return int(m.group(1)) if m else model.config.n_layer - 1
 
@@ -55,17 +60,21 @@ def dictionary_for(model, dirpath, loaded=None):
     meta = d.get("metadata") if isinstance(d.get("metadata"), dict) else {}
     in_node = ours.get("site_in") or meta.get("hook_name")
     out_node = ours.get("site_out") or meta.get("hook_name_out") or in_node
+    in_field = "ffnlab.site_in" if ours.get("site_in") else "metadata.hook_name"      # for the messages
+    out_field = ("ffnlab.site_out" if ours.get("site_out") else "metadata.hook_name_out" if meta.get("hook_name_out")
+                 else in_field)
     if not isinstance(in_node, str) or not isinstance(out_node, str):
         raise UsageError(f"{dirpath}/cfg.json names no site (ffnlab.site_in or metadata.hook_name with ffnlab's node "
                          f"names, e.g. ffn_norm-5)")
     if ours.get("n_vocab") is not None and ours["n_vocab"] != model.config.vocab_size:
         raise UsageError(f"{dirpath} was trained on another model (vocabulary {ours['n_vocab']}, {model.source} has "
                          f"{model.config.vocab_size})")
-    check_sites(model, [in_node, out_node])
+    check_sites(model, [in_node], f"{dirpath}/cfg.json: {in_field}")
+    check_sites(model, [out_node], f"{dirpath}/cfg.json: {out_field}")
     shapes = node_shapes(model)
     if shapes[in_node][-1] != cfg.d_in or shapes[out_node][-1] != cfg.d_out:
-        raise UsageError(f"{dirpath}: d_in {cfg.d_in} / d_out {cfg.d_out} do not fit {model.source}'s {in_node} "
-                         f"({shapes[in_node][-1]}) / {out_node} ({shapes[out_node][-1]})")
+        raise UsageError(f"{dirpath}/cfg.json: d_in {cfg.d_in} / d_out {cfg.d_out} do not fit {model.source}'s "
+                         f"{in_node} ({shapes[in_node][-1]}) / {out_node} ({shapes[out_node][-1]})")
     return p, cfg, d, in_node, out_node
 
 

@@ -1,13 +1,18 @@
 """Feature pages, as Neuronpedia shows a latent: how often it fires, its activation histogram, the text windows
-where it fires hardest (and windows from lower quantiles of its activations), and the logit effect of its
-decoder row: W_dec[j] scaled by the final norm's weight and read through the unembedding (the norm's
-1/rms taken as a constant: the direct effect on the logits, up to one positive factor), top +/- tokens, and
-the most similar neurons of the block's MLP: the cosine of the latent's decoder row with each neuron's down
-column (what the neuron writes) and of its encoder column with each neuron's up row (what the neuron reads;
-also its gate row in a gated MLP).
+where it fires hardest (and windows from lower quantile bins of its activations, each labelled with its range of
+activations and its share of them: SAEDashboard's interval groups, cut at quantiles rather than at equal
+widths), and the logit effect of its decoder row:
+W_dec[j] scaled by the final norm's weight and read through the unembedding (the norm's 1/rms taken as a
+constant: the direct effect on the logits, up to one positive factor), top +/- tokens and their histogram over
+the vocabulary, and the most similar neurons of the block's MLP: the cosine of the latent's decoder row with each
+neuron's down column (what the neuron writes) and of its encoder column with each neuron's up row (what the
+neuron reads; also its gate row in a gated MLP).
 
 The activations of up to max_tokens scored tokens are kept as (token, latent, value) entries: at most
-max_tokens * L0 of them, bounded by the flag, not by the corpus.
+max_tokens * L0 of them, bounded by the flag, not by the corpus. The scored tokens are one run of the text
+(evaluation/activations.py: each from min_context on is scored once, in order), so a window's tokens carry the
+latent's value at each of them (0 where it did not fire); a window is clipped to that run, so that no value is
+one the dictionary did not compute.
 """
 import html
 import json
@@ -22,9 +27,10 @@ BINS = 24
 
 
 def collect(model, p, cfg, windows, in_node, max_tokens, batch):
-    """-> (token index in the text [E], latent [E], value [E], tokens read)"""
+    """-> (token index in the text [E], latent [E], value [E], tokens read, (first, end): the text tokens scored)"""
     from ..evaluation.activations import batches
     tok_i, lat, val, n = [], [], [], 0
+    read_from, read_to = None, 0                                     # the run of text tokens scored
     for first, ids in batches(windows.windows, batch):
         if n >= max_tokens:
             break
@@ -35,18 +41,37 @@ def collect(model, p, cfg, windows, in_node, max_tokens, batch):
         on = acts.val > 0
         tok_i.append(pos[scored][acts.rows[on]]), lat.append(acts.idx[on]), val.append(acts.val[on])
         n += int(scored.sum())
+        if scored.any():
+            read_from = int(pos[scored].min()) if read_from is None else read_from
+            read_to = int(pos[scored].max()) + 1
     cat = (lambda a: np.concatenate(a) if a else np.zeros(0))
-    return cat(tok_i).astype(np.int64), cat(lat).astype(np.int64), cat(val).astype(np.float32), n
+    return (cat(tok_i).astype(np.int64), cat(lat).astype(np.int64), cat(val).astype(np.float32), n,
+            (read_from or 0, read_to))
 
 
-def window(tok, ids, t, before=12, after=4):
-    a, b = max(0, t - before), min(len(ids), t + after + 1)
+def window(tok, ids, dense, first, t, before=12, after=4):
+    """text token t -> {"value", "token": t, "text": the window, t as [[t]], "tokens": [W] one string a token,
+    "values": [W] the latent's activation at each, "at": t's place in them}. dense: [end - first] the latent's
+    activation at each scored token, the window clipped to them."""
+    a, b = max(first, t - before), min(first + len(dense), t + after + 1)
     dec = (lambda s: tok.decode([int(i) for i in s]))
-    return dec(ids[a:t]) + "[[" + dec(ids[t:t + 1]) + "]]" + dec(ids[t + 1:b])
+    return {"value": round(float(dense[t - first]), 4), "token": int(t),
+            "text": dec(ids[a:t]) + "[[" + dec(ids[t:t + 1]) + "]]" + dec(ids[t + 1:b]),
+            "tokens": [dec([i]) for i in ids[a:b]],
+            "values": [round(float(x), 4) for x in dense[a - first:b - first]], "at": int(t - a)}
+
+
+def bin_label(q):
+    """a quantile bin of feature_pages -> its one-line label: quantiles, range of activations, share of them"""
+    lo, hi = q["quantile"]
+    head = f"quantile {100 * lo:.0f}-{100 * hi:.0f}%"
+    if q["range"] is None:
+        return head + ": no activations"
+    return f"{head}: activations {q['range'][0]:.4g} to {q['range'][1]:.4g} ({100 * q['contains']:.0f}% of them)"
 
 
 def logit_effect(model, w_dec_row, n=10):
-    """-> (top n (token, logit) by the largest, the n most negative)"""
+    """-> (top n (token, logit) by the largest, the n most negative, {"edges", "counts"}: histogram of all [n_vocab])"""
     w = model.params.get("output_norm.weight")
     v = w_dec_row * (np.asarray(w, np.float32) if w is not None else 1.0)
     z = np.asarray(model.head_logits(v[None].astype(np.float32)))[0].astype(np.float64)
@@ -54,7 +79,9 @@ def logit_effect(model, w_dec_row, n=10):
     order = np.argsort(-z, kind="stable")
     tok = model.tokenizer
     as_list = (lambda idx: [{"token": tok.decode([int(i)]), "id": int(i), "logit": round(float(z[i]), 4)} for i in idx])
-    return as_list(order[:n]), as_list(order[::-1][:n])
+    counts, edges = np.histogram(z, BINS)
+    hist = {"edges": [round(float(e), 5) for e in edges], "counts": counts.tolist()}
+    return as_list(order[:n]), as_list(order[::-1][:n]), hist
 
 
 def mlp_vectors(model, layer):
@@ -88,7 +115,7 @@ def similar_neurons(vecs, p, j, n=5):
 
 
 def feature_pages(model, p, cfg, windows, ids, in_node, out_node, latents, top_n, top, max_tokens, batch):
-    tok_i, lat, val, n = collect(model, p, cfg, windows, in_node, max_tokens, batch)
+    tok_i, lat, val, n, (first, end) = collect(model, p, cfg, windows, in_node, max_tokens, batch)
     counts = np.bincount(lat, minlength=cfg.d_sae)
     if latents is None:
         latents = [int(j) for j in np.argsort(-counts, kind="stable")[:top_n]]
@@ -109,17 +136,19 @@ def feature_pages(model, p, cfg, windows, ids, in_node, out_node, latents, top_n
                             "counts": np.histogram(v, edges)[0].tolist()}
         else:
             page["hist"] = {"edges": [], "counts": []}
-        page["windows"] = [{"value": round(float(v[i]), 4), "token": int(t[i]), "text": window(model.tokenizer, ids, int(t[i]))}
-                           for i in order[:top]]
-        qs = []
+        dense = np.zeros(end - first, np.float32)                                # [scored tokens]: 0 = did not fire
+        dense[t - first] = v
+        page["windows"] = [window(model.tokenizer, ids, dense, first, int(t[i])) for i in order[:top]]
+        qs, N = [], len(order)
         for lo, hi in ((0.5, 0.75), (0.25, 0.5), (0.0, 0.25)):                   # lower quantile bins of its values
-            a, b = int(lo * len(order)), int(hi * len(order))
-            pick = order[len(order) - b:len(order) - a][:2] if b > a else []
-            qs.append({"quantile": [lo, hi], "windows": [{"value": round(float(v[i]), 4),
-                                                          "text": window(model.tokenizer, ids, int(t[i]))} for i in pick]})
+            a, b = int(lo * N), int(hi * N)
+            inside = order[N - b:N - a]                                          # largest first
+            qs.append({"quantile": [lo, hi], "contains": (b - a) / max(N, 1),
+                       "range": [round(float(v[inside[-1]]), 4), round(float(v[inside[0]]), 4)] if b > a else None,
+                       "windows": [window(model.tokenizer, ids, dense, first, int(t[i])) for i in inside[:2]]})
         page["quantiles"] = qs
         if with_logits:
-            page["logits_pos"], page["logits_neg"] = logit_effect(model, p["W_dec"][j])
+            page["logits_pos"], page["logits_neg"], page["logits_hist"] = logit_effect(model, p["W_dec"][j])
         else:
             page["logits_pos"] = page["logits_neg"] = []
         page["neurons"] = {"layer": layer, **similar_neurons(vecs, p, j)} if vecs else {}
@@ -148,7 +177,8 @@ def mark(text):
 def write_html(path, pages, dirpath, source):
     parts = [f"<!doctype html><meta charset='utf-8'><title>features: {html.escape(dirpath)}</title>",
              "<style>body{font:14px sans-serif;margin:20px} .f{border:1px solid #ccc;margin:10px 0;padding:8px}"
-             " .tok{background:#f5b7b1} pre{white-space:pre-wrap;margin:2px 0} .axis{font-size:11px;color:#555}</style>",
+             " .tok{background:#f5b7b1} pre{white-space:pre-wrap;margin:2px 0} .axis{font-size:11px;color:#555}"
+             " .bin{font-size:13px;margin:8px 0 2px;color:#444}</style>",
              f"<h1>{html.escape(dirpath)}</h1><p>{html.escape(str(source))}: {pages['site_in']} &rarr; {pages['site_out']}, "
              f"{pages['d_sae']} latents, {pages['tokens']} tokens</p>",
              f"<script type='application/json' id='data'>{html.escape(json.dumps(pages, ensure_ascii=False), quote=False)}</script>"]
@@ -156,6 +186,9 @@ def write_html(path, pages, dirpath, source):
         pos = " ".join(html.escape(repr(t["token"])) for t in f["logits_pos"][:8])
         neg = " ".join(html.escape(repr(t["token"])) for t in f["logits_neg"][:8])
         wins = "".join(f"<pre>{w['value']:+.4g}  {mark(w['text'])}</pre>" for w in f["windows"])
+        wins += "".join(f"<h3 class='bin'>{html.escape(bin_label(q))}</h3>"
+                        + "".join(f"<pre>{w['value']:+.4g}  {mark(w['text'])}</pre>" for w in q["windows"])
+                        for q in f.get("quantiles", []))
         nb = f.get("neurons") or {}
         near = "".join(f"<br>{html.escape(k)}: " + " ".join(f"{e['neuron']} ({e['cosine']:+.2f})" for e in nb[k])
                        for k in ("down", "up", "gate") if k in nb)

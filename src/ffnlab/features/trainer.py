@@ -12,6 +12,8 @@ One step (the recipe of SAELens's SAETrainer and the TopK/JumpReLU papers):
     topk/batchtopk/jumprelu: W_dec rows to unit norm (relu keeps them free: the L1 carries their norm)
     batchtopk: threshold <- (1 - 0.01) threshold + 0.01 * (smallest kept activation)   (SAELens's update)
     tokens since each latent last fired += B; 0 where it fired; dead = that count >= dead_window
+    history: loss, mse, aux | l1 | l0_loss, ...     each term over c_out^2 (so mse is in the model's units), loss
+                                                     their sum: the objective minimised, over that constant
 
 b_dec starts at the mean of the targets in the first full buffer (b_dec_init "mean": the MSE-optimal
 constant; earlier SAELens's "mean" init, not its geometric median, which minimises the L2 distance rather
@@ -170,8 +172,10 @@ class Trainer:
         self.fired_ever += fires
         self.step += 1
         var = float(((y - y.mean(0)) ** 2).sum()) / len(y)
-        units = {k: v / self.c_out ** 2 if k in ("mse", "aux") else v for k, v in terms.items()}   # the model's units
-        rec = {"step": self.step, **{k: round(v, 6) for k, v in units.items()},
+        # each term over c_out^2: mse and aux in the model's units, and loss, their sum, the objective minimised over
+        # the same constant; jumprelu's L0 term is "l0_loss", "l0" being the latents fired
+        units = {("l0_loss" if k == "l0" else k): v / self.c_out ** 2 for k, v in terms.items()}
+        rec = {"step": self.step, "loss": round(sum(units.values()), 6), **{k: round(v, 6) for k, v in units.items()},
                "l0": round(float(acts.l0().mean()), 3), "fvu": round(terms["mse"] / var, 6) if var > 0 else None,
                "dead": round(float(self.dead().mean()), 6)}
         self.history.append(rec)
