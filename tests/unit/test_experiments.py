@@ -203,6 +203,28 @@ def test_plot_draws_from_the_stored_results_only(tmp_path, capsys):
     assert main(["experiment", "activation", "--plot", "--results", str(tmp_path / "none")]) == 1
 
 
+def test_claim_runs_every_experiment_of_that_claim(tmp_path, capsys):
+    """--claim: the experiments whose experiment.claim is NAME's, each as if named alone (here --plot, from the
+    stored results: each one's own PNGs, the same bytes as `experiment N --plot`)"""
+    from ffnlab.experiments import config as cfgmod
+    claim = cfgmod.load("width", check_data=False).claim
+    expected = [n for n in cfgmod.names() if cfgmod.load(n, check_data=False).claim == claim]
+    assert "width" in expected and len(expected) >= 2 and "activation" not in expected
+    together, alone = tmp_path / "together", tmp_path / "alone"
+    assert main(["experiment", "width", "--claim", "--plot", "--docs", str(together)]) == 0
+    assert f"experiments: {', '.join(expected)}" in capsys.readouterr().out
+    for n in expected:
+        assert main(["experiment", n, "--plot", "--docs", str(alone)]) == 0
+    assert sorted(os.listdir(together)) == sorted(os.listdir(alone))
+    for p in os.listdir(alone):
+        assert (together / p).read_bytes() == (alone / p).read_bytes()
+    capsys.readouterr()
+    assert main(["experiment", "width", "--claim", "--out", str(tmp_path / "o")]) == 1
+    assert "--claim" in capsys.readouterr().err
+    assert main(["experiment", str(tmp_path / "x.toml"), "--claim"]) == 1
+    assert "--claim takes the name" in capsys.readouterr().err
+
+
 # --- dropout inside the MLP ----------------------------------------------------------------------
 def test_mlp_dropout_gradient_matches_finite_differences():
     from ffnlab.training.mlp_dropout import DroppedInput

@@ -10,6 +10,9 @@ def add_arguments(p):
                    help="an experiment of experiments/ (width, activation, dropout, bias, gating, compression, lora) "
                         "or a path to a .toml file")
     p.add_argument("--list", action="store_true", help="list the experiments and their claims")
+    p.add_argument("--claim", action="store_true",
+                   help="every experiment that tests NAME's claim (the same experiment.claim: its sizes and token "
+                        "budgets, e.g. width, width-d128, width-d128-long), one after another, each as if run alone")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="runs directory (default experiments/runs/NAME, NAME-quick with --quick); rerunning the same "
                         "command resumes it, and runs another experiment trained (DIR/../shared) are reused")
@@ -28,6 +31,7 @@ def add_arguments(p):
 
 
 def run(args):
+    import argparse
     import json
     import os
 
@@ -42,6 +46,23 @@ def run(args):
         return 0
     if not args.name:
         raise UsageError("give an experiment NAME (ffnlab experiment --list)")
+    if args.claim:
+        if args.out or args.results:
+            raise UsageError("--claim runs several experiments, each into its own default directories: "
+                             "leave out --out and --results")
+        if args.name not in cfgmod.names():
+            raise UsageError(f"--claim takes the name of an experiment of experiments/, not {args.name!r} "
+                             f"(ffnlab experiment --list)")
+        claim = cfgmod.load(args.name, check_data=False).claim
+        names = [n for n in cfgmod.names() if cfgmod.load(n, check_data=False).claim == claim]
+        print(f"claim: {claim}\nexperiments: {', '.join(names)}")
+        for n in names:
+            if not args.json:
+                print(f"\n== {n}")
+            code = run(argparse.Namespace(**{**vars(args), "name": n, "claim": False}))
+            if code:
+                return code
+        return 0
     exp = cfgmod.load(args.name, quick=args.quick, seeds=args.seeds, data=args.data)
     suffix = "-quick" if args.quick else ""
     out = args.out or os.path.join(cfgmod.EXPERIMENTS, "runs", exp.name + suffix)
