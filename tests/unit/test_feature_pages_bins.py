@@ -178,7 +178,7 @@ def _one_line_error(capsys, argv):
 @pytest.mark.parametrize("case", ["file", "under a file", "read-only"])
 def test_a_bad_outdir_is_one_line_and_nothing_is_written(argv, tmp_path, capsys, case):
     if case == "read-only" and os.geteuid() == 0:
-        pytest.skip("root writes into a read-only folder")
+        pytest.skip("running as root, which no folder refuses: the read-only case needs a non-root user")
     (tmp_path / "taken").write_text("mine")
     outdir = {"file": tmp_path / "taken", "under a file": tmp_path / "taken" / "np",
               "read-only": tmp_path / "ro" / "np"}[case]

@@ -53,8 +53,7 @@ def run(args):
         if args.name not in cfgmod.names():
             raise UsageError(f"--claim takes the name of an experiment of experiments/, not {args.name!r} "
                              f"(ffnlab experiment --list)")
-        claim = cfgmod.load(args.name, check_data=False).claim
-        names = [n for n in cfgmod.names() if cfgmod.load(n, check_data=False).claim == claim]
+        claim, names = cfgmod.same_claim(args.name)
         print(f"claim: {claim}\nexperiments: {', '.join(names)}")
         for n in names:
             if not args.json:

@@ -81,6 +81,13 @@ def names():
     return sorted(f[:-5] for f in os.listdir(EXPERIMENTS) if f.endswith(".toml"))
 
 
+def same_claim(name):
+    """NAME of experiments/ -> (its claim, the experiments that test it: the same experiment.claim, e.g. one
+    claim's model sizes and token budgets)"""
+    claim = load(name, check_data=False).claim
+    return claim, [n for n in names() if load(n, check_data=False).claim == claim]
+
+
 class _Fields:
     """Reads one table, naming file and field in every error."""
 
