@@ -33,7 +33,16 @@ def test_every_claim_has_a_config_that_loads(name):
     exp = config.load(name, data=CORPUS)
     assert exp.claim and exp.seeds >= 5 and exp.kind in config.KINDS
     quick = config.load(name, quick=True, data=CORPUS)
-    assert quick.settings.steps < exp.settings.steps and quick.seeds < exp.seeds
+    assert _steps(quick) < _steps(exp) and quick.seeds < exp.seeds
+
+
+def _steps(exp):
+    """the steps of the runs an experiment trains: its variants', or (a pretrained model's) its fine-tunes'"""
+    if exp.variants:
+        return exp.settings.steps
+    if exp.kind == "lora":
+        return exp.lora["settings"]["steps"]
+    return exp.compression["smollm2"]["recovery"]["settings"]["steps"]
 
 
 def _toml(tmp_path, text):
@@ -49,6 +58,19 @@ def _toml(tmp_path, text):
     ('[train]\nstepz = 3\n[[variant]]\nname = "a"\nffn = "gelu"\nmult = 4\n', "train.stepz: unknown field"),
     ('[[variant]]\nname = "a"\nffn = "gelu"\nmult = 4\nmlp_dropout = 1.5\n', "variant 'a': mlp_dropout"),
     ('[[variant]]\nname = "a"\nffn = "gelu"\n', "variant 'a': mult: missing"),
+    ('[experiment.x]\n', "experiment.x: unknown field"),
+    ('kind = "compression"\n[compression]\nkeeps = [0.5]\n', "compression.smollm2: expected a table"),
+    ('kind = "lora"\n[[variant]]\nname = "a"\nffn = "gelu"\nmult = 4\n[lora]\nbase = "a"\nmodel = "smollm2"\n'
+     f'data = "{CORPUS}"\ntargets = ["q,v"]\n', "lora.model: expected either base"),
+    ('kind = "lora"\n[lora]\nmodel = "smollm2"\ndata = "x.txt"\ntargets = ["q,v"]\n', "lora.data: expected an existing"),
+    ('kind = "lora"\n[lora]\nmodel = "smollm2"\ndata_chars = -1\n'
+     f'data = "{CORPUS}"\ntargets = ["q,v"]\n', "lora.data_chars: expected 0"),
+    ('kind = "compression"\n[compression.smollm2]\ncalib = "' + CORPUS + '"\neval = "' + CORPUS + '"\n'
+     '[compression.smollm2.recovery]\ndata = "' + CORPUS + '"\nmethods = ["magnitude"]\n',
+     "compression.smollm2.recovery.methods: expected a list of activation, naive"),
+    ('kind = "compression"\n[compression.smollm2]\ncalib = "' + CORPUS + '"\neval = "' + CORPUS + '"\n'
+     '[compression.smollm2.recovery]\ndata = "' + CORPUS + '"\nsettings = { stepz = 3 }\n',
+     "compression.smollm2.recovery.settings.stepz: unknown field"),
 ])
 def test_a_bad_config_is_one_line_naming_the_file_and_the_field(tmp_path, text, field):
     path = _toml(tmp_path, text)
@@ -322,3 +344,47 @@ def test_finetune_grid_flags_run_a_grid(tmp_path, capsys):
     bad[bad.index("--grid-ranks") + 1] = "0"
     bad[bad.index("--out") + 1] = str(tmp_path / "bad")
     assert main(bad) == 1 and "--grid-ranks" in capsys.readouterr().err
+
+
+# --- a pretrained model cut and recovered (compression.smollm2 with recovery) --------------------------
+def test_a_gguf_cut_and_recovered_with_lora_resumes_and_its_figures_agree(tmp_path, capsys):
+    from ffnlab.evaluation.perplexity import perplexity, text_chunks
+    from ffnlab.formats.load import load
+    from ffnlab.training.data import read_text
+    from reference.models import tiny_gguf
+    gguf_path = str(tmp_path / "tiny.gguf")
+    tiny_gguf(gguf_path)
+    toml = tmp_path / "smol.toml"
+    toml.write_text(f'[experiment]\nclaim = "c"\nkind = "compression"\ndata = "{CORPUS}"\nseeds = 5\n'
+                    f'[compression.smollm2]\nmodel = "{gguf_path}"\ncalib = "{CORPUS}"\neval = "{CORPUS}"\nctx = 32\n'
+                    f'calib_chunks = 4\neval_chunks = 4\nkeeps = [0.5]\n'
+                    f'[compression.smollm2.recovery]\ndata = "{CORPUS}"\ndata_chars = 6000\nr = 2\nseeds = 2\n'
+                    'settings = { steps = 3, batch = 2, seq_len = 16, lr = 1e-2, warmup = 1, eval_every = 3, '
+                    'eval_batches = 1, ckpt_every = 0 }\n')
+    out = str(tmp_path / "runs")
+    assert main(["experiment", str(toml), "--out", out, "-t", "1"]) == 0
+    res = json.load(open(os.path.join(out, "results", "results.json")))
+    sm = res["smollm2"]
+    cells = {(c["method"], c["keep"]): c for c in sm["recovery"]["cells"]}
+    assert set(cells) == {("uncut", 1.0), ("activation", 0.5), ("naive", 0.5)}
+    model = load(gguf_path, progress=False)
+    base = perplexity(model, text_chunks(model, read_text(CORPUS), 32, 4), 4)
+    assert cells[("uncut", 1.0)]["ppl_cut"] == base.ppl == sm["ppl_base"]          # the uncut model, no adapter
+    for cut in sm["cuts"]:                        # the cut before recovery: the no-recovery table's figure
+        assert cells[(cut["method"], cut["keep"])]["ppl_cut"] == cut["ppl"]
+        assert cells[(cut["method"], cut["keep"])]["d_ff_after"] == cut["d_ff_after"] == 32
+    control = {r["seed"]: r for r in cells[("uncut", 1.0)]["runs"]}
+    for c in cells.values():
+        assert c["seeds"] == 2
+        for r in c["runs"]:
+            assert math.isclose(r["ppl"], math.exp(r["mean_nll"]), rel_tol=1e-9)
+            assert r["finetune_val_loss"] < r["finetune_val_loss_before"]          # lr 1e-2: the adapters learn
+            assert r["tokens"] == 3 * 2 * 16
+        if c["method"] != "uncut":
+            want = [math.exp(r["mean_nll"] - control[r["seed"]]["mean_nll"]) for r in c["runs"]]
+            assert math.isclose(c["ratio_to_control"]["mean"], float(np.mean(want)), rel_tol=1e-12)
+    again = str(tmp_path / "again.json")
+    assert main(["experiment", str(toml), "--out", out, "-t", "1", "--results", again]) == 0
+    log = capsys.readouterr().out
+    assert "6 units, 6 found" in log and "1 units, 1 found" in log                  # resumed: nothing recomputed
+    assert json.load(open(os.path.join(again, "results.json")))["smollm2"] == sm

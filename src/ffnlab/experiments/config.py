@@ -6,7 +6,10 @@
     [train]        TrainSettings fields every run shares (steps, batch, seq_len, lr, ...)
     [[variant]]    name, ffn, mult (d_ff = mult * d_model) or d_ff, match_params, ffn_bias, mlp_dropout
     [compression]  kind "compression": base, keeps, methods, recovery_steps, ..., smollm2 = {...}
-    [lora]         kind "lora": base, data, targets, ranks, train_tokens, finetune settings
+                   (smollm2.recovery = {...}: a LoRA recovery fine-tune of each cut; a file with no
+                   [[variant]] and no base runs the SmolLM2 half only)
+    [lora]         kind "lora": base (a variant) or model (an installed model: smollm2), data,
+                   data_chars, targets, ranks, train_tokens, finetune settings
     [quick]        overrides for --quick (a CI-sized grid): seeds, and [quick.train], [quick.<section>]
 
 A bad field is one UsageError line naming the file and the field: `experiments/width.toml:
@@ -33,8 +36,10 @@ VARIANT_FIELDS = {"name": str, "ffn": str, "mult": float, "d_ff": int, "match_pa
                   "ffn_bias": bool, "mlp_dropout": float}
 COMPRESSION_FIELDS = {"base": str, "keeps": list, "methods": list, "recovery_steps": int, "recovery_lr": float,
                       "recovery_warmup": int, "calib_windows": int, "references": list, "smollm2": dict}
-LORA_FIELDS = {"base": str, "data": str, "targets": list, "ranks": list, "train_tokens": list,
-               "settings": dict}
+LORA_FIELDS = {"base": str, "model": str, "data": str, "data_chars": int, "targets": list, "ranks": list,
+               "train_tokens": list, "settings": dict}
+RECOVERY_FIELDS = {"data": str, "data_chars": int, "targets": str, "r": int, "alpha": float, "seeds": int,
+                   "methods": list, "settings": dict}
 PRUNE_METHODS = ("activation", "naive")
 
 
@@ -273,7 +278,6 @@ def _number_list(f, key, kind, lo=None, hi=None, default=None):
 def _compression(path, table, names_):
     f = _Fields(path, table, "compression.")
     f.unknown(COMPRESSION_FIELDS)
-    base = f.variant_name("base", names_, required=True)
     refs = f.get("references", list, [])
     for r in refs:
         if r not in names_:
@@ -282,8 +286,11 @@ def _compression(path, table, names_):
     if not methods or any(m not in PRUNE_METHODS for m in methods):
         f.fail("methods", f"a list of {', '.join(PRUNE_METHODS)}", methods)
     smol = f.get("smollm2", dict, {})
+    if not names_ and not smol:
+        f.fail("smollm2", "a table (a file without [[variant]] cuts SmolLM2 only)", smol)
+    base = f.variant_name("base", names_, required=bool(names_))
     s = _Fields(path, smol, "compression.smollm2.")
-    s.unknown({"model", "calib", "eval", "ctx", "calib_chunks", "eval_chunks", "keeps"})
+    s.unknown({"model", "calib", "eval", "ctx", "calib_chunks", "eval_chunks", "keeps", "recovery"})
     smollm2 = {}
     if smol:
         smollm2 = {"model": s.get("model", str, "smollm2"), "calib": s.get("calib", str, required=True),
@@ -295,20 +302,58 @@ def _compression(path, table, names_):
             if not os.path.isfile(p):
                 s.fail(k, "an existing text file", smollm2[k])
             smollm2[k] = p
+        rec = s.get("recovery", dict, {})
+        if rec:
+            smollm2["recovery"] = _recovery(path, rec)
     return {"base": base, "references": refs, "keeps": _number_list(f, "keeps", float, 0.0, 1.0, [0.75, 0.5]),
             "methods": methods, "recovery_steps": f.get("recovery_steps", int, 50),
             "recovery_lr": f.get("recovery_lr", float, 1e-3), "recovery_warmup": f.get("recovery_warmup", int, 5),
             "calib_windows": f.get("calib_windows", int, 32), "smollm2": smollm2}
 
 
+def _text_file(f, key):
+    p = f.get(key, str, required=True)
+    p = p if os.path.isabs(p) else os.path.join(ROOT, p)
+    if not os.path.isfile(p):
+        f.fail(key, "an existing text file", p)
+    return os.path.abspath(p)
+
+
+def _chars(f):
+    n = f.get("data_chars", int, 0)
+    if n < 0:
+        f.fail("data_chars", "0 (all of the file) or a positive number of characters", n)
+    return n
+
+
+def _recovery(path, table):
+    """compression.smollm2.recovery: a LoRA fine-tune of every cut (and of the uncut model, the control)"""
+    from ..training.finetune import FinetuneSettings
+    f = _Fields(path, table, "compression.smollm2.recovery.")
+    f.unknown(RECOVERY_FIELDS)
+    methods = f.get("methods", list, list(PRUNE_METHODS))
+    if not methods or any(m not in PRUNE_METHODS for m in methods):
+        f.fail("methods", f"a list of {', '.join(PRUNE_METHODS)}", methods)
+    seeds = f.get("seeds", int, 5)
+    if seeds < 1:
+        f.fail("seeds", "a positive integer", seeds)
+    settings = _settings_table(path, f.get("settings", dict, {}), "compression.smollm2.recovery.settings",
+                               FinetuneSettings, {"seed", "r", "alpha", "targets", "train_tokens", "schedule_steps"})
+    r = f.get("r", int, 8)
+    settings = {**settings, "targets": f.get("targets", str, "all"), "r": r, "alpha": f.get("alpha", float, 2.0 * r)}
+    _validated(path, "compression.smollm2.recovery", FinetuneSettings.from_dict(settings))
+    return {"data": _text_file(f, "data"), "data_chars": _chars(f), "seeds": seeds, "methods": methods,
+            "settings": settings}
+
+
 def _lora(path, table, names_):
     f = _Fields(path, table, "lora.")
     f.unknown(LORA_FIELDS)
-    base = f.variant_name("base", names_, required=True)
-    data = f.get("data", str, required=True)
-    data = data if os.path.isabs(data) else os.path.join(ROOT, data)
-    if not os.path.isfile(data):
-        f.fail("data", "an existing text file", data)
+    model = f.get("model", str, "")
+    if model and "base" in table:
+        f.fail("model", "either base (a variant) or model (an installed model), not both", model)
+    base = "" if model else f.variant_name("base", names_, required=True)
+    data = _text_file(f, "data")
     targets = f.get("targets", list, required=True)
     if not targets or not all(isinstance(t, str) for t in targets):
         f.fail("targets", "a list of target strings (\"q,v\", \"up,down\")", targets)
@@ -316,6 +361,6 @@ def _lora(path, table, names_):
     settings = _settings_table(path, f.get("settings", dict, {}), "lora.settings", FinetuneSettings,
                                {"seed", "r", "alpha", "targets", "train_tokens", "schedule_steps"})
     _validated(path, "lora.settings", FinetuneSettings.from_dict(settings))
-    return {"base": base, "data": os.path.abspath(data), "targets": targets,
+    return {"base": base, "model": model, "data": data, "data_chars": _chars(f), "targets": targets,
             "ranks": _number_list(f, "ranks", int, 0, None, [2, 8]),
             "train_tokens": [int(x) for x in f.get("train_tokens", list, [0])], "settings": settings}

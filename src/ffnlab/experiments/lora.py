@@ -31,26 +31,35 @@ def run_lora(exp, out, backend, log=print):
     from .analysis import compute as train_compute
     from .runs import run_training
     lo = exp.lora
-    base_variant = exp.variant(lo["base"])
-    results, _ = run_training(exp, out, backend, log, variants=[base_variant])
-    base_result = results[min(k for k, r in results.items() if r["seed"] == 0)]
-    base = write_base(exp, base_result, os.path.join(out, "base"))
+    if lo["model"]:                                   # an installed pretrained model (smollm2): no base run
+        from ..formats.installed import resolve_model
+        base, base_key, base_result = resolve_model(lo["model"]), lo["model"], None
+    else:
+        results, _ = run_training(exp, out, backend, log, variants=[exp.variant(lo["base"])])
+        base_result = results[min(k for k, r in results.items() if r["seed"] == 0)]
+        base, base_key = write_base(exp, base_result, os.path.join(out, "base")), base_result["key"]
     units = grid_units(lo["targets"], lo["ranks"], exp.seeds, lo["train_tokens"])
     settings = {**lo["settings"]}
-    key = {"experiment": exp.name, "stage": "finetune", "quick": exp.quick, "base": base_result["key"],
+    key = {"experiment": exp.name, "stage": "finetune", "quick": exp.quick, "base": base_key,
            "data_sha256": data_digest(lo["data"]), "settings": digest(settings)}
+    if lo["data_chars"]:
+        key["data_chars"] = lo["data_chars"]
     outdir = OutputDir(os.path.join(out, "finetune"), "experiment", key, [u.id for u in units])
     rows, outcome = run_grid(ModelSpec(os.path.abspath(base)), lo["data"], settings, units, out=outdir, backend=backend,
                              alpha_per_r=2.0, label=f"{exp.name} finetune",
-                             on_unit=lambda u, r: log(f"  done {u.id}"))
+                             on_unit=lambda u, r: log(f"  done {u.id}"), data_chars=lo["data_chars"])
     if outcome.failures:
         from ..errors import FfnlabError
         raise FfnlabError(f"{len(outcome.failures)} fine-tunes failed ({outcome.failures[0][0]}: {outcome.failures[0][1]}); "
                           f"rerun the same command to compute only those")
     log(f"{exp.name} finetune: {len(units)} units, {outcome.resumed} found in {out}/finetune")
     res = analyse(exp, rows)
-    res["base_run"] = {"variant": base_variant.name, "seed": 0, "val_loss_shakespeare": base_result["eval"][-1][2]}
-    res["compute"] = train_compute(exp, {"base": base_result})
+    if base_result is None:
+        res["base_model"] = os.path.basename(base)
+        res["compute"] = {"runs": 0, "tokens": 0, "train_seconds": 0.0, "unit_seconds": 0.0}
+    else:
+        res["base_run"] = {"variant": lo["base"], "seed": 0, "val_loss_shakespeare": base_result["eval"][-1][2]}
+        res["compute"] = train_compute(exp, {"base": base_result})
     tokens = [r["tokens_per_s"] for r in rows]
     res["compute"].update(finetune_units=len(rows), finetune_tokens=int(sum(
         settings.get("steps", 200) * settings.get("batch", 4) * settings.get("seq_len", 128) for _ in rows)),

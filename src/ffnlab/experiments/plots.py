@@ -126,34 +126,51 @@ def _bar(ax, i, s, color, label=None):
 def cuts(res, path):
     plt = pyplot()
     sm = res.get("smollm2")
-    fig, axes = plt.subplots(1, 2 if sm else 1, figsize=(11 if sm else 7, 4.4), dpi=110, squeeze=False)
-    ax = axes[0][0]
-    base = next(v for v in res["variants"] if v["d_ff"] == max(x["d_ff"] for x in res["variants"]))
-    ticks = [f"{base['variant']}\n(uncut)"]
-    _bar(ax, 0, base["val_loss"], "k")
-    scratch = {v["d_ff"]: v for v in res["variants"]}
-    for i, r in enumerate(res["cuts"], 1):
-        _bar(ax, i - 0.15, r["val_loss_cut"], "tab:red", "cut" if i == 1 else None)
-        _bar(ax, i + 0.0, r["val_loss_recovered"], "tab:green", "cut + recovery" if i == 1 else None)
-        if r["d_ff_after"] in scratch:
-            _bar(ax, i + 0.15, scratch[r["d_ff_after"]]["val_loss"], "tab:blue", "trained at that width" if i == 1 else None)
-        ticks.append(f"{r['method']}\nd_ff {r['d_ff_after']}")
-    ax.set_xticks(range(len(ticks)))
-    ax.set_xticklabels(ticks, fontsize=7)
-    ax.set_ylabel("held-out loss (nats/byte), 95% t bars")
-    ax.set_title(f"{res['experiment']}: {_title(res)}", fontsize=8)
-    ax.legend(fontsize=7)
+    panels = (["small"] if res.get("variants") else []) + (["smollm2"] if sm else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) if len(panels) > 1 else 7, 4.4), dpi=110,
+                             squeeze=False)
+    axes = dict(zip(panels, axes[0]))
+    if "small" in axes:
+        ax = axes["small"]
+        base = next(v for v in res["variants"] if v["d_ff"] == max(x["d_ff"] for x in res["variants"]))
+        ticks = [f"{base['variant']}\n(uncut)"]
+        _bar(ax, 0, base["val_loss"], "k")
+        scratch = {v["d_ff"]: v for v in res["variants"]}
+        for i, r in enumerate(res["cuts"], 1):
+            _bar(ax, i - 0.15, r["val_loss_cut"], "tab:red", "cut" if i == 1 else None)
+            _bar(ax, i + 0.0, r["val_loss_recovered"], "tab:green", "cut + recovery" if i == 1 else None)
+            if r["d_ff_after"] in scratch:
+                _bar(ax, i + 0.15, scratch[r["d_ff_after"]]["val_loss"], "tab:blue", "trained at that width" if i == 1 else None)
+            ticks.append(f"{r['method']}\nd_ff {r['d_ff_after']}")
+        ax.set_xticks(range(len(ticks)))
+        ax.set_xticklabels(ticks, fontsize=7)
+        ax.set_ylabel("held-out loss (nats/byte), 95% t bars")
+        ax.set_title(f"{res['experiment']}: {_title(res)}", fontsize=8)
+        ax.legend(fontsize=7)
     if sm:
-        ax = axes[0][1]
+        ax = axes["smollm2"]
+        rec = {(c["method"], c["keep"]): c for c in (sm.get("recovery") or {}).get("cells", [])}
+        names = []
         for i, c in enumerate(sm["cuts"]):
-            ax.errorbar([i], [c["ppl_ratio"]], yerr=[[c["ppl_ratio"] - c["ppl_ratio_lo"]], [c["ppl_ratio_hi"] - c["ppl_ratio"]]],
-                        fmt="o", capsize=4, color="tab:red" if c["method"] == "naive" else "tab:purple")
-        ax.set_xticks(range(len(sm["cuts"])))
-        ax.set_xticklabels([f"{c['method']}\nd_ff {c['d_ff_after']}" for c in sm["cuts"]], fontsize=7)
+            ax.errorbar([i - (0.1 if rec else 0)], [c["ppl_ratio"]],
+                        yerr=[[c["ppl_ratio"] - c["ppl_ratio_lo"]], [c["ppl_ratio_hi"] - c["ppl_ratio"]]], fmt="o",
+                        capsize=4, color="tab:red" if c["method"] == "naive" else "tab:purple",
+                        label="cut (paired on tokens)" if i == 0 else None)
+            r = rec.get((c["method"], c["keep"]))
+            if r:                                      # after the LoRA recovery: mean over seeds, 95% t
+                _bar(ax, i + 0.1, r["ppl_ratio"], "tab:green", "cut + LoRA recovery (seeds)" if i == 0 else None)
+            names.append(f"{c['method']}\nd_ff {c['d_ff_after']}")
+        if ("uncut", 1.0) in rec:
+            _bar(ax, len(names), rec[("uncut", 1.0)]["ppl_ratio"], "k", "uncut + the same fine-tune")
+            names.append("uncut\nd_ff " + str(sm["d_ff"]))
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, fontsize=7)
         ax.set_yscale("log")
         ax.axhline(1, color="k", lw=0.8)
-        ax.set_ylabel("PPL after / before, paired on the same tokens (95%)")
+        ax.set_ylabel("PPL / the uncut model's PPL, same tokens (95%)")
         ax.set_title(f"{sm['model']}: d_ff {sm['d_ff']}, {sm['tokens_scored']} held-out tokens", fontsize=8)
+        if rec:
+            ax.legend(fontsize=7)
     return _save(fig, path)
 
 
@@ -168,6 +185,6 @@ def lora(res, path):
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([f"{c['targets']}\nr={c['r']}\n{c['train_tokens'] or 'all'} tok" for c in cells], fontsize=7)
-    ax.set_ylabel("held-out loss after - before (nats/byte), 95% t")
+    ax.set_ylabel(f"held-out loss after - before (nats/{'token' if res.get('base_model') else 'byte'}), 95% t")
     ax.set_title(f"{res['experiment']}: LoRA on the MLP (green) or attention (blue)\n{_title(res)}", fontsize=9)
     return _save(fig, path)

@@ -108,6 +108,9 @@ def compute_line(res) -> str:
     if "cut_units" in c:
         extra = (f"; {c['cut_units']} cuts with {c['recovery_tokens'] / 1e6:.2f}M recovery tokens, {c['cut_seconds']:.0f} s"
                  + (f"; SmolLM2 {c['smollm2_seconds']:.0f} s" if "smollm2_seconds" in c else ""))
-    return (f"compute: {c['runs']} training runs, {c.get('tokens', 0) / 1e6:.2f}M tokens, "
+    if "smollm2_recovery_units" in c:
+        extra += (f"; SmolLM2 {c['smollm2_seconds']:.0f} s, {c['smollm2_recovery_units']} LoRA recoveries with "
+                  f"{c['smollm2_recovery_tokens'] / 1e6:.2f}M tokens, {c['smollm2_recovery_seconds']:.0f} s")
+    return (f"compute: {c.get('runs', 0)} training runs, {c.get('tokens', 0) / 1e6:.2f}M tokens, "
             f"{c.get('unit_seconds', 0):.0f} s{extra} ({c['wall_seconds']:.0f} s wall the last time it ran; "
             f"finished units are not recomputed)")

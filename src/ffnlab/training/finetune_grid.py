@@ -59,11 +59,15 @@ def finetune_unit(model, params, p):
 
 
 def run_grid(model_spec, data, settings, units, out=None, backend=None, alpha_per_r=None, label="finetune grid",
-             on_unit=None):
-    """-> (rows in unit order, Outcome). settings: FinetuneSettings fields shared by every unit."""
+             on_unit=None, data_chars=0):
+    """-> (rows in unit order, Outcome). settings: FinetuneSettings fields shared by every unit;
+    data_chars: fine-tune on the file's first N characters only (0: all of it)."""
+    import hashlib
     from ..runtime.executor import file_digest
     from .data import read_text
-    params = {"text": read_text(data), "data": os.path.abspath(data), "data_sha256": file_digest(data),
+    text = read_text(data)
+    sha = hashlib.sha256(text[:data_chars].encode("utf-8")).hexdigest() if data_chars else file_digest(data)
+    params = {"text": text[:data_chars] if data_chars else text, "data": os.path.abspath(data), "data_sha256": sha,
               "settings": settings, "alpha_per_r": alpha_per_r, "base_model": model_spec.path}
     outcome = execute(Task(model_spec, finetune_unit, params), units, lambda acc, r: acc + [r], [], out=out,
                       backend=backend, label=label, on_unit=on_unit)
