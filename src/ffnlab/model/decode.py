@@ -58,8 +58,9 @@ def decode_step(weights, cfg, tok, kv, arith=F32):
         if cfg.residual_multiplier:                                   # Granite
             a = a * np.asarray(cfg.residual_multiplier, dtype=a.dtype)
         h = x if cfg.parallel_residual else x + a                     # [d_model] residual
-        f = ffn_forward(_norm(h, L.ffn_norm, cfg, arith)[None], L.ffn, cfg.ffn, fused_gate_up=graph.fused_gate_up,
-                        arith=arith)[0][0]                            # [1, d_model] -> [d_model]
+        f_in = _norm(h, L.ffn_norm, cfg, arith)                       # [d_model] (the experts route rows: [1, d_model])
+        f = ffn_forward(f_in if L.moe is None else f_in[None], L.ffn, cfg.ffn, fused_gate_up=graph.fused_gate_up,
+                        arith=arith)[0].reshape(-1)                   # -> [d_model]
         if cfg.parallel_residual:
             x = (f + x) + a                                           # GPT-NeoX: (ffn + x) + attn
             continue

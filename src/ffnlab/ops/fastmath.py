@@ -146,7 +146,9 @@ def rms_norm_rows(x, w, eps, x_hat, y, rstd):
     product rounded once, as NumPy's steps; the mean square rounded to float32 before + eps.
     Rows are independent: a prompt's rows are spread over numba's threads, or inside
     threads.one_pool() over parallel_for's (the same values)."""
-    _over_rows(x.shape[0], _spread(x), lambda lo, hi: _rms_norm_serial(x[lo:hi], w, eps, x_hat[lo:hi], y[lo:hi],
+    if not _spread(x):
+        return _rms_norm_serial(x, w, eps, x_hat, y, rstd)
+    _over_rows(x.shape[0], True, lambda lo, hi: _rms_norm_serial(x[lo:hi], w, eps, x_hat[lo:hi], y[lo:hi],
                                                                      rstd[lo:hi]),
                lambda: _rms_norm_parallel(x, w, eps, x_hat, y, rstd))
 
@@ -256,7 +258,9 @@ def glu_rows(g, g_off, u, u_off, gelu, c, a, act, h):
     0 and d_ff). act: GELU's x sigmoid(2u) as gelu_tanh_into (c, a its constants), or SiLU as
     ops/activations.py: the sigmoid, then times x. A prompt's rows are spread over numba's threads,
     or inside threads.one_pool() over parallel_for's (the same values)."""
-    _over_rows(act.shape[0], _spread(act),
+    if not _spread(act):                                          # a token (decoding): the one serial call
+        return _glu_serial(g, g_off, u, u_off, gelu, c, a, act, h)
+    _over_rows(act.shape[0], True,
                lambda lo, hi: _glu_serial(g[lo:hi], g_off, u[lo:hi], u_off, gelu, c, a, act[lo:hi], h[lo:hi]),
                lambda: _glu_parallel(g, g_off, u, u_off, gelu, c, a, act, h))
 

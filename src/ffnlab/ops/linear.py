@@ -25,6 +25,8 @@ def linear_forward(x, w, b=None, hook=None, node=None):
 
     hook, node: the block's hook point and the name of the node this product feeds; only a
     ComposedWeight has parts to show (as `{node}_lora_a`, ...)."""
+    if x.ndim == 1 and b is None and type(w) is QuantTensor:
+        return w.matvec(x)                        # one token's vector (decoding): the fused kernel alone
     # one 2-D product over all leading axes: a stacked [B, T, in] @ [in, out] is B smaller GEMMs
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])               # [N, in]
