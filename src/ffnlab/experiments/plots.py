@@ -38,6 +38,8 @@ def plot(res, folder) -> list:
 def _title(res):
     s = res["setup"]
     m = s["model"]
+    if res.get("base_model"):                       # a pretrained model's fine-tunes (lora.model)
+        return f"{res['base_model']}, {s['seeds']} seeds, commit {res['machine']['start']['commit']}"
     return (f"{m.get('n_layer')} layers, d_model {m.get('d_model')}, {s['tokens_per_run'] / 1e3:.0f}k tokens/run, "
             f"{s['seeds']} seeds, commit {res['machine']['start']['commit']}")
 
