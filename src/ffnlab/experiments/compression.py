@@ -183,7 +183,7 @@ def smollm2_recovery_unit(_model, params, p):
         after = perplexity(load(f, progress=False, lora=adapter), chunks, 4, keep_nll=True)
     ratio, se = paired_ratio(after, before)
     return {**p, "d_ff_after": int(model.config.d_ff), "ppl_cut": cut.ppl, "ppl": after.ppl,
-            "mean_nll": float(np.mean(after.nlls)), "ppl_ratio": ratio, "ppl_ratio_stderr": se,
+            "mean_nll": after.nll, "ppl_ratio": ratio, "ppl_ratio_stderr": se,
             "finetune_val_loss_before": rec["history"]["eval"][0][2], "finetune_val_loss": rec["final"]["val_loss"],
             "trainable_params": rec["trainable_params"], "tokens": s.steps * s.batch * s.seq_len,
             "train_seconds": rec["train_seconds"], "tokens_per_s": rec["tokens_per_s"]}
